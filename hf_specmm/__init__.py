@@ -1,0 +1,31 @@
+"""hf_specmm: lossless speculative decoding for multimodal LLMs through ``model.generate(assistant_model=...)``.
+
+    >>> import hf_specmm
+    >>> hf_specmm.enable(model)  # doctest: +SKIP
+    >>> model.generate(**inputs, assistant_model=draft, max_new_tokens=64)  # doctest: +SKIP
+    >>> hf_specmm.last_stats(model).block_efficiency  # doctest: +SKIP
+"""
+
+from ._compat import TESTED_RANGE as TESTED_TRANSFORMERS
+from .api import disable, enable, is_enabled, last_stats
+from .checks import DEFAULT_GAMMA
+from .errors import IncompatibleDraftError, SpecMMError, UnsupportedGenerationError, UnsupportedTargetError
+from .stats import SpecStats
+from .targets import SUPPORTED_TARGETS
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_GAMMA",
+    "SUPPORTED_TARGETS",
+    "TESTED_TRANSFORMERS",
+    "IncompatibleDraftError",
+    "SpecMMError",
+    "SpecStats",
+    "UnsupportedGenerationError",
+    "UnsupportedTargetError",
+    "disable",
+    "enable",
+    "is_enabled",
+    "last_stats",
+]

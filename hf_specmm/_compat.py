@@ -1,0 +1,90 @@
+"""The one module that touches private transformers internals.
+
+Everything hf_specmm needs from transformers beyond its public API goes through here, behind a
+version check, so that a transformers upgrade breaks in one place with a clear message.
+
+Private things used (all read in the installed transformers source, 5.17 – 5.23):
+- ``GenerationMixin.generate(custom_generate=<callable>)`` hands the callable fully prepared inputs
+  (generation config, logits processors, stopping criteria, cache, multimodal kwargs).
+- ``GenerationMixin._prefill`` runs the first forward exactly as plain ``generate`` does.
+- ``GenerationConfig._pad_token_tensor`` / ``_eos_token_tensor``, set by ``_prepare_special_tokens``.
+- ``Cache.crop(-n)`` with a negative count (positive counts were removed in 5.18).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import transformers
+from packaging.version import Version
+from transformers import GenerationMixin
+
+MIN_TRANSFORMERS = Version("5.17.0")
+MAX_TRANSFORMERS_EXCLUSIVE = Version("5.24.0")
+TESTED_RANGE = f">={MIN_TRANSFORMERS},<{MAX_TRANSFORMERS_EXCLUSIVE}"
+
+_INSTALLED = Version(transformers.__version__)
+
+
+def check_transformers_version() -> None:
+    """Raise if the installed transformers is outside the range whose internals we read."""
+    base = Version(_INSTALLED.base_version)
+    if not (MIN_TRANSFORMERS <= base < MAX_TRANSFORMERS_EXCLUSIVE):
+        raise ImportError(
+            f"hf_specmm supports transformers {TESTED_RANGE} (it hooks generate internals), but "
+            f"transformers {transformers.__version__} is installed. Install a tested version, e.g. "
+            f"`pip install 'transformers{TESTED_RANGE}'`."
+        )
+
+
+check_transformers_version()
+
+
+def stock_generate(model: Any, *args: Any, **kwargs: Any) -> Any:
+    """Plain ``GenerationMixin.generate`` of the model's class, bypassing our instance hook."""
+    return type(model).generate(model, *args, **kwargs)
+
+
+def generate_with_decoding_fn(model: Any, decoding_fn: Callable[..., Any], **kwargs: Any) -> Any:
+    """Run stock ``generate`` preparation, then ``decoding_fn(model, input_ids, logits_processor=...,
+    stopping_criteria=..., generation_config=..., synced_gpus=..., streamer=..., **model_kwargs)``."""
+    return type(model).generate(model, custom_generate=decoding_fn, **kwargs)
+
+
+def prefill(model: Any, input_ids: torch.Tensor, generation_config: Any, model_kwargs: dict) -> Any:
+    """First forward of the target, exactly as plain generate does it (multimodal inputs included)."""
+    return GenerationMixin._prefill(model, input_ids, generation_config, model_kwargs, is_first_iteration=True)
+
+
+def pad_token_tensor(generation_config: Any) -> torch.Tensor | None:
+    return getattr(generation_config, "_pad_token_tensor", None)
+
+
+def eos_token_tensor(generation_config: Any) -> torch.Tensor | None:
+    return getattr(generation_config, "_eos_token_tensor", None)
+
+
+def crop_cache(cache: Any, new_length: int) -> None:
+    """Shrink a cache to ``new_length`` physical slots (no copy for dynamic layers)."""
+    excess = cache.get_seq_length() - new_length
+    if excess > 0:
+        cache.crop(-excess)
+
+
+def new_dynamic_cache() -> Any:
+    from transformers import DynamicCache
+
+    return DynamicCache()
+
+
+def is_static_cache(cache: Any) -> bool:
+    from transformers import StaticCache
+
+    return isinstance(cache, StaticCache)
+
+
+def resolve_generation_config(model: Any, generation_config: Any, kwargs: dict) -> Any:
+    """The generation config ``generate`` would use (model defaults < ``generation_config`` < kwargs)."""
+    config, _ = model._prepare_generation_config(generation_config, **dict(kwargs))
+    return config

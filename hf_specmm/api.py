@@ -1,0 +1,115 @@
+"""``enable`` / ``disable``: route ``model.generate(..., assistant_model=draft)`` through hf_specmm.
+
+Only the one model instance is patched (an instance attribute shadows ``GenerationMixin.generate``);
+calls without a draft go straight to stock ``generate``. Stock ``generate`` still prepares everything
+(generation config, processors, stopping criteria, cache, image inputs); we replace only the decoding
+loop, through its ``custom_generate=<callable>`` hook.
+"""
+
+from __future__ import annotations
+
+import time
+import types
+from typing import Any
+
+import torch
+
+from . import _compat
+from .checks import resolve_plan
+from .drafters import TextOnlyDrafter
+from .loop import speculative_decode
+from .stats import SpecStats
+from .targets import target_family
+
+_STATE = "_hf_specmm_state"
+
+
+class _State:
+    def __init__(self) -> None:
+        self.last_stats: SpecStats | None = None
+
+
+def enable(model: Any) -> Any:
+    """Make ``model.generate(..., assistant_model=draft)`` use hf_specmm's lossless multimodal
+    speculative decoding. Per instance, idempotent, undone by :func:`disable`.
+
+    Example::
+
+        >>> import hf_specmm
+        >>> from transformers import LlavaForConditionalGeneration, AutoModelForCausalLM
+        >>> model = LlavaForConditionalGeneration.from_pretrained("llava-hf/llava-1.5-7b-hf")  # doctest: +SKIP
+        >>> draft = AutoModelForCausalLM.from_pretrained("double7/vicuna-68m")  # doctest: +SKIP
+        >>> hf_specmm.enable(model)  # doctest: +SKIP
+        >>> out = model.generate(**inputs, assistant_model=draft, max_new_tokens=64)  # doctest: +SKIP
+    """
+    target_family(model)  # unsupported targets fail here, not at generate time
+    if getattr(model, _STATE, None) is None:
+        setattr(model, _STATE, _State())
+        model.generate = types.MethodType(_speculative_generate, model)
+    return model
+
+
+def disable(model: Any) -> Any:
+    """Undo :func:`enable`: ``model.generate`` is the class's stock method again."""
+    if getattr(model, _STATE, None) is not None:
+        vars(model).pop("generate", None)
+        delattr(model, _STATE)
+    return model
+
+
+def is_enabled(model: Any) -> bool:
+    return getattr(model, _STATE, None) is not None
+
+
+def last_stats(model: Any) -> SpecStats | None:
+    """Statistics of the model's last ``generate`` call with a draft (None before the first one)."""
+    state = getattr(model, _STATE, None)
+    if state is None:
+        raise ValueError("hf_specmm is not enabled on this model: call hf_specmm.enable(model) first.")
+    return state.last_stats
+
+
+def _speculative_generate(self: Any, inputs: torch.Tensor | None = None, generation_config: Any = None,
+                          assistant_model: Any = None, streamer: Any = None, **kwargs: Any) -> Any:
+    if assistant_model is None:
+        return _compat.stock_generate(self, inputs, generation_config=generation_config, streamer=streamer, **kwargs)
+
+    start = time.perf_counter()
+    plan = resolve_plan(self, assistant_model, inputs, generation_config, streamer, kwargs)  # raises before work
+    drafter = TextOnlyDrafter(assistant_model, plan.vocab)
+    stats = SpecStats()
+
+    def decode(model: Any, input_ids: torch.Tensor, logits_processor: Any, stopping_criteria: Any,
+               generation_config: Any, **model_kwargs: Any) -> Any:
+        sequences, row_scores = speculative_decode(
+            model, drafter, input_ids, logits_processor, stopping_criteria, generation_config,
+            model_kwargs, plan.schedule, stats, streamer)
+        if not generation_config.return_dict_in_generate:
+            return sequences
+        return _dict_output(sequences, row_scores, input_ids.shape[1], generation_config)
+
+    result = _compat.generate_with_decoding_fn(
+        self, decode, inputs=inputs, generation_config=generation_config, streamer=streamer, **plan.kwargs)
+    stats.wall_time_s = time.perf_counter() - start
+    getattr(self, _STATE).last_stats = stats
+    return result
+
+
+def _dict_output(sequences: torch.Tensor, row_scores: list, prompt_len: int, generation_config: Any) -> Any:
+    from transformers.generation import GenerateDecoderOnlyOutput
+
+    steps = sequences.shape[1] - prompt_len
+    scores = logits = None
+    if generation_config.output_scores or generation_config.output_logits:
+        # rows that finished early have zeros after their end (plain generate would score pad tokens)
+        per_row = [torch.cat(chunks, dim=1) if chunks else None for chunks in row_scores]
+        width = next(r.shape[-1] for r in per_row if r is not None)
+        stacked = sequences.new_zeros((2, len(per_row), steps, width), dtype=torch.float32)
+        for i, r in enumerate(per_row):
+            if r is not None:
+                stacked[:, i, : r.shape[1]] = r
+        if generation_config.output_scores:
+            scores = tuple(stacked[0, :, t] for t in range(steps))
+        if generation_config.output_logits:
+            logits = tuple(stacked[1, :, t] for t in range(steps))
+    return GenerateDecoderOnlyOutput(sequences=sequences, scores=scores, logits=logits, past_key_values=None)

@@ -1,0 +1,59 @@
+"""A model's KV cache plus the 2-D mask of its physical slots.
+
+Rows of a batch accept different numbers of drafted tokens per round. Instead of shifting each row's
+cache (a copy of the whole cache per round), the rejected slots of the shorter rows stay in place as
+*holes* (mask 0) and the cache is only cropped to the longest row: rollback is a slice, never a
+re-prefill. A token's rotary position is the number of valid slots before it, which is exactly how
+plain ``generate`` numbers left-padded prompts (``cumsum(mask) - 1``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from . import _compat
+
+
+class SlottedCache:
+    def __init__(self, cache: Any, mask: torch.Tensor | None, length: int, batch_size: int, device: torch.device):
+        self.cache = cache
+        self.mask = mask  # [B, length] long, or None while every slot is valid (no padding, no holes)
+        self.length = length
+        self.batch_size = batch_size
+        self.device = device
+
+    def _next_positions(self) -> torch.Tensor:
+        if self.mask is None:
+            return torch.full((self.batch_size,), self.length, dtype=torch.long, device=self.device)
+        return self.mask.sum(-1)
+
+    def block_inputs(self, valid: torch.Tensor | None, width: int) -> dict[str, torch.Tensor | None]:
+        """Attention mask and position ids for feeding ``width`` new slots (``valid`` [B, width] or None = all)."""
+        start = self._next_positions()[:, None]
+        if valid is None:
+            positions = start + torch.arange(width, device=self.device)
+            mask = None if self.mask is None else torch.cat([self.mask, self.mask.new_ones(self.batch_size, width)], 1)
+        else:
+            valid = valid.long()
+            positions = start + valid.cumsum(-1) - valid  # holes take the position of the next valid token
+            old = self.mask if self.mask is not None else valid.new_ones(self.batch_size, self.length)
+            mask = torch.cat([old, valid], dim=1)
+        return {"attention_mask": mask, "position_ids": positions}
+
+    def commit(self, attention_mask: torch.Tensor | None, width: int) -> None:
+        """Record that ``width`` slots were written with the mask returned by :meth:`block_inputs`."""
+        self.mask = attention_mask
+        self.length += width
+
+    def rollback(self, keep_from: int, valid: torch.Tensor) -> None:
+        """Keep slots ``[0, keep_from + valid.shape[1])``; ``valid`` [B, k] marks which of the last k stay valid."""
+        new_length = keep_from + valid.shape[1]
+        _compat.crop_cache(self.cache, new_length)
+        if self.mask is None and bool(valid.all()):
+            self.length = new_length
+            return
+        old = self.mask[:, :keep_from] if self.mask is not None else valid.new_ones(self.batch_size, keep_from)
+        self.mask = torch.cat([old.long(), valid.long()], dim=1)
+        self.length = new_length

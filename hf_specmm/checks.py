@@ -1,0 +1,139 @@
+"""Everything that can be wrong with a ``generate(..., assistant_model=draft)`` call, checked before any
+forward pass runs. Each error names what was wrong and how to fix it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from . import _compat
+from .errors import IncompatibleDraftError, UnsupportedGenerationError
+from .loop import GammaSchedule
+from .targets import target_spec
+from .vocab import VocabMap, check_vocab_compatible, draft_vocab_size
+
+DEFAULT_GAMMA = 5
+"""γ when neither generate() nor the draft's generation_config sets ``num_assistant_tokens``.
+With a draft ~1 % of the target (c ≈ 0.01–0.05) and acceptance α ≈ 0.6–0.8, the cost model
+τ/(1 + γc), τ = (1 - α^(γ+1))/(1 - α), is nearly flat between γ = 4 and 7; 5 is also one of the
+two block sizes of 2404.08856."""
+
+SCHEDULES = ("constant", "heuristic")
+_STATIC_CACHES = {"static", "offloaded_static", "hybrid", "sliding_window", "hybrid_chunked", "offloaded_hybrid"}
+
+
+@dataclass
+class Plan:
+    vocab: VocabMap
+    schedule: GammaSchedule
+    kwargs: dict  # what goes on to stock generate
+
+
+def _fail(cls: type[Exception], message: str) -> None:
+    raise cls(message)
+
+
+def _input_ids(inputs: Any, kwargs: dict) -> torch.Tensor:
+    ids = inputs if inputs is not None else kwargs.get("input_ids")
+    if ids is None or not isinstance(ids, torch.Tensor):
+        _fail(UnsupportedGenerationError, "generate(assistant_model=...) needs `input_ids` (the draft reads the "
+              "prompt's text tokens); `inputs_embeds` alone is not supported. Pass the processor's input_ids.")
+    return ids if ids.dim() == 2 else ids[None]
+
+
+def _resolve_gamma(config: Any, draft: Any) -> GammaSchedule:
+    draft_config = getattr(draft, "generation_config", None)
+    gamma = config.num_assistant_tokens
+    if gamma is None and draft_config is not None:
+        gamma = getattr(draft_config, "num_assistant_tokens", None)
+    kind = config.num_assistant_tokens_schedule
+    if kind is None and draft_config is not None:
+        kind = getattr(draft_config, "num_assistant_tokens_schedule", None)
+    gamma = DEFAULT_GAMMA if gamma is None else gamma
+    kind = "constant" if kind is None else kind
+    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+        _fail(UnsupportedGenerationError, f"num_assistant_tokens must be an integer >= 1, got {gamma!r}.")
+    if kind not in SCHEDULES:
+        _fail(UnsupportedGenerationError, f"num_assistant_tokens_schedule={kind!r} is not supported with "
+              f"hf_specmm; use one of {SCHEDULES}.")
+    return GammaSchedule(gamma, kind)
+
+
+def _check_config(config: Any, kwargs: dict, batch: int, streamer: Any) -> None:
+    bad = None
+    if (config.num_beams or 1) > 1:
+        bad = f"num_beams={config.num_beams}: speculative decoding verifies one sequence per row; use num_beams=1"
+    elif (config.num_return_sequences or 1) > 1:
+        bad = (f"num_return_sequences={config.num_return_sequences}: repeat the inputs along the batch instead "
+               "(each row is drafted and verified on its own)")
+    elif config.use_cache is False:
+        bad = "use_cache=False: the draft and the target must keep KV caches; remove use_cache=False"
+    elif config.cache_implementation in _STATIC_CACHES or _compat.is_static_cache(kwargs.get("past_key_values")):
+        bad = (f"a static cache ({config.cache_implementation or type(kwargs.get('past_key_values')).__name__}): "
+               "rejected drafts are rolled back by cropping, which needs the default dynamic cache; remove "
+               "cache_implementation / past_key_values")
+    elif kwargs.get("past_key_values") is not None:
+        bad = "past_key_values: a speculative call starts from the prompt; do not pass a cache"
+    elif config.prompt_lookup_num_tokens is not None:
+        bad = "prompt_lookup_num_tokens together with assistant_model: choose one kind of drafting"
+    elif config.output_attentions or config.output_hidden_states:
+        bad = "output_attentions / output_hidden_states: not recorded by speculative decoding; drop them"
+    elif kwargs.get("prefix_allowed_tokens_fn") is not None or kwargs.get("negative_prompt_ids") is not None:
+        bad = "prefix_allowed_tokens_fn / negative_prompt_ids: not supported with a draft"
+    elif (config.guidance_scale or 1) != 1:
+        bad = "guidance_scale (classifier-free guidance): not supported with a draft"
+    elif streamer is not None and batch > 1:
+        bad = f"a streamer with batch size {batch}: streamers take one sequence; stream a batch of 1"
+    if bad is not None:
+        _fail(UnsupportedGenerationError, f"generate(assistant_model=...) cannot be used with {bad}.")
+
+
+def _check_draft(target: Any, draft: Any, ids: torch.Tensor, config: Any, vocab: VocabMap, kwargs: dict) -> None:
+    if not isinstance(draft, torch.nn.Module) or not hasattr(draft, "config"):
+        _fail(IncompatibleDraftError, f"assistant_model must be a transformers model, got {type(draft).__name__}.")
+    if draft.device.type == "meta":
+        _fail(IncompatibleDraftError, "The draft's weights are on the meta device (not loaded); load it on a real "
+              "device, e.g. AutoModelForCausalLM.from_pretrained(repo, device_map='cpu').")
+    context = getattr(draft.config.get_text_config(), "max_position_embeddings", None)
+    if context is None:
+        return
+    mask = kwargs.get("attention_mask")
+    visible = vocab.visible_to_draft(ids.to(vocab.proposable.device))
+    if isinstance(mask, torch.Tensor) and mask.shape == ids.shape:
+        visible &= mask.to(visible.device).bool()
+    text_len = int(visible.sum(-1).max())
+    new = config.max_new_tokens if config.max_new_tokens is not None else config.max_length - ids.shape[1]
+    if text_len + new + 1 > context:
+        _fail(IncompatibleDraftError, f"The draft's context window ({context} positions) is shorter than the text "
+              f"part of the prompt ({text_len} tokens) + max_new_tokens ({new}). Lower max_new_tokens to "
+              f"{max(context - text_len - 1, 0)} or use a draft with a longer context.")
+
+
+def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, streamer: Any, kwargs: dict) -> Plan:
+    """Validate the call and return what the loop needs. Raises before any forward pass."""
+    spec = target_spec(target)
+    if not isinstance(draft, torch.nn.Module) or not hasattr(draft, "config"):
+        _fail(IncompatibleDraftError, f"assistant_model must be a transformers model, got {type(draft).__name__}.")
+    kwargs = dict(kwargs)
+    tokenizer = kwargs.pop("tokenizer", None)
+    draft_tokenizer = kwargs.pop("assistant_tokenizer", None)
+    check_vocab_compatible(spec, draft, tokenizer, draft_tokenizer)
+    ids = _input_ids(inputs, kwargs)
+    config = _compat.resolve_generation_config(target, generation_config, kwargs)
+    _check_config(config, kwargs, ids.shape[0], streamer)
+    vocab = VocabMap(spec, draft_vocab_size(draft), ids.device)
+    _check_draft(target, draft, ids, config, vocab, kwargs)
+    if config.stop_strings is not None:
+        if tokenizer is None:
+            _fail(UnsupportedGenerationError, "stop_strings needs the tokenizer: pass tokenizer=processor.tokenizer.")
+        from transformers import StoppingCriteriaList
+        from transformers.generation import StopStringCriteria
+
+        criteria = StoppingCriteriaList(kwargs.pop("stopping_criteria", None) or [])
+        criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=config.stop_strings))
+        kwargs["stopping_criteria"], kwargs["stop_strings"] = criteria, None
+    for key in ("num_assistant_tokens", "num_assistant_tokens_schedule"):
+        kwargs.pop(key, None)  # consumed here; stock generate must not see an assisted-mode option
+    return Plan(vocab, _resolve_gamma(config, draft), kwargs)

@@ -1,0 +1,52 @@
+"""Statistics of the last speculative ``generate`` call (see :func:`hf_specmm.last_stats`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SpecStats:
+    """Counts are summed over the rows of the batch; a forward counts once per row it served.
+
+    ``block_efficiency`` (τ) is generated tokens per target forward, the prefill included (plain
+    generate has τ = 1). ``round_block_efficiency`` leaves out the prefill's token and forward, so a
+    draft that is always right gives exactly γ + 1; ``expected τ = (1 - α^(γ+1)) / (1 - α)`` for
+    independent per-token acceptance α refers to it.
+    """
+
+    batch_size: int = 0
+    gamma: int = 0  # γ at the start of the call
+    target_forwards: int = 0  # row-forwards of the target, prefill included
+    draft_forwards: int = 0  # draft forward passes (batched; one per drafted position)
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    generated_tokens: int = 0
+    wall_time_s: float = 0.0
+    tokens_per_round: list[list[int]] = field(default_factory=list)  # per round, per row (0 once finished)
+    gammas: list[int] = field(default_factory=list)  # γ used in each round
+
+    @property
+    def block_efficiency(self) -> float:
+        return self.generated_tokens / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def round_block_efficiency(self) -> float:
+        rounds = [n for per_row in self.tokens_per_round for n in per_row if n > 0]
+        return sum(rounds) / len(rounds) if rounds else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.generated_tokens / self.wall_time_s if self.wall_time_s > 0 else 0.0
+
+    def as_dict(self) -> dict[str, float | int]:
+        keys = ("batch_size", "gamma", "target_forwards", "draft_forwards", "drafted_tokens", "accepted_tokens",
+                "generated_tokens", "wall_time_s")
+        out: dict[str, float | int] = {k: getattr(self, k) for k in keys}
+        for k in ("block_efficiency", "round_block_efficiency", "acceptance_rate", "tokens_per_s"):
+            out[k] = getattr(self, k)
+        return out

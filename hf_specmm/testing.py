@@ -1,0 +1,322 @@
+"""Tiny, fast, deterministic offline fixtures for tests (no Hub access needed).
+
+Three target families are covered: LLaVA-1.5 style (``llava``), LLaVA-NeXT anyres
+(``llava_next``) and LLaVA-OneVision (``llava_onevision``).  Every model is built
+from configs with random weights; every processor is built from an in-memory
+``tokenizers`` WordLevel vocabulary and a PIL/numpy image processor (no
+torchvision).
+
+Id layout (``V = vocab_size``), mimicking LLaVA-1.5 (``<image>``/``<pad>`` appended
+after the text vocabulary):
+
+* ``0`` ``<unk>``, ``1`` ``<s>`` (bos), ``2`` ``</s>`` (eos), ``3 .. V-5`` plain words;
+* ``V-4`` ``<image>``, ``V-3`` ``<video>`` (onevision; ``<reserved_0>`` otherwise),
+  ``V-2`` ``<pad>``, ``V-1`` ``<reserved_1>``.
+
+Ids ``>= V-4`` are *reserved*: the language models built here never predict them
+(see :func:`tiny_target`).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+from PIL import Image
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+from transformers import (
+    AutoModelForCausalLM,
+    BatchFeature,
+    CLIPVisionConfig,
+    LlamaConfig,
+    LlavaConfig,
+    LlavaForConditionalGeneration,
+    LlavaNextConfig,
+    LlavaNextForConditionalGeneration,
+    LlavaNextProcessor,
+    LlavaOnevisionConfig,
+    LlavaOnevisionForConditionalGeneration,
+    LlavaOnevisionProcessor,
+    LlavaProcessor,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    ProcessorMixin,
+    Qwen2Config,
+    SiglipVisionConfig,
+)
+from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+from transformers.models.llava_next.image_processing_pil_llava_next import LlavaNextImageProcessorPil
+from transformers.models.llava_onevision.image_processing_pil_llava_onevision import (
+    LlavaOnevisionImageProcessorPil,
+)
+
+__all__ = [
+    "FAMILIES",
+    "BOS_ID",
+    "EOS_ID",
+    "UNK_ID",
+    "special_ids",
+    "tiny_target",
+    "tiny_processor",
+    "tiny_image",
+    "make_inputs",
+    "text_draft_from_target",
+    "random_text_draft",
+]
+
+FAMILIES = ("llava", "llava_next", "llava_onevision")
+UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
+IMAGE_SIZE = 32
+PATCH_SIZE = 8
+GRID_PINPOINTS = [[32, 32], [32, 64], [64, 32], [64, 64]]
+_BIAS_DIM = 0  # hidden channel held ~constant so lm_head rows can carry a bias
+_BIAS_VALUE = 0.08  # value written into that channel for every input embedding
+_RESERVED_BIAS = -12.0  # approximate logit of reserved ids
+_WORDS = (
+    "the a an is are what which who where how color shape size red green blue yellow "
+    "black white circle square triangle dog cat car tree house sky image picture photo "
+    "this that there in on of and with left right top bottom small large big one two "
+    "three many describe show see it has have no yes ? . , : user assistant"
+).split()
+_CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }} : "
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for c in m['content'] %}"
+    "{% if c['type'] == 'image' %}<image> {% elif c['type'] == 'video' %}<video> "
+    "{% elif c['type'] == 'text' %}{{ c['text'] }} {% endif %}{% endfor %}{% endif %}"
+    "{% if m['role'] == 'assistant' %} </s>{% endif %} {% endfor %}"
+    "{% if add_generation_prompt %}assistant : {% endif %}"
+)
+
+
+def _check(family: str, vocab_size: int) -> None:
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES}")
+    if vocab_size < 16:
+        raise ValueError("vocab_size must be >= 16")
+
+
+def special_ids(vocab_size: int = 128) -> dict[str, int]:
+    """Return the reserved/special id layout for ``vocab_size``."""
+    v = vocab_size
+    return {"unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID, "image": v - 4, "video": v - 3, "pad": v - 2}
+
+
+def _text_config(family: str, vocab_size: int, hidden: int = 64, layers: int = 2, heads: int = 4) -> PretrainedConfig:
+    ids = special_ids(vocab_size)
+    cls = Qwen2Config if family == "llava_onevision" else LlamaConfig
+    kw = dict(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=max(1, heads // 2), max_position_embeddings=1024,
+        bos_token_id=ids["bos"], eos_token_id=ids["eos"], pad_token_id=ids["pad"], tie_word_embeddings=False,
+    )
+    if cls is Qwen2Config:
+        kw["use_sliding_window"] = False
+    return cls(**kw)
+
+
+def _shape_lm(embed: torch.nn.Embedding, lm_head: torch.nn.Linear, reserved: list[int], eos_bias: float | None,
+              gen: torch.Generator, logit_scale: float = 0.25) -> None:
+    """Turn hidden channel ``_BIAS_DIM`` into a bias channel and bias the lm_head.
+
+    Every input embedding gets a constant in that channel, so after the final norm it
+    is a roughly constant positive value ``h0`` and ``lm_head[r, _BIAS_DIM] * h0`` acts
+    as a per-token logit bias (``nn.Linear`` without bias, so this survives a plain
+    state-dict copy into a ``*ForCausalLM``).
+    """
+    with torch.no_grad():
+        embed.weight[:, _BIAS_DIM] = _BIAS_VALUE
+        w = lm_head.weight
+        w.copy_(torch.randn(w.shape, generator=gen) * logit_scale)
+        w[:, _BIAS_DIM] = 0.0
+        h0 = 4.0  # typical post-norm value of the bias channel
+        vocab = w.shape[0]
+        for r in reserved:
+            if 0 <= r < vocab:
+                w[r] = 0.0
+                w[r, _BIAS_DIM] = _RESERVED_BIAS / h0
+        if eos_bias is not None and EOS_ID < vocab:
+            w[EOS_ID, _BIAS_DIM] = eos_bias / h0
+        if getattr(lm_head, "bias", None) is not None:
+            lm_head.bias.zero_()
+
+
+def _finish(model: PreTrainedModel, vocab_size: int) -> PreTrainedModel:
+    ids = special_ids(vocab_size)
+    gc = model.generation_config
+    gc.bos_token_id, gc.eos_token_id, gc.pad_token_id = ids["bos"], ids["eos"], ids["pad"]
+    gc.do_sample, gc.temperature, gc.top_p, gc.top_k = False, 1.0, 1.0, 50
+    return model.to(torch.float32).eval()
+
+
+def tiny_target(family: str, seed: int = 0, vocab_size: int = 128, eos_bias: float | None = -1.5) -> PreTrainedModel:
+    """Build a random tiny multimodal target of ``family`` (float32, sdpa, eval mode).
+
+    2-layer / hidden-64 LM (Llama, or Qwen2 for onevision), 2-layer / hidden-32 vision
+    tower (CLIP, or SigLIP for onevision) on 32x32 images with 8x8 patches.
+
+    Logit shaping (real LLaVA never emits ``<image>``): hidden channel 0 of every
+    input embedding (token embeddings, projector output, image newline) is set to a
+    constant, which makes it a bias channel for ``lm_head``.  The lm_head rows of the
+    reserved ids (``<image>``, ``<video>``, ``<pad>`` and the other ids ``>= V-4``)
+    are zeroed except for that channel, giving them a logit of about -12, so they are
+    essentially never generated, greedy or sampled.  ``eos_bias`` (approximate logit
+    offset, ``None`` = untouched) lowers EOS so random generations mostly run to
+    ``max_new_tokens`` while EOS stays possible.
+    """
+    _check(family, vocab_size)
+    ids = special_ids(vocab_size)
+    torch.manual_seed(seed)
+    text = _text_config(family, vocab_size)
+    common = dict(text_config=text, image_token_index=ids["image"], projector_hidden_act="gelu",
+                  multimodal_projector_bias=True, tie_word_embeddings=False, pad_token_id=ids["pad"])
+    vis = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+               image_size=IMAGE_SIZE, patch_size=PATCH_SIZE)
+    if family == "llava":
+        n_img = (IMAGE_SIZE // PATCH_SIZE) ** 2
+        cfg = LlavaConfig(vision_config=CLIPVisionConfig(projection_dim=32, **vis), image_seq_length=n_img,
+                          vision_feature_select_strategy="default", vision_feature_layer=-2, **common)
+        model = LlavaForConditionalGeneration(cfg)
+    elif family == "llava_next":
+        cfg = LlavaNextConfig(vision_config=CLIPVisionConfig(projection_dim=32, **vis),
+                              image_grid_pinpoints=GRID_PINPOINTS, vision_feature_select_strategy="default",
+                              vision_feature_layer=-2, **common)
+        model = LlavaNextForConditionalGeneration(cfg)
+    else:
+        cfg = LlavaOnevisionConfig(vision_config=SiglipVisionConfig(**vis), video_token_index=ids["video"],
+                                   image_grid_pinpoints=GRID_PINPOINTS, vision_feature_select_strategy="full",
+                                   vision_feature_layer=-1, vision_aspect_ratio="anyres_max_9", **common)
+        model = LlavaOnevisionForConditionalGeneration(cfg)
+    model.set_attn_implementation("sdpa") if hasattr(model, "set_attn_implementation") else None
+    gen = torch.Generator().manual_seed(seed + 1000)
+    reserved = list(range(vocab_size - 4, vocab_size))
+    _shape_lm(model.get_input_embeddings(), model.lm_head, reserved, eos_bias, gen)
+    with torch.no_grad():
+        proj = model.model.multi_modal_projector.linear_2
+        proj.weight[_BIAS_DIM] = 0.0
+        proj.bias[_BIAS_DIM] = _BIAS_VALUE
+        newline = getattr(model.model, "image_newline", None)
+        if newline is not None:
+            newline.normal_(0.0, 0.02, generator=gen)
+            newline[_BIAS_DIM] = _BIAS_VALUE
+    model.config.pad_token_id = ids["pad"]
+    return _finish(model, vocab_size)
+
+
+def _tokenizer(family: str, vocab_size: int) -> PreTrainedTokenizerFast:
+    ids = special_ids(vocab_size)
+    n_words = vocab_size - 4 - 3
+    words = list(_WORDS[:n_words]) + [f"w{i}" for i in range(max(0, n_words - len(_WORDS)))]
+    video = "<video>" if family == "llava_onevision" else "<reserved_0>"
+    specials = {"<unk>": UNK_ID, "<s>": BOS_ID, "</s>": EOS_ID, "<image>": ids["image"], video: ids["video"],
+                "<pad>": ids["pad"], "<reserved_1>": vocab_size - 1}
+    vocab = dict(specials)
+    vocab.update({w: 3 + i for i, w in enumerate(words)})
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(sorted(specials, key=specials.get))
+    if family != "llava_onevision":  # Llama-style tokenizers prepend <s>; Qwen2 does not
+        tok.post_processor = processors.TemplateProcessing(
+            single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", BOS_ID)])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>",
+        padding_side="left", model_max_length=4096, chat_template=_CHAT_TEMPLATE)
+    fast.add_special_tokens({"additional_special_tokens": [t for t in specials if t not in ("<s>", "</s>", "<unk>", "<pad>")]})
+    return fast
+
+
+def tiny_processor(family: str, vocab_size: int = 128) -> ProcessorMixin:
+    """Build the real transformers processor of ``family`` matching :func:`tiny_target`.
+
+    The tokenizer is an offline WordLevel model (whitespace pre-tokenizer, left
+    padding, simple chat template); the image processor is the PIL backend (no
+    torchvision) sized for 32x32 inputs.  Placeholder expansion parameters
+    (``patch_size``, ``vision_feature_select_strategy``, ...) match the tiny model.
+    """
+    _check(family, vocab_size)
+    tok = _tokenizer(family, vocab_size)
+    img_kw = dict(size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
+    if family == "llava":
+        return LlavaProcessor(image_processor=CLIPImageProcessorPil(**img_kw), tokenizer=tok, patch_size=PATCH_SIZE,
+                              vision_feature_select_strategy="default", num_additional_image_tokens=1,
+                              chat_template=_CHAT_TEMPLATE)
+    if family == "llava_next":
+        ip = LlavaNextImageProcessorPil(image_grid_pinpoints=GRID_PINPOINTS, **img_kw)
+        return LlavaNextProcessor(image_processor=ip, tokenizer=tok, patch_size=PATCH_SIZE,
+                                  vision_feature_select_strategy="default", num_additional_image_tokens=1,
+                                  chat_template=_CHAT_TEMPLATE)
+    ip = LlavaOnevisionImageProcessorPil(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+                                         image_grid_pinpoints=GRID_PINPOINTS)
+    return LlavaOnevisionProcessor(image_processor=ip, tokenizer=tok, video_processor=None,
+                                   num_image_tokens=(IMAGE_SIZE // PATCH_SIZE) ** 2,
+                                   vision_feature_select_strategy="full", vision_aspect_ratio="anyres_max_9",
+                                   chat_template=_CHAT_TEMPLATE)
+
+
+def tiny_image(seed: int, size: tuple[int, int] = (32, 32)) -> Image.Image:
+    """Deterministic random RGB image of ``size = (width, height)``."""
+    rng = np.random.default_rng(seed)
+    w, h = size
+    return Image.fromarray(rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8), mode="RGB")
+
+
+def make_inputs(family: str, processor: ProcessorMixin, prompts: list[str], images: list[Image.Image | None],
+                padding_side: str = "left") -> BatchFeature:
+    """Process a batch where row ``i`` has ``images[i]`` (or no image when ``None``).
+
+    A row with an image whose prompt lacks ``<image>`` gets ``"<image> "`` prepended.
+    Rows are padded on ``padding_side`` (left by default, as needed for generate).
+    """
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r}")
+    if len(prompts) != len(images):
+        raise ValueError("prompts and images must have the same length")
+    texts = [p if img is None or "<image>" in p else f"<image> {p}" for p, img in zip(prompts, images)]
+    present = [img for img in images if img is not None]
+    processor.tokenizer.padding_side = padding_side
+    return processor(images=present or None, text=texts, padding=True, return_tensors="pt")
+
+
+def _language_model(target: PreTrainedModel) -> torch.nn.Module:
+    inner = getattr(target, "model", None)
+    lm = getattr(inner, "language_model", None) if inner is not None else None
+    return lm if lm is not None else target.get_decoder()
+
+
+def text_draft_from_target(target: PreTrainedModel) -> PreTrainedModel:
+    """Exact standalone copy of ``target``'s language model + lm_head as a ``*ForCausalLM``."""
+    text_cfg = copy.deepcopy(target.config.text_config)
+    text_cfg.tie_word_embeddings = False
+    attn = getattr(target.config, "_attn_implementation", None) or "sdpa"
+    draft = AutoModelForCausalLM.from_config(text_cfg, attn_implementation=attn)
+    state = {f"model.{k}": v for k, v in _language_model(target).state_dict().items()}
+    state.update({f"lm_head.{k}": v for k, v in target.lm_head.state_dict().items()})
+    result = draft.load_state_dict(state, strict=False)
+    assert not result.missing_keys and not result.unexpected_keys, result
+    draft.generation_config = copy.deepcopy(target.generation_config)
+    param = next(target.parameters())
+    return draft.to(device=param.device, dtype=param.dtype).eval()
+
+
+def random_text_draft(target: PreTrainedModel, seed: int = 1, vocab_size: int | None = None,
+                      eos_bias: float | None = -1.5) -> PreTrainedModel:
+    """A different random 1-layer / hidden-32 causal LM of the target's LM family.
+
+    ``vocab_size`` defaults to the target's text vocab; pass e.g. ``V - 4`` to mimic a
+    text-only draft lacking the appended multimodal ids.  Reserved ids of the target
+    that fall inside the draft vocab get the same suppression as in :func:`tiny_target`.
+    """
+    text = target.config.text_config
+    vocab = vocab_size or text.vocab_size
+    family = "llava_onevision" if text.model_type == "qwen2" else "llava"
+    cfg = _text_config(family, vocab, hidden=32, layers=1, heads=4)
+    cfg.pad_token_id = text.pad_token_id if text.pad_token_id is not None and text.pad_token_id < vocab else None
+    torch.manual_seed(seed)
+    draft = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+    gen = torch.Generator().manual_seed(seed + 1000)
+    reserved = list(range(text.vocab_size - 4, text.vocab_size))
+    _shape_lm(draft.get_input_embeddings(), draft.lm_head, reserved, eos_bias, gen)
+    draft.generation_config = copy.deepcopy(target.generation_config)
+    param = next(target.parameters())
+    return draft.to(device=param.device, dtype=param.dtype).eval()

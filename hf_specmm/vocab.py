@@ -1,0 +1,89 @@
+"""Which target ids a draft may propose, and how draft logits map onto the target's vocabulary.
+
+A draft is compatible when every ordinary text id of the target is inside the draft's vocabulary.
+Ids the target reserves (image/video placeholders, an appended pad id, rows beyond either
+vocabulary) are never proposed, so the target never receives a placeholder it has no image for.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .errors import IncompatibleDraftError
+from .targets import TargetSpec
+
+
+def draft_vocab_size(draft: Any) -> int:
+    head = draft.get_output_embeddings() if hasattr(draft, "get_output_embeddings") else None
+    if head is not None and getattr(head, "weight", None) is not None:
+        return int(head.weight.shape[0])
+    return int(draft.config.get_text_config().vocab_size)
+
+
+def _first_differing_token(tokenizer: Any, draft_tokenizer: Any, end: int) -> str | None:
+    ours = tokenizer.convert_ids_to_tokens(list(range(min(end, len(tokenizer)))))
+    theirs = draft_tokenizer.convert_ids_to_tokens(list(range(min(end, len(draft_tokenizer)))))
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        if a != b:
+            return f"id {i} is {a!r} for the target but {b!r} for the draft"
+    return None
+
+
+def check_vocab_compatible(
+    spec: TargetSpec, draft: Any, tokenizer: Any = None, draft_tokenizer: Any = None
+) -> None:
+    """Raise :class:`IncompatibleDraftError` unless the draft covers every ordinary text id."""
+    vd = draft_vocab_size(draft)
+    end = spec.text_vocab_end
+    if tokenizer is not None and draft_tokenizer is not None:
+        end = min(end, len(tokenizer))
+        diff = _first_differing_token(tokenizer, draft_tokenizer, end)
+        if diff is not None:
+            raise IncompatibleDraftError(
+                f"The draft's tokenizer differs from the target's: {diff} (target vocab {spec.vocab_size}, "
+                f"draft vocab {vd}). Use a draft trained with the target's tokenizer."
+            )
+    if vd < end:
+        raise IncompatibleDraftError(
+            f"The draft's vocabulary ({vd} ids) does not cover the target's text vocabulary "
+            f"({end} ordinary text ids of {spec.vocab_size}; reserved ids {sorted(spec.reserved_ids)}). "
+            "Use a draft that shares the target's tokenizer (e.g. a Llama/Vicuna draft for LLaVA-1.5, "
+            "a Qwen2 draft for LLaVA-OneVision-qwen2)."
+        )
+
+
+class VocabMap:
+    """Maps draft logits ``[..., Vd]`` to target-vocabulary logits ``[..., Vt]`` with non-proposable ids at -inf."""
+
+    def __init__(self, spec: TargetSpec, draft_vocab: int, device: torch.device):
+        self.target_vocab = spec.vocab_size
+        self.draft_vocab = draft_vocab
+        proposable = torch.zeros(self.target_vocab, dtype=torch.bool)
+        proposable[: min(draft_vocab, self.target_vocab)] = True
+        for i in spec.reserved_ids:
+            if i < self.target_vocab:
+                proposable[i] = False
+        self.proposable = proposable.to(device)
+        # ids the draft can read as input: inside its vocabulary and not an image/video placeholder
+        visible = torch.zeros(max(self.target_vocab, draft_vocab) + 1, dtype=torch.bool)
+        visible[:draft_vocab] = True
+        for i in spec.placeholder_ids:
+            if i < visible.numel():
+                visible[i] = False
+        self.draft_visible = visible.to(device)
+
+    def to_target(self, draft_logits: torch.Tensor) -> torch.Tensor:
+        vt, vd = self.target_vocab, draft_logits.shape[-1]
+        if vd >= vt:
+            logits = draft_logits[..., :vt]
+        else:
+            pad = draft_logits.new_full((*draft_logits.shape[:-1], vt - vd), float("-inf"))
+            logits = torch.cat([draft_logits, pad], dim=-1)
+        return logits.masked_fill(~self.proposable.to(logits.device), float("-inf"))
+
+    def visible_to_draft(self, ids: torch.Tensor) -> torch.Tensor:
+        """Bool mask of target ids the draft reads (placeholders and out-of-vocabulary ids are dropped)."""
+        visible = self.draft_visible.to(ids.device)
+        return visible[ids.clamp(0, visible.numel() - 1)] & (ids >= 0)
