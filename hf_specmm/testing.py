@@ -71,6 +71,7 @@ UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
 IMAGE_SIZE = 32
 PATCH_SIZE = 8
 GRID_PINPOINTS = [[32, 32], [32, 64], [64, 32], [64, 64]]
+_INIT_RANGE = 0.02
 _BIAS_DIM = 0  # hidden channel held ~constant so lm_head rows can carry a bias
 _BIAS_VALUE = 0.08  # value written into that channel for every input embedding
 _RESERVED_BIAS = -12.0  # approximate logit of reserved ids
@@ -108,7 +109,7 @@ def _text_config(family: str, vocab_size: int, hidden: int = 64, layers: int = 2
     cls = Qwen2Config if family == "llava_onevision" else LlamaConfig
     kw = dict(
         vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=max(1, heads // 2), max_position_embeddings=1024,
+        num_attention_heads=heads, num_key_value_heads=max(1, heads // 2), max_position_embeddings=1024, initializer_range=_INIT_RANGE,
         bos_token_id=ids["bos"], eos_token_id=ids["eos"], pad_token_id=ids["pad"], tie_word_embeddings=False,
     )
     if cls is Qwen2Config:
@@ -116,7 +117,7 @@ def _text_config(family: str, vocab_size: int, hidden: int = 64, layers: int = 2
     return cls(**kw)
 
 
-def _shape_lm(embed: torch.nn.Embedding, lm_head: torch.nn.Linear, reserved: list[int], eos_bias: float | None,
+def _shape_lm(embed: torch.nn.Embedding, layers: torch.nn.ModuleList, lm_head: torch.nn.Linear, reserved: list[int], eos_bias: float | None,
               gen: torch.Generator, logit_scale: float = 0.25) -> None:
     """Turn hidden channel ``_BIAS_DIM`` into a bias channel and bias the lm_head.
 
@@ -140,6 +141,11 @@ def _shape_lm(embed: torch.nn.Embedding, lm_head: torch.nn.Linear, reserved: lis
             w[EOS_ID, _BIAS_DIM] = eos_bias / h0
         if getattr(lm_head, "bias", None) is not None:
             lm_head.bias.zero_()
+        for layer in layers:  # layers never write into the bias channel
+            for lin in (layer.self_attn.o_proj, layer.mlp.down_proj):
+                lin.weight[_BIAS_DIM] = 0.0
+                if lin.bias is not None:
+                    lin.bias[_BIAS_DIM] = 0.0
 
 
 def _finish(model: PreTrainedModel, vocab_size: int) -> PreTrainedModel:
@@ -191,7 +197,7 @@ def tiny_target(family: str, seed: int = 0, vocab_size: int = 128, eos_bias: flo
     model.set_attn_implementation("sdpa") if hasattr(model, "set_attn_implementation") else None
     gen = torch.Generator().manual_seed(seed + 1000)
     reserved = list(range(vocab_size - 4, vocab_size))
-    _shape_lm(model.get_input_embeddings(), model.lm_head, reserved, eos_bias, gen)
+    _shape_lm(model.get_input_embeddings(), _language_model(model).layers, model.lm_head, reserved, eos_bias, gen)
     with torch.no_grad():
         proj = model.model.multi_modal_projector.linear_2
         proj.weight[_BIAS_DIM] = 0.0
@@ -226,6 +232,18 @@ def _tokenizer(family: str, vocab_size: int) -> PreTrainedTokenizerFast:
     return fast
 
 
+class TinyOnevisionProcessor(LlavaOnevisionProcessor):
+    """``LlavaOnevisionProcessor`` that accepts ``video_processor=None``.
+
+    The onevision video processor needs torchvision; images and text work without it.
+    """
+
+    def check_argument_for_proper_class(self, argument_name: str, argument: object) -> type | None:
+        if argument is None and argument_name == "video_processor":
+            return None
+        return super().check_argument_for_proper_class(argument_name, argument)
+
+
 def tiny_processor(family: str, vocab_size: int = 128) -> ProcessorMixin:
     """Build the real transformers processor of ``family`` matching :func:`tiny_target`.
 
@@ -248,7 +266,7 @@ def tiny_processor(family: str, vocab_size: int = 128) -> ProcessorMixin:
                                   chat_template=_CHAT_TEMPLATE)
     ip = LlavaOnevisionImageProcessorPil(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
                                          image_grid_pinpoints=GRID_PINPOINTS)
-    return LlavaOnevisionProcessor(image_processor=ip, tokenizer=tok, video_processor=None,
+    return TinyOnevisionProcessor(image_processor=ip, tokenizer=tok, video_processor=None,
                                    num_image_tokens=(IMAGE_SIZE // PATCH_SIZE) ** 2,
                                    vision_feature_select_strategy="full", vision_aspect_ratio="anyres_max_9",
                                    chat_template=_CHAT_TEMPLATE)
@@ -316,7 +334,7 @@ def random_text_draft(target: PreTrainedModel, seed: int = 1, vocab_size: int | 
     draft = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
     gen = torch.Generator().manual_seed(seed + 1000)
     reserved = list(range(text.vocab_size - 4, text.vocab_size))
-    _shape_lm(draft.get_input_embeddings(), draft.lm_head, reserved, eos_bias, gen)
+    _shape_lm(draft.get_input_embeddings(), draft.model.layers, draft.lm_head, reserved, eos_bias, gen)
     draft.generation_config = copy.deepcopy(target.generation_config)
     param = next(target.parameters())
     return draft.to(device=param.device, dtype=param.dtype).eval()

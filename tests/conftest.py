@@ -1,0 +1,48 @@
+"""Shared tiny fixtures: targets, processors and drafts are built once per session (no downloads)."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+from hf_specmm import testing  # noqa: E402
+
+PROMPTS = ["what color is the circle ?", "describe the image", "how many dog are there in the picture ? show it"]
+
+
+@functools.lru_cache(maxsize=None)
+def target(family: str, seed: int = 0):
+    return testing.tiny_target(family, seed=seed)
+
+
+@functools.lru_cache(maxsize=None)
+def processor(family: str):
+    return testing.tiny_processor(family)
+
+
+@functools.lru_cache(maxsize=None)
+def draft(family: str, kind: str):
+    t = target(family)
+    if kind == "self":
+        return testing.text_draft_from_target(t)
+    if kind == "random":  # smaller vocabulary, like a 32000-row Llama draft for a 32064-row LLaVA-1.5
+        return testing.random_text_draft(t, vocab_size=t.config.text_config.vocab_size - 4)
+    raise ValueError(kind)
+
+
+def batch_inputs(family: str, batch: int, with_images: bool = True):
+    """Left-padded rows of different lengths; with images, row 1 has none and images differ in size."""
+    sizes = [(32, 32), None, (64, 32)] if with_images else [None, None, None]
+    images = [None if s is None else testing.tiny_image(i, s) for i, s in enumerate(sizes)][:batch]
+    return testing.make_inputs(family, processor(family), PROMPTS[:batch], images)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
