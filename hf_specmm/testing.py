@@ -71,10 +71,11 @@ UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
 IMAGE_SIZE = 32
 PATCH_SIZE = 8
 GRID_PINPOINTS = [[32, 32], [32, 64], [64, 32], [64, 64]]
-_INIT_RANGE = 0.02
-_BIAS_DIM = 0  # hidden channel held ~constant so lm_head rows can carry a bias
-_BIAS_VALUE = 0.08  # value written into that channel for every input embedding
-_RESERVED_BIAS = -12.0  # approximate logit of reserved ids
+_INIT_RANGE = 0.2  # larger than HF's 0.02 so random generations depend on context
+_BIAS_DIM = 0  # hidden channel turned into a constant "bias channel" before the final norm
+_BIAS_RATIO = 1.5  # bias channel value / max norm of the other channels (calibrated)
+_LOGIT_STD = 2.0  # approximate std of ordinary-token logits
+_RESERVED_LOGIT = -20.0  # approximate logit of reserved ids
 _WORDS = (
     "the a an is are what which who where how color shape size red green blue yellow "
     "black white circle square triangle dog cat car tree house sky image picture photo "
@@ -114,38 +115,52 @@ def _text_config(family: str, vocab_size: int, hidden: int = 64, layers: int = 2
     )
     if cls is Qwen2Config:
         kw["use_sliding_window"] = False
+    else:
+        kw["attention_bias"] = True  # value bias needed for the lm_head bias channel
     return cls(**kw)
 
 
-def _shape_lm(embed: torch.nn.Embedding, layers: torch.nn.ModuleList, lm_head: torch.nn.Linear, reserved: list[int], eos_bias: float | None,
-              gen: torch.Generator, logit_scale: float = 0.25) -> None:
-    """Turn hidden channel ``_BIAS_DIM`` into a bias channel and bias the lm_head.
+@torch.no_grad()
+def _shape_lm(decoder: torch.nn.Module, lm_head: torch.nn.Linear, vocab_size: int, reserved: list[int],
+              eos_bias: float | None, gen: torch.Generator) -> None:
+    """Give ``lm_head`` a per-token logit bias, without adding parameters.
 
-    Every input embedding gets a constant in that channel, so after the final norm it
-    is a roughly constant positive value ``h0`` and ``lm_head[r, _BIAS_DIM] * h0`` acts
-    as a per-token logit bias (``nn.Linear`` without bias, so this survives a plain
-    state-dict copy into a ``*ForCausalLM``).
+    Hidden channel ``_BIAS_DIM`` is zeroed everywhere except for a constant ``c``
+    written by the last layer's attention (a value-bias, which softmax passes through
+    unchanged), so after the final RMSNorm it holds a nearly constant ``h0`` and
+    ``lm_head[r, _BIAS_DIM]`` acts as a bias of token ``r``.  ``c`` is calibrated on a
+    probe batch to ``_BIAS_RATIO`` times the largest norm of the other channels.
     """
-    with torch.no_grad():
-        embed.weight[:, _BIAS_DIM] = _BIAS_VALUE
-        w = lm_head.weight
-        w.copy_(torch.randn(w.shape, generator=gen) * logit_scale)
-        w[:, _BIAS_DIM] = 0.0
-        h0 = 4.0  # typical post-norm value of the bias channel
-        vocab = w.shape[0]
-        for r in reserved:
-            if 0 <= r < vocab:
-                w[r] = 0.0
-                w[r, _BIAS_DIM] = _RESERVED_BIAS / h0
-        if eos_bias is not None and EOS_ID < vocab:
-            w[EOS_ID, _BIAS_DIM] = eos_bias / h0
-        if getattr(lm_head, "bias", None) is not None:
-            lm_head.bias.zero_()
-        for layer in layers:  # layers never write into the bias channel
-            for lin in (layer.self_attn.o_proj, layer.mlp.down_proj):
-                lin.weight[_BIAS_DIM] = 0.0
-                if lin.bias is not None:
-                    lin.bias[_BIAS_DIM] = 0.0
+    d = _BIAS_DIM
+    decoder.embed_tokens.weight[:, d] = 0.0
+    for layer in decoder.layers:
+        for lin in (layer.self_attn.o_proj, layer.mlp.down_proj):
+            lin.weight[d] = 0.0
+            if lin.bias is not None:
+                lin.bias[d] = 0.0
+    attn = decoder.layers[-1].self_attn
+    attn.v_proj.weight[0] = 0.0
+    attn.v_proj.bias[0] = 1.0  # value dim 0 of kv-head 0 is exactly 1 after attention
+    attn.o_proj.weight[:, 0] = 0.0
+    seen: dict[str, torch.Tensor] = {}
+    hook = decoder.norm.register_forward_hook(lambda mod, args, out: seen.update(x=args[0]))
+    probe = torch.randint(3, vocab_size - 4, (4, 48), generator=gen)
+    decoder(input_ids=probe.to(lm_head.weight.device))
+    hook.remove()
+    rest = torch.cat([seen["x"][..., :d], seen["x"][..., d + 1:]], dim=-1).norm(dim=-1).max().item()
+    attn.o_proj.weight[d, 0] = _BIAS_RATIO * rest
+    hidden = lm_head.weight.shape[1]
+    h0 = hidden ** 0.5 * _BIAS_RATIO / (1 + _BIAS_RATIO ** 2) ** 0.5  # post-norm bias channel
+    h_rest = hidden ** 0.5 / (1 + _BIAS_RATIO ** 2) ** 0.5  # post-norm norm of the other channels
+    w = lm_head.weight
+    w.copy_(torch.randn(w.shape, generator=gen) * (_LOGIT_STD / h_rest))
+    w[:, d] = 0.0
+    for r in reserved:
+        if 0 <= r < w.shape[0]:
+            w[r] = 0.0
+            w[r, d] = _RESERVED_LOGIT / h0
+    if eos_bias is not None and EOS_ID < w.shape[0]:
+        w[EOS_ID, d] = eos_bias / h0
 
 
 def _finish(model: PreTrainedModel, vocab_size: int) -> PreTrainedModel:
@@ -156,20 +171,21 @@ def _finish(model: PreTrainedModel, vocab_size: int) -> PreTrainedModel:
     return model.to(torch.float32).eval()
 
 
-def tiny_target(family: str, seed: int = 0, vocab_size: int = 128, eos_bias: float | None = -1.5) -> PreTrainedModel:
+def tiny_target(family: str, seed: int = 0, vocab_size: int = 128, eos_bias: float | None = None) -> PreTrainedModel:
     """Build a random tiny multimodal target of ``family`` (float32, sdpa, eval mode).
 
     2-layer / hidden-64 LM (Llama, or Qwen2 for onevision), 2-layer / hidden-32 vision
     tower (CLIP, or SigLIP for onevision) on 32x32 images with 8x8 patches.
 
-    Logit shaping (real LLaVA never emits ``<image>``): hidden channel 0 of every
-    input embedding (token embeddings, projector output, image newline) is set to a
-    constant, which makes it a bias channel for ``lm_head``.  The lm_head rows of the
-    reserved ids (``<image>``, ``<video>``, ``<pad>`` and the other ids ``>= V-4``)
-    are zeroed except for that channel, giving them a logit of about -12, so they are
-    essentially never generated, greedy or sampled.  ``eos_bias`` (approximate logit
-    offset, ``None`` = untouched) lowers EOS so random generations mostly run to
-    ``max_new_tokens`` while EOS stays possible.
+    Logit shaping (real LLaVA never emits ``<image>``): the lm_head rows of the
+    reserved ids (``<image>``, ``<video>``, ``<pad>``, i.e. all ids ``>= V-4``) are
+    zeroed except for one hidden "bias channel" (see :func:`_shape_lm`) that gives
+    them a logit of about -20 at every position while ordinary logits have a std of
+    about 2: they are essentially never generated, greedy or sampled.  ``eos_bias``
+    (approximate EOS logit offset; ``None`` = no offset) lowers EOS so that random
+    generations mostly run to ``max_new_tokens`` while EOS stays possible.  The LM is
+    initialised with ``initializer_range=0.2`` so outputs depend on context; Llama
+    LMs use ``attention_bias=True`` (needed for the bias channel).
     """
     _check(family, vocab_size)
     ids = special_ids(vocab_size)
@@ -183,29 +199,27 @@ def tiny_target(family: str, seed: int = 0, vocab_size: int = 128, eos_bias: flo
         n_img = (IMAGE_SIZE // PATCH_SIZE) ** 2
         cfg = LlavaConfig(vision_config=CLIPVisionConfig(projection_dim=32, **vis), image_seq_length=n_img,
                           vision_feature_select_strategy="default", vision_feature_layer=-2, **common)
-        model = LlavaForConditionalGeneration(cfg)
+        model = LlavaForConditionalGeneration._from_config(cfg, attn_implementation="sdpa")
     elif family == "llava_next":
         cfg = LlavaNextConfig(vision_config=CLIPVisionConfig(projection_dim=32, **vis),
                               image_grid_pinpoints=GRID_PINPOINTS, vision_feature_select_strategy="default",
                               vision_feature_layer=-2, **common)
-        model = LlavaNextForConditionalGeneration(cfg)
+        model = LlavaNextForConditionalGeneration._from_config(cfg, attn_implementation="sdpa")
     else:
         cfg = LlavaOnevisionConfig(vision_config=SiglipVisionConfig(**vis), video_token_index=ids["video"],
                                    image_grid_pinpoints=GRID_PINPOINTS, vision_feature_select_strategy="full",
                                    vision_feature_layer=-1, vision_aspect_ratio="anyres_max_9", **common)
-        model = LlavaOnevisionForConditionalGeneration(cfg)
-    model.set_attn_implementation("sdpa") if hasattr(model, "set_attn_implementation") else None
-    gen = torch.Generator().manual_seed(seed + 1000)
-    reserved = list(range(vocab_size - 4, vocab_size))
-    _shape_lm(model.get_input_embeddings(), _language_model(model).layers, model.lm_head, reserved, eos_bias, gen)
-    with torch.no_grad():
+        model = LlavaOnevisionForConditionalGeneration._from_config(cfg, attn_implementation="sdpa")
+    with torch.no_grad():  # image features / newline carry nothing in the bias channel
         proj = model.model.multi_modal_projector.linear_2
         proj.weight[_BIAS_DIM] = 0.0
-        proj.bias[_BIAS_DIM] = _BIAS_VALUE
+        proj.bias[_BIAS_DIM] = 0.0
         newline = getattr(model.model, "image_newline", None)
         if newline is not None:
-            newline.normal_(0.0, 0.02, generator=gen)
-            newline[_BIAS_DIM] = _BIAS_VALUE
+            newline[_BIAS_DIM] = 0.0
+    gen = torch.Generator().manual_seed(seed + 1000)
+    reserved = list(range(vocab_size - 4, vocab_size))
+    _shape_lm(_language_model(model), model.lm_head, vocab_size, reserved, eos_bias, gen)
     model.config.pad_token_id = ids["pad"]
     return _finish(model, vocab_size)
 
@@ -318,7 +332,7 @@ def text_draft_from_target(target: PreTrainedModel) -> PreTrainedModel:
 
 
 def random_text_draft(target: PreTrainedModel, seed: int = 1, vocab_size: int | None = None,
-                      eos_bias: float | None = -1.5) -> PreTrainedModel:
+                      eos_bias: float | None = None) -> PreTrainedModel:
     """A different random 1-layer / hidden-32 causal LM of the target's LM family.
 
     ``vocab_size`` defaults to the target's text vocab; pass e.g. ``V - 4`` to mimic a
@@ -334,7 +348,7 @@ def random_text_draft(target: PreTrainedModel, seed: int = 1, vocab_size: int | 
     draft = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
     gen = torch.Generator().manual_seed(seed + 1000)
     reserved = list(range(text.vocab_size - 4, text.vocab_size))
-    _shape_lm(draft.get_input_embeddings(), draft.model.layers, draft.lm_head, reserved, eos_bias, gen)
+    _shape_lm(draft.model, draft.lm_head, vocab, reserved, eos_bias, gen)
     draft.generation_config = copy.deepcopy(target.generation_config)
     param = next(target.parameters())
     return draft.to(device=param.device, dtype=param.dtype).eval()
