@@ -60,6 +60,7 @@ __all__ = [
     "special_ids",
     "tiny_target",
     "tiny_processor",
+    "TinyOnevisionProcessor",
     "tiny_image",
     "make_inputs",
     "text_draft_from_target",
@@ -105,13 +106,15 @@ def special_ids(vocab_size: int = 128) -> dict[str, int]:
     return {"unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID, "image": v - 4, "video": v - 3, "pad": v - 2}
 
 
-def _text_config(family: str, vocab_size: int, hidden: int = 64, layers: int = 2, heads: int = 4) -> PretrainedConfig:
+def _text_config(family: str, vocab_size: int, hidden: int = 64, layers: int = 2,
+                 heads: int = 4) -> PretrainedConfig:
     ids = special_ids(vocab_size)
     cls = Qwen2Config if family == "llava_onevision" else LlamaConfig
     kw = dict(
         vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=max(1, heads // 2), max_position_embeddings=1024, initializer_range=_INIT_RANGE,
-        bos_token_id=ids["bos"], eos_token_id=ids["eos"], pad_token_id=ids["pad"], tie_word_embeddings=False,
+        num_attention_heads=heads, num_key_value_heads=max(1, heads // 2), max_position_embeddings=1024,
+        initializer_range=_INIT_RANGE, bos_token_id=ids["bos"], eos_token_id=ids["eos"], pad_token_id=ids["pad"],
+        tie_word_embeddings=False,
     )
     if cls is Qwen2Config:
         kw["use_sliding_window"] = False
@@ -145,7 +148,7 @@ def _shape_lm(decoder: torch.nn.Module, lm_head: torch.nn.Linear, vocab_size: in
     seen: dict[str, torch.Tensor] = {}
     hook = decoder.norm.register_forward_hook(lambda mod, args, out: seen.update(x=args[0]))
     probe = torch.randint(3, vocab_size - 4, (4, 48), generator=gen)
-    decoder(input_ids=probe.to(lm_head.weight.device))
+    decoder(input_ids=probe.to(lm_head.weight.device), use_cache=False)
     hook.remove()
     rest = torch.cat([seen["x"][..., :d], seen["x"][..., d + 1:]], dim=-1).norm(dim=-1).max().item()
     attn.o_proj.weight[d, 0] = _BIAS_RATIO * rest
@@ -163,11 +166,15 @@ def _shape_lm(decoder: torch.nn.Module, lm_head: torch.nn.Linear, vocab_size: in
         w[EOS_ID, d] = eos_bias / h0
 
 
-def _finish(model: PreTrainedModel, vocab_size: int) -> PreTrainedModel:
-    ids = special_ids(vocab_size)
+def _language_model(model: PreTrainedModel) -> torch.nn.Module:
+    inner = getattr(model, "model", None)
+    lm = getattr(inner, "language_model", None) if inner is not None else None
+    return lm if lm is not None else model.get_decoder()
+
+
+def _finish(model: PreTrainedModel, pad_id: int) -> PreTrainedModel:
     gc = model.generation_config
-    gc.bos_token_id, gc.eos_token_id, gc.pad_token_id = ids["bos"], ids["eos"], ids["pad"]
-    gc.do_sample, gc.temperature, gc.top_p, gc.top_k = False, 1.0, 1.0, 50
+    gc.bos_token_id, gc.eos_token_id, gc.pad_token_id = BOS_ID, EOS_ID, pad_id
     return model.to(torch.float32).eval()
 
 
@@ -180,16 +187,22 @@ def tiny_target(family: str, seed: int = 0, vocab_size: int = 128, eos_bias: flo
     Logit shaping (real LLaVA never emits ``<image>``): the lm_head rows of the
     reserved ids (``<image>``, ``<video>``, ``<pad>``, i.e. all ids ``>= V-4``) are
     zeroed except for one hidden "bias channel" (see :func:`_shape_lm`) that gives
-    them a logit of about -20 at every position while ordinary logits have a std of
-    about 2: they are essentially never generated, greedy or sampled.  ``eos_bias``
-    (approximate EOS logit offset; ``None`` = no offset) lowers EOS so that random
-    generations mostly run to ``max_new_tokens`` while EOS stays possible.  The LM is
+    them a logit of about -20 at every non-padding position while ordinary logits have a std of
+    about 2: they are essentially never generated, greedy or sampled.  The lm_head is
+    re-drawn, so EOS is as likely as any word: ~5% of random 30-token greedy rows stop
+    early.  ``eos_bias`` is an approximate logit offset for EOS (``None`` = 0; e.g.
+    2.0 -> ~60% of rows stop early, 4.0 -> nearly all, -1.5 -> none).  The LM is
     initialised with ``initializer_range=0.2`` so outputs depend on context; Llama
     LMs use ``attention_bias=True`` (needed for the bias channel).
     """
     _check(family, vocab_size)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return _build_target(family, seed, vocab_size, eos_bias)
+
+
+def _build_target(family: str, seed: int, vocab_size: int, eos_bias: float | None) -> PreTrainedModel:
     ids = special_ids(vocab_size)
-    torch.manual_seed(seed)
     text = _text_config(family, vocab_size)
     common = dict(text_config=text, image_token_index=ids["image"], projector_hidden_act="gelu",
                   multimodal_projector_bias=True, tie_word_embeddings=False, pad_token_id=ids["pad"])
@@ -220,8 +233,7 @@ def tiny_target(family: str, seed: int = 0, vocab_size: int = 128, eos_bias: flo
     gen = torch.Generator().manual_seed(seed + 1000)
     reserved = list(range(vocab_size - 4, vocab_size))
     _shape_lm(_language_model(model), model.lm_head, vocab_size, reserved, eos_bias, gen)
-    model.config.pad_token_id = ids["pad"]
-    return _finish(model, vocab_size)
+    return _finish(model, ids["pad"])
 
 
 def _tokenizer(family: str, vocab_size: int) -> PreTrainedTokenizerFast:
@@ -242,7 +254,6 @@ def _tokenizer(family: str, vocab_size: int) -> PreTrainedTokenizerFast:
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>",
         padding_side="left", model_max_length=4096, chat_template=_CHAT_TEMPLATE)
-    fast.add_special_tokens({"additional_special_tokens": [t for t in specials if t not in ("<s>", "</s>", "<unk>", "<pad>")]})
     return fast
 
 
@@ -310,12 +321,6 @@ def make_inputs(family: str, processor: ProcessorMixin, prompts: list[str], imag
     return processor(images=present or None, text=texts, padding=True, return_tensors="pt")
 
 
-def _language_model(target: PreTrainedModel) -> torch.nn.Module:
-    inner = getattr(target, "model", None)
-    lm = getattr(inner, "language_model", None) if inner is not None else None
-    return lm if lm is not None else target.get_decoder()
-
-
 def text_draft_from_target(target: PreTrainedModel) -> PreTrainedModel:
     """Exact standalone copy of ``target``'s language model + lm_head as a ``*ForCausalLM``."""
     text_cfg = copy.deepcopy(target.config.text_config)
@@ -324,7 +329,7 @@ def text_draft_from_target(target: PreTrainedModel) -> PreTrainedModel:
     draft = AutoModelForCausalLM.from_config(text_cfg, attn_implementation=attn)
     state = {f"model.{k}": v for k, v in _language_model(target).state_dict().items()}
     state.update({f"lm_head.{k}": v for k, v in target.lm_head.state_dict().items()})
-    result = draft.load_state_dict(state, strict=False)
+    result = draft.load_state_dict(state, strict=True)
     assert not result.missing_keys and not result.unexpected_keys, result
     draft.generation_config = copy.deepcopy(target.generation_config)
     param = next(target.parameters())
@@ -336,19 +341,21 @@ def random_text_draft(target: PreTrainedModel, seed: int = 1, vocab_size: int | 
     """A different random 1-layer / hidden-32 causal LM of the target's LM family.
 
     ``vocab_size`` defaults to the target's text vocab; pass e.g. ``V - 4`` to mimic a
-    text-only draft lacking the appended multimodal ids.  Reserved ids of the target
-    that fall inside the draft vocab get the same suppression as in :func:`tiny_target`.
+    text-only draft lacking the appended multimodal ids (then its pad id falls back to
+    EOS).  Reserved ids of the target inside the draft vocab are suppressed as in
+    :func:`tiny_target`; ``eos_bias`` likewise.  Float32 on the target's device.
     """
     text = target.config.text_config
     vocab = vocab_size or text.vocab_size
     family = "llava_onevision" if text.model_type == "qwen2" else "llava"
     cfg = _text_config(family, vocab, hidden=32, layers=1, heads=4)
-    cfg.pad_token_id = text.pad_token_id if text.pad_token_id is not None and text.pad_token_id < vocab else None
-    torch.manual_seed(seed)
-    draft = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
-    gen = torch.Generator().manual_seed(seed + 1000)
-    reserved = list(range(text.vocab_size - 4, text.vocab_size))
-    _shape_lm(draft.model, draft.lm_head, vocab, reserved, eos_bias, gen)
-    draft.generation_config = copy.deepcopy(target.generation_config)
+    pad = text.pad_token_id if text.pad_token_id is not None and text.pad_token_id < vocab else EOS_ID
+    cfg.pad_token_id = pad
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        draft = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+        gen = torch.Generator().manual_seed(seed + 1000)
+        reserved = list(range(text.vocab_size - 4, text.vocab_size))
+        _shape_lm(draft.model, draft.lm_head, vocab, reserved, eos_bias, gen)
     param = next(target.parameters())
-    return draft.to(device=param.device, dtype=param.dtype).eval()
+    return _finish(draft, pad).to(device=param.device, dtype=param.dtype)
