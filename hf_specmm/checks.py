@@ -90,9 +90,7 @@ def _check_config(config: Any, kwargs: dict, batch: int, streamer: Any) -> None:
         _fail(UnsupportedGenerationError, f"generate(assistant_model=...) cannot be used with {bad}.")
 
 
-def _check_draft(target: Any, draft: Any, ids: torch.Tensor, config: Any, vocab: VocabMap, kwargs: dict) -> None:
-    if not isinstance(draft, torch.nn.Module) or not hasattr(draft, "config"):
-        _fail(IncompatibleDraftError, f"assistant_model must be a transformers model, got {type(draft).__name__}.")
+def _check_draft(draft: Any, ids: torch.Tensor, config: Any, vocab: VocabMap, kwargs: dict) -> None:
     if draft.device.type == "meta":
         _fail(IncompatibleDraftError, "The draft's weights are on the meta device (not loaded); load it on a real "
               "device, e.g. AutoModelForCausalLM.from_pretrained(repo, device_map='cpu').")
@@ -124,7 +122,7 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
     config = _compat.resolve_generation_config(target, generation_config, kwargs)
     _check_config(config, kwargs, ids.shape[0], streamer)
     vocab = VocabMap(spec, draft_vocab_size(draft), ids.device)
-    _check_draft(target, draft, ids, config, vocab, kwargs)
+    _check_draft(draft, ids, config, vocab, kwargs)
     if config.stop_strings is not None:
         if tokenizer is None:
             _fail(UnsupportedGenerationError, "stop_strings needs the tokenizer: pass tokenizer=processor.tokenizer.")

@@ -59,7 +59,8 @@ class TextOnlyDrafter:
             **kwargs,
         )
         self.state.commit(inputs["attention_mask"], ids.shape[1])
-        return self.vocab.to_target(out.logits[:, -1].float())
+        # back on the loop's (target input) device: a draft may live on another device than the target
+        return self.vocab.to_target(out.logits[:, -1].to(device=ids.device, dtype=torch.float32))
 
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> None:
         ids, valid = self.prompt_view(input_ids, attention_mask)
