@@ -48,7 +48,8 @@ def stock_generate(model: Any, *args: Any, **kwargs: Any) -> Any:
 
 def generate_with_decoding_fn(model: Any, decoding_fn: Callable[..., Any], **kwargs: Any) -> Any:
     """Run stock ``generate`` preparation, then ``decoding_fn(model, input_ids, logits_processor=...,
-    stopping_criteria=..., generation_config=..., synced_gpus=..., streamer=..., **model_kwargs)``."""
+    stopping_criteria=..., generation_config=..., **model_kwargs)``. Stock passes a callable only the
+    keyword arguments its own signature adds over ``_sample``'s: the streamer reaches it by closure."""
     return type(model).generate(model, custom_generate=decoding_fn, **kwargs)
 
 

@@ -70,7 +70,14 @@ def last_stats(model: Any) -> SpecStats | None:
 
 
 def _speculative_generate(self: Any, inputs: torch.Tensor | None = None, generation_config: Any = None,
+                          logits_processor: Any = None, stopping_criteria: Any = None,
+                          prefix_allowed_tokens_fn: Any = None, synced_gpus: bool | None = None,
                           assistant_model: Any = None, streamer: Any = None, **kwargs: Any) -> Any:
+    # same positional order as GenerationMixin.generate
+    for name, value in (("logits_processor", logits_processor), ("stopping_criteria", stopping_criteria),
+                        ("prefix_allowed_tokens_fn", prefix_allowed_tokens_fn), ("synced_gpus", synced_gpus)):
+        if value is not None:
+            kwargs[name] = value
     if assistant_model is None:
         return _compat.stock_generate(self, inputs, generation_config=generation_config, streamer=streamer, **kwargs)
 

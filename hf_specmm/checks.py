@@ -43,14 +43,22 @@ def _input_ids(inputs: Any, kwargs: dict) -> torch.Tensor:
     return ids if ids.dim() == 2 else ids[None]
 
 
-def _resolve_gamma(config: Any, draft: Any) -> GammaSchedule:
-    draft_config = getattr(draft, "generation_config", None)
-    gamma = config.num_assistant_tokens
-    if gamma is None and draft_config is not None:
-        gamma = getattr(draft_config, "num_assistant_tokens", None)
-    kind = config.num_assistant_tokens_schedule
-    if kind is None and draft_config is not None:
-        kind = getattr(draft_config, "num_assistant_tokens_schedule", None)
+def _explicit(name: str, kwargs: dict, generation_config: Any, *configs: Any) -> Any:
+    """First value of ``name`` set explicitly: generate kwargs, the passed config, then ``configs``.
+    (The merged config cannot tell: stock fills in its global defaults, e.g. num_assistant_tokens=20.)"""
+    if kwargs.get(name) is not None:
+        return kwargs[name]
+    for config in (generation_config, *configs):
+        value = getattr(config, name, None) if config is not None else None
+        if value is not None:
+            return value
+    return None
+
+
+def _resolve_gamma(target: Any, draft: Any, generation_config: Any, kwargs: dict) -> GammaSchedule:
+    sources = (getattr(target, "generation_config", None), getattr(draft, "generation_config", None))
+    gamma = _explicit("num_assistant_tokens", kwargs, generation_config, *sources)
+    kind = _explicit("num_assistant_tokens_schedule", kwargs, generation_config, *sources)
     gamma = DEFAULT_GAMMA if gamma is None else gamma
     kind = "constant" if kind is None else kind
     if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
@@ -84,6 +92,8 @@ def _check_config(config: Any, kwargs: dict, batch: int, streamer: Any) -> None:
         bad = "prefix_allowed_tokens_fn / negative_prompt_ids: not supported with a draft"
     elif (config.guidance_scale or 1) != 1:
         bad = "guidance_scale (classifier-free guidance): not supported with a draft"
+    elif kwargs.get("synced_gpus"):
+        bad = "synced_gpus=True (multi-GPU ZeRO-3/FSDP generation): not supported with a draft"
     elif streamer is not None and batch > 1:
         bad = f"a streamer with batch size {batch}: streamers take one sequence; stream a batch of 1"
     if bad is not None:
@@ -132,6 +142,7 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
         criteria = StoppingCriteriaList(kwargs.pop("stopping_criteria", None) or [])
         criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=config.stop_strings))
         kwargs["stopping_criteria"], kwargs["stop_strings"] = criteria, None
+    schedule = _resolve_gamma(target, draft, generation_config, kwargs)
     for key in ("num_assistant_tokens", "num_assistant_tokens_schedule"):
         kwargs.pop(key, None)  # consumed here; stock generate must not see an assisted-mode option
-    return Plan(vocab, _resolve_gamma(config, draft), kwargs)
+    return Plan(vocab, schedule, kwargs)

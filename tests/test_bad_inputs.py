@@ -195,7 +195,8 @@ def test_bad_input_raises_before_any_forward(family, case):
     modules = (model, d) if isinstance(d, torch.nn.Module) else (model,)
     with count_forwards(*modules) as calls, pytest.raises(SpecMMError) as info:
         model.generate(**inputs, assistant_model=d, streamer=streamer, **kwargs)
-    assert type(info.value) is error, f"{case}: expected {error.__name__}, got {type(info.value).__name__}: {info.value}"
+    got = type(info.value).__name__
+    assert type(info.value) is error, f"{case}: expected {error.__name__}, got {got}: {info.value}"
     message = str(info.value)
     for pattern in patterns:
         assert re.search(pattern, message), f"{case}: message does not match {pattern!r}: {message}"
