@@ -9,16 +9,33 @@
 from ._compat import TESTED_RANGE as TESTED_TRANSFORMERS
 from .api import disable, enable, is_enabled, last_stats
 from .checks import DEFAULT_GAMMA
+from .drafts import ImageAdapterDraft, ImageAdapterDraftConfig
 from .errors import IncompatibleDraftError, SpecMMError, UnsupportedGenerationError, UnsupportedTargetError
 from .stats import SpecStats
 from .targets import SUPPORTED_TARGETS
 
 __version__ = "0.1.0"
 
+
+def _register_auto_classes() -> None:
+    """``AutoConfig`` / ``AutoModelForCausalLM.from_pretrained(repo)`` load an ImageAdapterDraft (no remote code)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        AutoConfig.register(ImageAdapterDraftConfig.model_type, ImageAdapterDraftConfig)
+        AutoModelForCausalLM.register(ImageAdapterDraftConfig, ImageAdapterDraft)
+    except ValueError:  # already registered (module reloaded)
+        pass
+
+
+_register_auto_classes()
+
 __all__ = [
     "DEFAULT_GAMMA",
     "SUPPORTED_TARGETS",
     "TESTED_TRANSFORMERS",
+    "ImageAdapterDraft",
+    "ImageAdapterDraftConfig",
     "IncompatibleDraftError",
     "SpecMMError",
     "SpecStats",

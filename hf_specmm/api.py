@@ -17,6 +17,8 @@ import torch
 from . import _compat
 from .checks import resolve_plan
 from .drafters import TextOnlyDrafter
+from .drafts.image_adapter import ImageAdapterDraft
+from .drafts.image_adapter.drafter import ImageAdapterDrafter
 from .loop import speculative_decode
 from .stats import SpecStats
 from .targets import target_family
@@ -69,6 +71,13 @@ def last_stats(model: Any) -> SpecStats | None:
     return state.last_stats
 
 
+def make_drafter(draft: Any, vocab: Any) -> TextOnlyDrafter:
+    """The runtime drafter for a draft model: adapter drafts also read the target's image embeddings."""
+    if isinstance(draft, ImageAdapterDraft):
+        return ImageAdapterDrafter(draft, vocab)
+    return TextOnlyDrafter(draft, vocab)
+
+
 def _speculative_generate(self: Any, inputs: torch.Tensor | None = None, generation_config: Any = None,
                           logits_processor: Any = None, stopping_criteria: Any = None,
                           prefix_allowed_tokens_fn: Any = None, synced_gpus: bool | None = None,
@@ -83,7 +92,7 @@ def _speculative_generate(self: Any, inputs: torch.Tensor | None = None, generat
 
     start = time.perf_counter()
     plan = resolve_plan(self, assistant_model, inputs, generation_config, streamer, kwargs)  # raises before work
-    drafter = TextOnlyDrafter(assistant_model, plan.vocab)
+    drafter = make_drafter(assistant_model, plan.vocab)
     stats = SpecStats()
 
     def decode(model: Any, input_ids: torch.Tensor, logits_processor: Any, stopping_criteria: Any,

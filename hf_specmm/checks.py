@@ -100,6 +100,25 @@ def _check_config(config: Any, kwargs: dict, batch: int, streamer: Any) -> None:
         _fail(UnsupportedGenerationError, f"generate(assistant_model=...) cannot be used with {bad}.")
 
 
+def _check_adapter_draft(target: Any, draft: Any) -> None:
+    """An image-adapter draft must have been made for this target's image embeddings and placeholders."""
+    from .drafts.image_adapter import ImageAdapterDraft
+
+    if not isinstance(draft, ImageAdapterDraft):
+        return
+    spec = target_spec(target)
+    width = target.config.get_text_config().hidden_size
+    made_for = draft.config.target or draft.config.target_class or "another target"
+    if draft.config.image_feature_dim != width:
+        _fail(IncompatibleDraftError, f"This ImageAdapterDraft reads image embeddings of width "
+              f"{draft.config.image_feature_dim} (made for {made_for}), but the target's are {width} wide. "
+              "Use a draft made for this target (ImageAdapterDraft.for_target(target, ...)).")
+    if draft.config.image_token_id not in spec.placeholder_ids:
+        _fail(IncompatibleDraftError, f"This ImageAdapterDraft expects image token id {draft.config.image_token_id} "
+              f"(made for {made_for}), but the target's placeholder ids are {sorted(spec.placeholder_ids)}. "
+              "Use a draft made for this target.")
+
+
 def _check_draft(draft: Any, ids: torch.Tensor, config: Any, vocab: VocabMap, kwargs: dict) -> None:
     if draft.device.type == "meta":
         _fail(IncompatibleDraftError, "The draft's weights are on the meta device (not loaded); load it on a real "
@@ -128,6 +147,7 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
     tokenizer = kwargs.pop("tokenizer", None)
     draft_tokenizer = kwargs.pop("assistant_tokenizer", None)
     check_vocab_compatible(spec, draft, tokenizer, draft_tokenizer)
+    _check_adapter_draft(target, draft)
     ids = _input_ids(inputs, kwargs)
     config = _compat.resolve_generation_config(target, generation_config, kwargs)
     _check_config(config, kwargs, ids.shape[0], streamer)

@@ -8,8 +8,9 @@ draft kinds (e.g. one that also reads the target's image features) override only
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 import torch
 
@@ -34,6 +35,10 @@ class TextOnlyDrafter:
         self.pending_valid: torch.Tensor | None = None  # [B, k] which of them it reads
 
     # ---- steps -------------------------------------------------------------------------------------
+    def observe_target(self, target: Any) -> ContextManager:
+        """Context entered while the target runs its prefill (a text-only draft needs nothing from it)."""
+        return contextlib.nullcontext()
+
     def prompt_view(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """The draft's prompt: each row's visible tokens, left-padded to a common length."""
         visible = self.vocab.visible_to_draft(input_ids)
@@ -45,11 +50,11 @@ class TextOnlyDrafter:
         valid = visible.gather(1, order)[:, -width:]
         return ids.masked_fill(~valid, 0), valid
 
-    def forward(self, ids: torch.Tensor, valid: torch.Tensor | None, keep_logits: int = 1) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, valid: torch.Tensor | None, **extra: Any) -> torch.Tensor:
         """Feed ``ids`` [B, k] into the draft cache and return target-vocabulary logits of the last position."""
         assert self.state is not None
         inputs = self.state.block_inputs(valid, ids.shape[1])
-        kwargs = {"logits_to_keep": keep_logits} if self._keeps_logits else {}
+        kwargs = {"logits_to_keep": 1} if self._keeps_logits else {}
         out = self.draft(
             input_ids=ids.to(self.device),
             attention_mask=None if inputs["attention_mask"] is None else inputs["attention_mask"].to(self.device),
@@ -57,16 +62,17 @@ class TextOnlyDrafter:
             past_key_values=self.state.cache,
             use_cache=True,
             **kwargs,
+            **extra,
         )
         self.state.commit(inputs["attention_mask"], ids.shape[1])
         # back on the loop's (target input) device: a draft may live on another device than the target
         return self.vocab.to_target(out.logits[:, -1].to(device=ids.device, dtype=torch.float32))
 
-    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> None:
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, **extra: Any) -> None:
         ids, valid = self.prompt_view(input_ids, attention_mask)
         batch = ids.shape[0]
         self.state = SlottedCache(_compat.new_dynamic_cache(), None, 0, batch, ids.device)
-        self.forward(ids, None if bool(valid.all()) else valid)
+        self.forward(ids, None if bool(valid.all()) else valid, **extra)
 
     def push(self, tokens: torch.Tensor) -> None:
         """Queue one new target token per row (read at the start of the next proposal)."""

@@ -80,7 +80,8 @@ def speculative_decode(
 
     # prefill: target exactly as plain generate (images included); draft on the text without placeholders
     attention_mask = model_kwargs.get("attention_mask")
-    out = _compat.prefill(target, input_ids, generation_config, model_kwargs)
+    with drafter.observe_target(target):  # an adapter draft reads the target's image embeddings here
+        out = _compat.prefill(target, input_ids, generation_config, model_kwargs)
     target_kv = SlottedCache(out.past_key_values, None if attention_mask is None else attention_mask.long(),
                              prompt_len, batch, input_ids.device)
     logits = out.logits[:, -1:].to(dtype=torch.float32, device=input_ids.device)
