@@ -11,6 +11,7 @@ from .api import disable, enable, is_enabled, last_stats
 from .checks import DEFAULT_GAMMA
 from .drafts import ImageAdapterDraft, ImageAdapterDraftConfig
 from .errors import IncompatibleDraftError, SpecMMError, UnsupportedGenerationError, UnsupportedTargetError
+from .hub import annotate_draft, draft_metadata, load_draft, push_draft_to_hub, render_model_card, save_draft
 from .stats import SpecStats
 from .targets import SUPPORTED_TARGETS
 
@@ -41,7 +42,13 @@ __all__ = [
     "SpecStats",
     "UnsupportedGenerationError",
     "UnsupportedTargetError",
+    "annotate_draft",
     "disable",
+    "draft_metadata",
+    "load_draft",
+    "push_draft_to_hub",
+    "render_model_card",
+    "save_draft",
     "enable",
     "is_enabled",
     "last_stats",

@@ -158,6 +158,22 @@ class ImageAdapterDraft(PreTrainedModel, GenerationMixin):
         draft.generation_config = copy.deepcopy(language_model.generation_config)
         return draft.eval()
 
+    def save_pretrained(self, save_directory: Any, *args: Any, **kwargs: Any) -> None:
+        """Safetensors weights + config + the hf_specmm model card (README.md)."""
+        from ...hub import render_model_card
+
+        super().save_pretrained(save_directory, *args, **kwargs)
+        if kwargs.get("is_main_process", True):
+            from pathlib import Path
+
+            (Path(save_directory) / "README.md").write_text(render_model_card(self))
+
+    def push_to_hub(self, repo_id: str, **kwargs: Any) -> Any:
+        """Upload weights, config and the hf_specmm model card (stock push_to_hub writes a generic card)."""
+        from ...hub import push_draft_to_hub
+
+        return push_draft_to_hub(self, repo_id, **kwargs)
+
     @classmethod
     def from_pretrained(cls, *args: Any, **kwargs: Any) -> "ImageAdapterDraft":
         """Strict load: a missing, unexpected or mis-shaped weight is an error, not a warning."""

@@ -1,0 +1,142 @@
+"""Drafts on the Hub: save / push with a model card, and load either draft kind with one call.
+
+A text-only draft is any causal LM; saved through hf_specmm its config carries ``hf_specmm``
+metadata (draft kind, the target it was made for, measured results), which the card is rendered
+from. ``ImageAdapterDraft`` keeps the same metadata and its ``save_pretrained`` / ``push_to_hub``
+write the card too.
+"""
+
+from __future__ import annotations
+
+import string
+import tempfile
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+
+from .drafts.image_adapter import ImageAdapterDraft, ImageAdapterDraftConfig
+
+KINDS = {"text_only": "text-only", "image_adapter": "image-adapter"}
+
+
+def draft_kind(draft: PreTrainedModel) -> str:
+    return "image_adapter" if isinstance(draft, ImageAdapterDraft) else "text_only"
+
+
+def draft_metadata(draft: PreTrainedModel) -> dict[str, Any]:
+    """``{"draft_kind", "target", "results", "training_data"}`` as stored in the draft's config."""
+    meta = dict(getattr(draft.config, "hf_specmm", None) or {})
+    meta["draft_kind"] = draft_kind(draft)
+    if isinstance(draft, ImageAdapterDraft) and draft.config.target:
+        meta.setdefault("target", draft.config.target)
+    meta.setdefault("target", None)
+    meta.setdefault("results", {})
+    meta.setdefault("training_data", None)
+    return meta
+
+
+def annotate_draft(draft: PreTrainedModel, target: str | None = None, results: dict[str, dict] | None = None,
+                   training_data: str | None = None) -> PreTrainedModel:
+    """Record what the draft was made for and how well it did (merged into earlier metadata)."""
+    meta = draft_metadata(draft)
+    if target is not None:
+        meta["target"] = target
+        if isinstance(draft, ImageAdapterDraft):
+            draft.config.target = target
+    if results:
+        meta["results"] = {**meta["results"], **results}
+    if training_data is not None:
+        meta["training_data"] = training_data
+    draft.config.hf_specmm = meta
+    return draft
+
+
+def _results_table(results: dict[str, dict]) -> str:
+    if not results:
+        return "Not measured yet (use `hf-specmm bench` or the training CLI's held-out evaluation)."
+    lines = ["| task | γ | τ (tokens per target forward) | acceptance rate |", "|---|---|---|---|"]
+    for task, r in results.items():
+        tau, acc = r.get("block_efficiency"), r.get("acceptance_rate")
+        lines.append(f"| {task} | {r.get('gamma', '')} | {'' if tau is None else f'{tau:.2f}'} | "
+                     f"{'' if acc is None else f'{acc:.2f}'} |")
+    return "\n".join(lines)
+
+
+def render_model_card(draft: PreTrainedModel, repo_id: str | None = None) -> str:
+    """The README.md of a draft, rendered from ``model_cards/draft_card.md``."""
+    from huggingface_hub import ModelCardData
+
+    meta = draft_metadata(draft)
+    kind = meta["draft_kind"]
+    target = meta["target"]
+    lm = draft.language_model if isinstance(draft, ImageAdapterDraft) else draft
+    lm_config = lm.config
+    tags = ["hf_specmm", "speculative-decoding", "draft-model", f"{KINDS[kind]}-draft"]
+    data = ModelCardData(base_model=target if target and "/" in target else None, library_name="hf_specmm",
+                         tags=tags, pipeline_tag="text-generation",
+                         hf_specmm={"draft_kind": kind, "target": target, "results": meta["results"]})
+    front = data.to_yaml()
+    adapter_rows = ""
+    if isinstance(draft, ImageAdapterDraft):
+        adapter_params = sum(p.numel() for p in draft.adapter.parameters())
+        adapter_rows = (f"| image adapter | {draft.config.image_feature_dim} → {lm_config.hidden_size}, "
+                        f"{adapter_params:,} parameters, visual tokens pooled ×{draft.config.image_pool} |\n")
+    template = resources.files("hf_specmm").joinpath("model_cards/draft_card.md").read_text()
+    return string.Template(template).substitute(
+        front_matter=front.strip(),
+        title=repo_id or f"{KINDS[kind]} draft",
+        kind_name=KINDS[kind],
+        target_link=f"[{target}](https://huggingface.co/{target})" if target and "/" in target else (target or "its target"),
+        target_text=target or "not recorded",
+        repo_id=repo_id or "path/to/this/draft",
+        params=f"{sum(p.numel() for p in draft.parameters()):,}",
+        lm_desc=(f"{lm_config.model_type}, {lm_config.num_hidden_layers} layers, hidden {lm_config.hidden_size}, "
+                 f"vocabulary {lm.get_output_embeddings().weight.shape[0]:,}"),
+        adapter_rows=adapter_rows,
+        results=_results_table(meta["results"]),
+        training_data=meta["training_data"] or "Not recorded.",
+    )
+
+
+def save_draft(draft: PreTrainedModel, save_directory: str | Path, target: str | None = None,
+               repo_id: str | None = None, **save_kwargs: Any) -> Path:
+    """``save_pretrained`` (safetensors) plus the model card; ``target`` records what it was made for.
+
+    >>> hf_specmm.save_draft(draft, "my-draft", target="llava-hf/llava-1.5-7b-hf")  # doctest: +SKIP
+    """
+    annotate_draft(draft, target=target)
+    save_directory = Path(save_directory)
+    PreTrainedModel.save_pretrained(draft, save_directory, **save_kwargs)
+    (save_directory / "README.md").write_text(render_model_card(draft, repo_id))
+    return save_directory
+
+
+def push_draft_to_hub(draft: PreTrainedModel, repo_id: str, target: str | None = None, token: str | None = None,
+                      private: bool | None = None, commit_message: str = "Upload hf_specmm draft",
+                      revision: str | None = None, create_pr: bool = False) -> Any:
+    """Create the repo if needed and upload weights, config and model card in one commit."""
+    from huggingface_hub import HfApi
+
+    api = HfApi(token=token)
+    repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
+    with tempfile.TemporaryDirectory() as tmp:
+        save_draft(draft, tmp, target=target, repo_id=repo_id)
+        return api.upload_folder(folder_path=tmp, repo_id=repo_id, commit_message=commit_message,
+                                 revision=revision, create_pr=create_pr)
+
+
+def load_draft(repo_or_path: str | Path, **kwargs: Any) -> PreTrainedModel:
+    """Load a draft of either kind (strict: missing or unexpected weights are an error).
+
+    >>> draft = hf_specmm.load_draft("org/my-llava-draft")  # doctest: +SKIP
+    """
+    config = AutoConfig.from_pretrained(repo_or_path, **{k: v for k, v in kwargs.items()
+                                                         if k in ("revision", "token", "cache_dir", "local_files_only")})
+    cls = ImageAdapterDraft if isinstance(config, ImageAdapterDraftConfig) else AutoModelForCausalLM
+    model, info = cls.from_pretrained(repo_or_path, output_loading_info=True, **kwargs)
+    problems = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
+    if problems:
+        raise ValueError(f"draft checkpoint {repo_or_path} does not match its config: {problems}")
+    return model.eval()
