@@ -287,8 +287,10 @@ def run_python(code: str, env: dict, *, timeout: float = 300, check: bool = True
     """Run ``code`` with ``sys.executable -c`` in a fresh interpreter, with the repo root on PYTHONPATH.
 
     The child's environment is the parent's minus every ``HF_*`` / ``HUGGINGFACE_*`` / ``TRANSFORMERS_*`` variable
-    (e.g. the ``HF_HUB_OFFLINE=1`` set by conftest), plus safe defaults (HF_ENDPOINT pointing at a closed local port,
-    telemetry/progress bars/update checks off, NO_PROXY for 127.0.0.1), then ``env``. Pass HF_HOME or HF_HUB_CACHE in
+    (e.g. the ``HF_HUB_OFFLINE=1`` set by conftest), plus safe defaults, then ``env``. Defaults: HF_ENDPOINT and
+    HTTP(S)_PROXY/ALL_PROXY point at a closed local port and NO_PROXY=127.0.0.1,localhost, so any request to a host
+    other than 127.0.0.1 (e.g. a hard-coded https://huggingface.co) fails at once, without even a DNS lookup;
+    telemetry, progress bars and update checks are off. Pass HF_HOME or HF_HUB_CACHE in
     ``env`` to keep the child away from ``~/.cache/huggingface``. With ``check`` a non-zero exit raises an
     AssertionError carrying the child's stdout/stderr."""
     full = {k: v for k, v in os.environ.items() if not k.upper().startswith(("HF_", "HUGGINGFACE", "TRANSFORMERS_"))}
@@ -297,6 +299,7 @@ def run_python(code: str, env: dict, *, timeout: float = 300, check: bool = True
         HF_ENDPOINT=DEAD_ENDPOINT, HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_PROGRESS_BARS="1",
         HF_HUB_DISABLE_UPDATE_CHECK="1", NO_PROXY=no_proxy, no_proxy=no_proxy,
         PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+        **{k: DEAD_ENDPOINT for k in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")},
     )  # fmt: skip
     full.update({k: str(v) for k, v in env.items()})
     proc = subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=timeout)
