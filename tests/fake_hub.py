@@ -4,10 +4,12 @@
   ``HF_HUB_OFFLINE=1`` + ``HF_HUB_CACHE=<cache_dir>`` (or ``HF_HOME=<home>`` with ``cache_dir=<home>/hub``) resolves
   ``from_pretrained("org/name")`` / ``hf_hub_download`` from it.
 * :class:`FakeHub` is a tiny threaded HTTP server on 127.0.0.1 implementing just the Hub routes used by
-  ``push_to_hub`` / ``upload_file`` / ``ModelCard.push_to_hub`` (create repo, validate-yaml, preupload, commit) and by
-  downloads (model info, ``resolve`` GET/HEAD). Every file is answered as ``uploadMode: "regular"``, so the client
-  inlines content base64 in the commit ndjson: no LFS, no Xet. Requests it does not know go to ``hub.unhandled``
-  (answered 404). Only model repos named ``org/name`` and the ``main`` branch (plus commit shas) are supported.
+  ``push_to_hub`` / ``upload_file`` / ``create_commit`` (create repo, validate-yaml, preupload, commit) and by
+  downloads (model info, ``resolve`` GET/HEAD, tree listing for ``snapshot_download``). Every file is answered as
+  ``uploadMode: "regular"``, so the client inlines content base64 in the commit ndjson: no LFS, no Xet. Requests it
+  does not know (and ``create_pr``) go to ``hub.unhandled`` (answered 404). Only model repos ``org/name``, branch
+  ``main`` and commit shas. ``ModelCard.push_to_hub`` works with huggingface_hub 2.x only: 1.x validates the card
+  against a hard-coded https://huggingface.co (use ``upload_file`` for README.md there).
 * :func:`run_python` runs a snippet in a fresh interpreter. ``huggingface_hub.constants`` reads HF_ENDPOINT,
   HF_HUB_OFFLINE, HF_HOME... at import time and several objects capture them (module-level ``HfApi`` instances,
   ``HF_URL_HOSTS``), so monkeypatching them in-process is not reliable: use a subprocess.
@@ -48,10 +50,6 @@ def _commit_sha(blob_shas: dict[str, str]) -> str:
     return h.hexdigest()
 
 
-def repo_folder_name(repo_id: str, repo_type: str = "model") -> str:
-    return "--".join([f"{repo_type}s", *repo_id.split("/")])  # models--org--name, as huggingface_hub does
-
-
 def populate_hf_cache(
     cache_dir: Path, repo_id: str, folder: Path, revision_sha: str | None = None, *, revision: str = "main"
 ) -> str:
@@ -60,8 +58,9 @@ def populate_hf_cache(
     are unsupported) and ``refs/<revision>`` containing the commit sha. Returns the commit sha (``revision_sha`` or a
     deterministic one derived from the content)."""
     cache_dir, folder = Path(cache_dir), Path(folder)
-    storage = cache_dir / repo_folder_name(repo_id)
-    files = [p for p in sorted(folder.rglob("*")) if p.is_file() and p.relative_to(folder).parts[0] not in (".git", ".cache")]
+    storage = cache_dir / "--".join(["models", *repo_id.split("/")])  # models--org--name, like huggingface_hub
+    skip = (".git", ".cache")  # git metadata, huggingface_hub's local_dir metadata
+    files = [p for p in sorted(folder.rglob("*")) if p.is_file() and p.relative_to(folder).parts[0] not in skip]
     blob_shas: dict[str, str] = {}
     for src in files:
         rel, sha = src.relative_to(folder).as_posix(), git_blob_sha(src.read_bytes())
@@ -91,7 +90,7 @@ def populate_hf_cache(
 class _HubError(Exception):
     def __init__(self, status: int, code: str | None, message: str, headers: dict | None = None):
         super().__init__(message)
-        self.status, self.code, self.message, self.headers = status, code, message, headers or {}
+        self.status, self.headers = status, {**({"X-Error-Code": code} if code else {}), **(headers or {})}
 
 
 _REPO = r"(?P<repo>[^/]+/[^/]+)"
@@ -113,31 +112,30 @@ class FakeHub:
         self._thread: threading.Thread | None = None
         self._routes = [
             ("POST", re.compile(r"/api/repos/create"), self._create_repo),
-            ("POST", re.compile(r"/api/validate-yaml"), self._validate_yaml),
+            ("POST", re.compile(r"/api/validate-yaml"), lambda body, query: self._json({"errors": [], "warnings": []})),
             ("GET", re.compile(rf"/api/models/{_REPO}(?:/revision/(?P<rev>[^/]+))?"), self._info),
             ("POST", re.compile(rf"/api/models/{_REPO}/preupload/(?P<rev>[^/]+)"), self._preupload),
             ("POST", re.compile(rf"/api/models/{_REPO}/commit/(?P<rev>[^/]+)"), self._commit),
+            ("GET", re.compile(rf"/api/models/{_REPO}/tree/(?P<rev>[^/]+)(?:/(?P<path>.+))?"), self._tree),
             ("GET HEAD", re.compile(rf"/{_REPO}/resolve/(?P<rev>[^/]+)/(?P<path>.+)"), self._resolve),
         ]
 
-    # -- lifecycle ----------------------------------------------------------------------------------------------
     def __enter__(self) -> "FakeHub":
         handler = type("Handler", (_Handler,), {"hub": self})
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._server.daemon_threads, self._server.block_on_close = False, True  # server_close() joins handlers
         self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
         self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        assert self._server is not None and self._thread is not None
+        assert self._server is not None and self._thread is not None, "FakeHub is not running"
         self._server.shutdown()
         self._server.server_close()
         self._thread.join()
         self._server = self._thread = None
 
-    # -- helpers ------------------------------------------------------------------------------------------------
     def _files(self, repo: str, rev: str) -> tuple[dict[str, bytes], str]:
         """Files and commit sha of ``repo`` at ``rev`` ("main" or a commit sha seen before); records the snapshot."""
         if repo not in self.repos:
@@ -155,7 +153,6 @@ class FakeHub:
     def _json(self, obj, status: int = 200) -> tuple[int, dict, bytes]:
         return status, {"Content-Type": "application/json"}, json.dumps(obj).encode()
 
-    # -- routes -------------------------------------------------------------------------------------------------
     def _create_repo(self, body: bytes, query: dict):
         payload = json.loads(body)
         if payload.get("type", "model") != "model":
@@ -166,9 +163,6 @@ class FakeHub:
             return self._json({"error": "You already created this model repo", "url": url}, 409)
         self.repos[repo] = {}
         return self._json({"url": url, "name": repo, "id": repo})
-
-    def _validate_yaml(self, body: bytes, query: dict):
-        return self._json({"errors": [], "warnings": []})
 
     def _info(self, body: bytes, query: dict, repo: str, rev: str | None = None):
         files, sha = self._files(repo, rev or "main")
@@ -193,10 +187,7 @@ class FakeHub:
             raise _HubError(404, "RevisionNotFound", f"FakeHub only commits to main, not {unquote(rev)}")
         current, sha = self._files(repo, rev)
         files = dict(current)
-        for line in body.splitlines():
-            if not line.strip():
-                continue
-            item = json.loads(line)
+        for item in map(json.loads, filter(bytes.strip, body.splitlines())):
             key, value = item["key"], item["value"]
             if key == "header":
                 if value.get("parentCommit") not in (None, sha):
@@ -218,6 +209,23 @@ class FakeHub:
         return self._json({"commitUrl": f"{self.endpoint}/{repo}/commit/{new_sha}", "commitOid": new_sha,
                            "pullRequestUrl": None, "success": True})  # fmt: skip
 
+    def _tree(self, body: bytes, query: dict, repo: str, rev: str, path: str = ""):
+        """Tree listing (snapshot_download, list_repo_tree): one page, directory oids are fake."""
+        files, _ = self._files(repo, rev)
+        base = unquote(path).strip("/") + "/" if unquote(path).strip("/") else ""
+        recursive = query.get("recursive", ["false"])[0].lower() in ("1", "true")
+        entries: dict[str, dict] = {}
+        for p, data in sorted(files.items()):
+            parts = p[len(base) :].split("/") if p.startswith(base) else []
+            for i in range(1, len(parts) if recursive else min(2, len(parts))):
+                d = base + "/".join(parts[:i])
+                entries.setdefault(d, {"type": "directory", "oid": git_blob_sha(d.encode()), "path": d})
+            if parts and (recursive or len(parts) == 1):
+                entries[p] = {"type": "file", "oid": git_blob_sha(data), "size": len(data), "path": p}
+        if base and not entries:
+            raise _HubError(404, "EntryNotFound", f"{base} does not exist on {rev}")
+        return self._json(list(entries.values()))
+
     def _resolve(self, body: bytes, query: dict, repo: str, rev: str, path: str):
         files, sha = self._files(repo, rev)
         path = unquote(path)
@@ -227,51 +235,34 @@ class FakeHub:
         headers = {"Content-Type": "application/octet-stream", "ETag": f'"{git_blob_sha(data)}"', "X-Repo-Commit": sha}
         return 200, headers, data
 
-    # -- dispatch -----------------------------------------------------------------------------------------------
     def _handle(self, method: str, raw_path: str, body: bytes) -> tuple[int, dict, bytes]:
         url = urlsplit(raw_path)
         query = parse_qs(url.query)
         with self._lock:
             self.requests.append(f"{method} {raw_path}")
-            if "create_pr" in query:  # pull requests are not modelled
-                self.unhandled.append(f"{method} {raw_path}")
-                return self._json({"error": "FakeHub: create_pr is not supported"}, 404)
-            for methods, pattern, func in self._routes:
+            for methods, pattern, func in self._routes if "create_pr" not in query else []:  # no pull requests
                 match = pattern.fullmatch(url.path)
                 if method in methods.split() and match:
                     try:
                         return func(body, query, **{k: v for k, v in match.groupdict().items() if v is not None})
                     except _HubError as e:
-                        status, headers, payload = self._json({"error": e.message}, e.status)
-                        headers.update(e.headers)
-                        if e.code:
-                            headers["X-Error-Code"] = e.code
-                        headers["X-Error-Message"] = e.message
-                        return status, headers, payload
+                        status, headers, payload = self._json({"error": str(e)}, e.status)
+                        return status, {**headers, **e.headers}, payload
             self.unhandled.append(f"{method} {raw_path}")
             return self._json({"error": f"FakeHub: no route for {method} {url.path}"}, 404)
 
 
 class _Handler(BaseHTTPRequestHandler):
     hub: FakeHub
-    timeout = 30  # socket timeout: a silent client cannot keep a handler thread alive forever
+    timeout = 10  # socket timeout: a silent client cannot keep a handler thread alive forever
     protocol_version = "HTTP/1.0"  # one request per connection: nothing lingers once the context exits
 
-    def log_message(self, format, *args) -> None:  # noqa: A002 - silence stderr logging
-        pass
-
-    def _read_body(self) -> bytes:
-        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-            chunks = []
-            while (size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)) > 0:
-                chunks.append(self.rfile.read(size))
-                self.rfile.readline()
-            self.rfile.readline()
-            return b"".join(chunks)
-        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+    def log_message(self, *args) -> None:  # silence the per-request stderr logging
+        return None
 
     def _dispatch(self) -> None:
-        status, headers, payload = self.hub._handle(self.command, self.path, self._read_body())
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))  # the client never sends chunked bodies
+        status, headers, payload = self.hub._handle(self.command, self.path, body)
         self.send_response(status)
         for key, value in headers.items():
             self.send_header(key, value)
@@ -290,19 +281,18 @@ def run_python(code: str, env: dict, *, timeout: float = 300, check: bool = True
     (e.g. the ``HF_HUB_OFFLINE=1`` set by conftest), plus safe defaults, then ``env``. Defaults: HF_ENDPOINT and
     HTTP(S)_PROXY/ALL_PROXY point at a closed local port and NO_PROXY=127.0.0.1,localhost, so any request to a host
     other than 127.0.0.1 (e.g. a hard-coded https://huggingface.co) fails at once, without even a DNS lookup;
-    telemetry, progress bars and update checks are off. Pass HF_HOME or HF_HUB_CACHE in
-    ``env`` to keep the child away from ``~/.cache/huggingface``. With ``check`` a non-zero exit raises an
-    AssertionError carrying the child's stdout/stderr."""
+    telemetry, progress bars and update checks are off. Pass HF_HOME or HF_HUB_CACHE in ``env`` to keep the child away
+    from ``~/.cache/huggingface``. With ``check``, a non-zero exit raises an AssertionError with the child's output."""
     full = {k: v for k, v in os.environ.items() if not k.upper().startswith(("HF_", "HUGGINGFACE", "TRANSFORMERS_"))}
-    no_proxy = ",".join(filter(None, [os.environ.get("NO_PROXY") or os.environ.get("no_proxy"), "127.0.0.1,localhost"]))
+    proxies = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
     full.update(
         HF_ENDPOINT=DEAD_ENDPOINT, HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_PROGRESS_BARS="1",
-        HF_HUB_DISABLE_UPDATE_CHECK="1", NO_PROXY=no_proxy, no_proxy=no_proxy,
+        HF_HUB_DISABLE_UPDATE_CHECK="1", NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost",
         PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
-        **{k: DEAD_ENDPOINT for k in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")},
+        **dict.fromkeys(proxies, DEAD_ENDPOINT),
     )  # fmt: skip
     full.update({k: str(v) for k, v in env.items()})
     proc = subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
-        raise AssertionError(f"subprocess exited with {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
+        raise AssertionError(f"exit code {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
     return proc
