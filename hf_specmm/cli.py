@@ -25,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             importlib.import_module(module).add_arguments(sub_parser)
         except ModuleNotFoundError as err:
-            if err.name != module:
+            if err.name is None or not module.startswith(err.name):  # a missing dependency, not the module
                 raise
             sub_parser.set_defaults(_missing=module)
         sub_parser.set_defaults(_module=module)

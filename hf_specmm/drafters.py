@@ -22,6 +22,20 @@ from .vocab import VocabMap
 SelectFn = Callable[[torch.Tensor, int], tuple[torch.Tensor, "torch.Tensor | None"]]
 
 
+def text_only_view(vocab: VocabMap, input_ids: torch.Tensor,
+                   attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A text-only draft's prompt: each row's visible tokens (placeholders removed), left-padded.
+    Returns ``(ids, valid)``, both [B, width]."""
+    visible = vocab.visible_to_draft(input_ids)
+    if attention_mask is not None:
+        visible &= attention_mask.bool()
+    width = max(int(visible.sum(-1).max()), 1)
+    order = torch.sort(visible.long(), dim=1, stable=True).indices  # hidden slots first, order kept
+    ids = input_ids.gather(1, order)[:, -width:]
+    valid = visible.gather(1, order)[:, -width:]
+    return ids.masked_fill(~valid, 0), valid
+
+
 class TextOnlyDrafter:
     """Drafts with a causal LM that reads the conversation with image placeholders removed (2404.08856)."""
 
@@ -40,15 +54,7 @@ class TextOnlyDrafter:
         return contextlib.nullcontext()
 
     def prompt_view(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The draft's prompt: each row's visible tokens, left-padded to a common length."""
-        visible = self.vocab.visible_to_draft(input_ids)
-        if attention_mask is not None:
-            visible &= attention_mask.bool()
-        width = max(int(visible.sum(-1).max()), 1)
-        order = torch.sort(visible.long(), dim=1, stable=True).indices  # hidden slots first, order kept
-        ids = input_ids.gather(1, order)[:, -width:]
-        valid = visible.gather(1, order)[:, -width:]
-        return ids.masked_fill(~valid, 0), valid
+        return text_only_view(self.vocab, input_ids, attention_mask)
 
     def forward(self, ids: torch.Tensor, valid: torch.Tensor | None, **extra: Any) -> torch.Tensor:
         """Feed ``ids`` [B, k] into the draft cache and return target-vocabulary logits of the last position."""

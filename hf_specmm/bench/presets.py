@@ -1,0 +1,103 @@
+"""Benchmark presets built from configs (random weights, no download).
+
+- ``cpu-proxy``: LLaVA-shaped target, Llama LM of ~325M parameters (hidden 1024, 20 layers), a small
+  CLIP tower (64 image tokens), fp32; draft: ~18M-parameter Llama with the target's 32064-row vocab
+  (so stock assisted generation can run it too).
+- ``llava-1.5-7b-shape``: the exact LLaVA-1.5-7B configuration (CLIP ViT-L/14-336, Vicuna-7B, 576
+  image tokens), bf16, with a llama-68m-shaped draft (32000 ids, as double7/vicuna-68m).
+- ``tiny``: the test fixtures' tiny LLaVA with a same-vocabulary random draft, for smoke tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import CLIPVisionConfig, LlamaConfig, LlamaForCausalLM, LlavaConfig, LlavaForConditionalGeneration
+
+
+@dataclass
+class Preset:
+    target: Any
+    draft: Any
+    image_size: int
+    image_token_id: int
+    text_vocab: int  # ordinary text ids are [0, text_vocab)
+
+
+def _llava(text: LlamaConfig, vision: CLIPVisionConfig, dtype: torch.dtype, device: str) -> Any:
+    config = LlavaConfig(text_config=text, vision_config=vision, image_token_index=32000, pad_token_id=32001,
+                         vision_feature_layer=-2, vision_feature_select_strategy="default")
+    with torch.device(device):
+        model = LlavaForConditionalGeneration(config)
+    model = model.to(dtype).eval()
+    model.generation_config.pad_token_id = 32001
+    model.generation_config.eos_token_id = None  # random weights: run every call to max_new_tokens
+    return model
+
+
+def _draft(hidden: int, layers: int, heads: int, intermediate: int, vocab: int, dtype: torch.dtype, device: str) -> Any:
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                         num_key_value_heads=heads, intermediate_size=intermediate, max_position_embeddings=2048)
+    with torch.device(device):
+        draft = LlamaForCausalLM(config)
+    draft = draft.to(dtype).eval()
+    draft.generation_config.eos_token_id = None
+    draft.generation_config.pad_token_id = None
+    return draft
+
+
+def build_preset(name: str, device: str = "cpu", dtype: str | None = None, seed: int = 0) -> Preset:
+    torch.manual_seed(seed)
+    if name == "cpu-proxy":
+        dt = getattr(torch, dtype or "float32")
+        text = LlamaConfig(vocab_size=32064, hidden_size=1024, intermediate_size=2816, num_hidden_layers=20,
+                           num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=2048)
+        vision = CLIPVisionConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                                  image_size=112, patch_size=14, projection_dim=128)
+        return Preset(_llava(text, vision, dt, device), _draft(256, 4, 4, 704, 32064, dt, device), 112, 32000, 32000)
+    if name == "llava-1.5-7b-shape":
+        dt = getattr(torch, dtype or "bfloat16")
+        text = LlamaConfig(vocab_size=32064, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                           num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096,
+                           rms_norm_eps=1e-5)
+        vision = CLIPVisionConfig(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24,
+                                  num_attention_heads=16, image_size=336, patch_size=14, projection_dim=768)
+        return Preset(_llava(text, vision, dt, device), _draft(768, 2, 12, 3072, 32000, dt, device), 336, 32000, 32000)
+    if name == "tiny":
+        from .. import testing
+
+        target = testing.tiny_target("llava", seed=seed, eos_bias=-30.0).to(device)
+        vocab = target.config.text_config.vocab_size
+        image = testing.special_ids(vocab)["image"]
+        # same vocabulary as the target, so stock assisted generation can run it at batch 1
+        return Preset(target, testing.random_text_draft(target).to(device), testing.IMAGE_SIZE, image, image)
+    raise ValueError(f"unknown preset {name!r}; choose one of {PRESETS}")
+
+
+PRESETS = ("cpu-proxy", "llava-1.5-7b-shape", "tiny")
+
+
+def synthetic_inputs(preset: Preset, batch: int, prompt_tokens: int, seed: int = 0, with_image: bool = True) -> dict:
+    """Left-padded rows: [bos, <image>×n, text...] with row lengths differing by a few tokens."""
+    gen = torch.Generator().manual_seed(seed)
+    target = preset.target
+    vision = target.config.vision_config
+    n_image = (vision.image_size // vision.patch_size) ** 2 if with_image else 0
+    rows = []
+    for i in range(batch):
+        text = torch.randint(3, preset.text_vocab, (max(prompt_tokens - 3 * i, 4),), generator=gen).tolist()
+        rows.append([1] + [preset.image_token_id] * n_image + text)
+    width = max(map(len, rows))
+    pad = target.generation_config.pad_token_id
+    ids = torch.full((batch, width), pad, dtype=torch.long)
+    mask = torch.zeros(batch, width, dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row):] = torch.tensor(row)
+        mask[i, width - len(row):] = 1
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    if with_image:
+        inputs["pixel_values"] = torch.randn(batch, 3, vision.image_size, vision.image_size, generator=gen)
+    device, dtype = target.device, next(target.parameters()).dtype
+    return {k: v.to(device=device, dtype=dtype if v.is_floating_point() else v.dtype) for k, v in inputs.items()}

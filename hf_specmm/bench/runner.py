@@ -1,0 +1,190 @@
+"""Side-by-side benchmark: plain ``generate``, stock assisted generation, hf_specmm, in one process.
+
+For each (batch, γ): median tokens/s after warm-up, speedups vs plain, τ, acceptance, the measured
+step costs (T1 target 1-token step, Tv target verification of γ+1 tokens, Td draft step), the
+cost-model ideal τ·T1/(Tv + γ·Td), efficiency = realised/ideal, and MBSU = τ/(1 + γ·N_draft/N_target)
+(2404.08856). τ here is per verification round (the prefill's token is common to all methods).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from tqdm.auto import tqdm
+
+from .. import api
+from ..drafters import text_only_view
+from ..targets import target_spec
+from ..vocab import VocabMap, draft_vocab_size
+from .controlled import controlled_acceptance, set_reference
+from .presets import build_preset, synthetic_inputs
+from .timing import interleaved_medians, step_costs
+
+
+@dataclass
+class BenchConfig:
+    preset: str = "cpu-proxy"
+    gammas: list[int] = field(default_factory=lambda: [5])
+    batch_sizes: list[int] = field(default_factory=lambda: [1])
+    acceptance: float | None = None  # controlled acceptance α (greedy only); None = the draft's own
+    do_sample: bool = False
+    max_new_tokens: int = 64
+    prompt_tokens: int = 32
+    with_image: bool = True
+    device: str = "cpu"
+    dtype: str | None = None
+    warmup: int = 1
+    repeats: int = 3
+    stock: bool = True
+    seed: int = 0
+
+
+def _n_params(model: Any) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def _draft_prompt_positions(vocab: VocabMap, inputs: dict) -> torch.Tensor:
+    """Where the first generated token sits in the text-only draft's stream: visible prompt tokens per row."""
+    visible = vocab.visible_to_draft(inputs["input_ids"]) & inputs["attention_mask"].bool()
+    return visible.sum(-1)
+
+
+def run_benchmark(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
+    """Run every (batch, γ) configuration of ``config``; returns ``{"env": ..., "rows": [...]}``."""
+    if config.acceptance is not None and config.do_sample:
+        raise ValueError("--acceptance (controlled acceptance) is defined for greedy decoding; drop --do-sample")
+    preset = build_preset(config.preset, config.device, config.dtype, config.seed)
+    target, draft = preset.target, preset.draft
+    api.disable(target)
+    spec = target_spec(target)
+    vocab = VocabMap(spec, draft_vocab_size(draft), target.device)
+    same_vocab = draft_vocab_size(draft) == spec.vocab_size
+    n_target, n_draft = _n_params(target), _n_params(draft)
+    # presets have no EOS (random weights): every method generates exactly max_new_tokens per row
+    gen = dict(max_new_tokens=config.max_new_tokens, do_sample=config.do_sample)
+    rows = []
+    steps = [(b, g) for b in config.batch_sizes for g in config.gammas]
+    bar = tqdm(steps, desc="bench", disable=not progress)
+    for batch, gamma in bar:
+        inputs = synthetic_inputs(preset, batch, config.prompt_tokens, config.seed, config.with_image)
+        prompt_len = inputs["input_ids"].shape[1]
+        torch.manual_seed(config.seed)
+        plain = target.generate(**inputs, **gen)  # the reference continuation for controlled acceptance
+        new_tokens = batch * config.max_new_tokens
+        proposer = draft
+        if config.acceptance is not None:
+            proposer = controlled_acceptance(draft, config.acceptance, seed=config.seed, wrong_modulus=preset.text_vocab)
+        stock_runs = config.stock and batch == 1 and same_vocab  # stock assisted: batch 1, same vocabulary only
+
+        def run_plain() -> torch.Tensor:
+            return target.generate(**inputs, **gen)
+
+        def run_stock() -> torch.Tensor:
+            if config.acceptance is not None:
+                set_reference(proposer, plain[:, prompt_len:], inputs["attention_mask"].sum(-1))
+            return target.generate(**inputs, **gen, assistant_model=proposer, num_assistant_tokens=gamma,
+                                   num_assistant_tokens_schedule="constant")
+
+        ours_stats = []
+
+        def run_ours() -> torch.Tensor:
+            api.enable(target)
+            try:
+                if config.acceptance is not None:
+                    set_reference(proposer, plain[:, prompt_len:], _draft_prompt_positions(vocab, inputs))
+                out = target.generate(**inputs, **gen, assistant_model=proposer, num_assistant_tokens=gamma)
+                ours_stats.append(api.last_stats(target))
+                return out
+            finally:
+                api.disable(target)
+
+        methods = {"plain": run_plain, "ours": run_ours} | ({"stock": run_stock} if stock_runs else {})
+        timed = interleaved_medians(methods, target.device, config.warmup, config.repeats)
+        t_plain, t_ours = timed["plain"][0], timed["ours"][0]
+        ours = timed["ours"][1]
+        row: dict[str, Any] = {"batch": batch, "gamma": gamma, "plain_tok_s": new_tokens / t_plain,
+                               "stock_speedup": t_plain / timed["stock"][0] if stock_runs else None}
+        # τ and acceptance averaged over every hf_specmm run of this configuration (warm-up included)
+        tau = statistics.mean(st.round_block_efficiency for st in ours_stats)
+        acceptance = statistics.mean(st.acceptance_rate for st in ours_stats)
+        draft_ids, draft_valid = text_only_view(vocab, inputs["input_ids"], inputs["attention_mask"])
+        costs = step_costs(target, draft, inputs, draft_ids, draft_valid.long(), gamma=gamma)
+        ideal = tau * costs["T1"] / (costs["Tv"] + gamma * costs["Td"])
+        row.update({
+            "ours_tok_s": new_tokens / t_ours,
+            "speedup": t_plain / t_ours,
+            "tau": tau,
+            "acceptance": acceptance,
+            "expected_tau": None if config.acceptance is None else
+            (1 - config.acceptance ** (gamma + 1)) / (1 - config.acceptance) if config.acceptance < 1 else gamma + 1,
+            "T1_ms": costs["T1"] * 1e3, "Tv_ms": costs["Tv"] * 1e3, "Td_ms": costs["Td"] * 1e3,
+            "ideal_speedup": ideal,
+            "efficiency": (t_plain / t_ours) / ideal,
+            "mbsu": tau / (1 + gamma * n_draft / n_target),
+            "lossless": bool(torch.equal(ours, plain)) if not config.do_sample else None,
+        })
+        rows.append(row)
+        bar.set_postfix(speedup=f"{row['speedup']:.2f}x", tau=f"{tau:.2f}")
+    env = {
+        "device": torch.cuda.get_device_name(target.device) if target.device.type == "cuda" else platform.processor() or "cpu",
+        "cpu_threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers.__version__,
+        "target_params": n_target, "draft_params": n_draft, "config": asdict(config),
+        "note": "controlled acceptance: systems benchmark (random weights)" if config.acceptance is not None else None,
+    }
+    return {"env": env, "rows": rows}
+
+
+COLUMNS = [("batch", "batch", "{}"), ("gamma", "γ", "{}"), ("plain_tok_s", "plain tok/s", "{:.1f}"),
+           ("stock_speedup", "stock ×", "{:.2f}"), ("speedup", "hf_specmm ×", "{:.2f}"), ("tau", "τ", "{:.2f}"),
+           ("expected_tau", "τ exp", "{:.2f}"), ("acceptance", "acc", "{:.2f}"), ("T1_ms", "T1 ms", "{:.1f}"),
+           ("Tv_ms", "Tv ms", "{:.1f}"), ("Td_ms", "Td ms", "{:.2f}"), ("ideal_speedup", "ideal ×", "{:.2f}"),
+           ("efficiency", "eff", "{:.2f}"), ("mbsu", "MBSU", "{:.2f}"), ("lossless", "lossless", "{}")]
+
+
+def format_table(result: dict[str, Any]) -> str:
+    head = [title for _, title, _ in COLUMNS]
+    body = [[("n/a" if r[k] is None else fmt.format(r[k])) for k, _, fmt in COLUMNS] for r in result["rows"]]
+    widths = [max(len(x) for x in col) for col in zip(head, *body)]
+    lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(head, widths)) + " |",
+             "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |" for r in body]
+    return "\n".join(lines)
+
+
+def write_outputs(result: dict[str, Any], out_dir: Path) -> list[Path]:
+    """``bench.json``, ``bench.md`` and ``bench.png`` (speedup and τ vs γ per batch size)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "bench.json").write_text(json.dumps(result, indent=2))
+    (out_dir / "bench.md").write_text(format_table(result) + "\n")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.5))
+    for batch in sorted({r["batch"] for r in result["rows"]}):
+        rows = [r for r in result["rows"] if r["batch"] == batch]
+        gammas = [r["gamma"] for r in rows]
+        ax1.plot(gammas, [r["speedup"] for r in rows], "o-", label=f"hf_specmm, batch {batch}")
+        if any(r["stock_speedup"] is not None for r in rows):
+            ax1.plot(gammas, [r["stock_speedup"] or float("nan") for r in rows], "s--", label=f"stock, batch {batch}")
+        ax2.plot(gammas, [r["tau"] for r in rows], "o-", label=f"measured τ, batch {batch}")
+        if rows[0]["expected_tau"] is not None:
+            ax2.plot(gammas, [r["expected_tau"] for r in rows], "k:", label="(1-α^(γ+1))/(1-α)")
+    ax1.axhline(1.0, color="gray", lw=0.8)
+    ax1.set(xlabel="γ", ylabel="speedup vs plain generate")
+    ax2.set(xlabel="γ", ylabel="τ (tokens per round)")
+    for ax in (ax1, ax2):
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{result['env']['config']['preset']} on {result['env']['device']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out_dir / "bench.png", dpi=110)
+    plt.close(fig)
+    return [out_dir / "bench.json", out_dir / "bench.md", out_dir / "bench.png"]

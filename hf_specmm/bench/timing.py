@@ -1,0 +1,86 @@
+"""Clocks that respect device asynchrony, and the cost-model step times T1, Tv, Td."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+
+from .. import _compat
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_time(fn: Callable[[], Any], device: torch.device, warmup: int, repeats: int) -> tuple[float, Any]:
+    """Median wall time of ``fn`` after ``warmup`` calls (device synchronised before every clock read)."""
+    result = None
+    for _ in range(warmup):
+        result = fn()
+    times = []
+    for _ in range(repeats):
+        sync(device)
+        start = time.perf_counter()
+        result = fn()
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), result
+
+
+def interleaved_medians(fns: dict[str, Callable[[], Any]], device: torch.device, warmup: int,
+                        repeats: int) -> dict[str, tuple[float, Any]]:
+    """Median time of each function, measured in turns (a, b, c, a, b, c, ...) so that load from
+    other processes affects every method alike; returns ``{name: (median_s, last_result)}``."""
+    results: dict[str, Any] = {}
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(warmup):
+        for name, fn in fns.items():
+            results[name] = fn()
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            sync(device)
+            start = time.perf_counter()
+            results[name] = fn()
+            sync(device)
+            times[name].append(time.perf_counter() - start)
+    return {name: (statistics.median(times[name]), results.get(name)) for name in fns}
+
+
+@torch.no_grad()
+def _step_time(model: Any, cache: Any, length: int, mask: torch.Tensor | None, ids: torch.Tensor,
+               device: torch.device, warmup: int, repeats: int) -> float:
+    """Time one forward of ``ids`` [B, k] on a cache of ``length`` slots (cropped back after each call)."""
+    batch, width = ids.shape
+    full_mask = None if mask is None else torch.cat([mask, mask.new_ones(batch, width)], 1)
+    positions = (mask.sum(-1, keepdim=True) if mask is not None else torch.full((batch, 1), length, device=ids.device))
+    positions = positions + torch.arange(width, device=ids.device)
+
+    def step() -> None:
+        model(input_ids=ids, attention_mask=full_mask, position_ids=positions, past_key_values=cache,
+              use_cache=True, logits_to_keep=width)
+        _compat.crop_cache(cache, length)
+
+    return median_time(step, device, warmup, repeats)[0]
+
+
+@torch.no_grad()
+def step_costs(target: Any, draft: Any, inputs: dict, draft_ids: torch.Tensor, draft_mask: torch.Tensor,
+               gamma: int, warmup: int = 2, repeats: int = 5) -> dict[str, float]:
+    """T1 (target, 1 token), Tv (target, γ+1 tokens), Td (draft, 1 token), after a real prefill of each."""
+    device = target.device
+    cache = _compat.new_dynamic_cache()
+    target(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    length, mask = cache.get_seq_length(), inputs.get("attention_mask")
+    batch = inputs["input_ids"].shape[0]
+    token = torch.full((batch, 1), 5, dtype=torch.long, device=device)
+    t1 = _step_time(target, cache, length, mask, token, device, warmup, repeats)
+    tv = _step_time(target, cache, length, mask, token.expand(batch, gamma + 1).contiguous(), device, warmup, repeats)
+    dcache = _compat.new_dynamic_cache()
+    draft(input_ids=draft_ids, attention_mask=draft_mask, past_key_values=dcache, use_cache=True, logits_to_keep=1)
+    td = _step_time(draft, dcache, dcache.get_seq_length(), draft_mask, token.to(draft.device), draft.device,
+                    warmup, repeats)
+    return {"T1": t1, "Tv": tv, "Td": td}

@@ -1,0 +1,194 @@
+"""What a training run is: :class:`TrainConfig` (one dataclass, mirrored 1:1 by the CLI flags), the draft
+presets, and the config hash that ties checkpoints to the run that wrote them.
+
+    >>> from hf_specmm.train import TrainConfig
+    >>> cfg = TrainConfig(target="llava-hf/llava-1.5-7b-hf", data="data.jsonl", output_dir="runs/d1",
+    ...                   draft_config="small", steps=2000)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import SpecMMError
+
+
+class TrainingInputError(SpecMMError):
+    """Bad training input (data, draft choice, resume checkpoint), raised before any forward pass."""
+
+
+# Fresh drafts: a small causal LM of the target's text family (Llama or Qwen2) with the target's text vocab.
+DRAFT_PRESETS: dict[str, dict[str, int]] = {
+    "tiny": {"num_hidden_layers": 1, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128},
+    "small": {"num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 704},
+    # the shape of double7/vicuna-68m, the 2404.08856 text-only draft for LLaVA-1.5
+    "vicuna-68m": {"num_hidden_layers": 2, "hidden_size": 768, "num_attention_heads": 12, "intermediate_size": 3072},
+}
+
+LOSSES = ("kl", "tvd", "ce")
+DRAFT_KINDS = ("text_only", "image_adapter")
+PROMPT_FORMATS = ("auto", "chat", "raw")
+
+# Fields that do not change the training trajectory: a checkpoint may be resumed with other values.
+_NOT_HASHED = frozenset({
+    "output_dir", "resume", "stop_at_step", "checkpoint_every", "keep_checkpoints", "progress", "device",
+    "response_cache", "gen_batch_size", "eval_data", "eval_gamma", "eval_max_new_tokens", "eval_batch_size",
+    "eval_before", "task_name", "target_name", "push_to_hub", "hub_private", "hub_token", "images",
+})
+
+
+@dataclass
+class TrainConfig:
+    """One training run. Paths may be ``str`` or ``Path``; ``target`` and ``draft`` may also be Hub ids."""
+
+    target: str  # Hub id or local folder (model + processor), a LLaVA-family checkpoint
+    data: str  # JSONL: {"image": path|null, "prompt": str, "response": str (optional)}
+    output_dir: str
+    images: str | None = None  # folder relative image paths are resolved against (default: the JSONL's folder)
+    # -- the draft: start from `draft` (Hub id / path) or build `draft_config` (preset name, JSON path, JSON text)
+    draft: str | None = None
+    draft_config: str | dict | None = None
+    draft_kind: str | None = None  # text_only | image_adapter; default: the loaded draft's kind, else text_only
+    image_pool: int = 1  # adapter drafts built here: visual tokens pooled ×k (see ImageAdapterDraft)
+    # -- the target's responses (generated when a line has no "response"; cached on disk)
+    max_new_tokens: int = 32
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    gen_batch_size: int = 8
+    response_cache: str | None = None  # default: <output_dir's parent>/hf_specmm_responses.jsonl
+    prompt_format: str = "auto"  # chat: the processor's chat template; raw: the prompt as given; auto: chat if any
+    # -- optimisation
+    loss: str = "kl"  # kl (forward KL(p_target || q_draft)) | tvd | ce (cross-entropy on the response tokens)
+    stages: tuple[int, ...] | None = None  # (1,) text-only drafts; (1, 2) adapter drafts by default
+    steps: int = 1000  # optimizer steps of stage 1
+    stage2_steps: int | None = None  # optimizer steps of stage 2 (default: `steps`)
+    batch_size: int = 8  # examples per micro-batch
+    grad_accum: int = 1  # micro-batches per optimizer step
+    lr: float = 1e-3
+    stage2_lr: float | None = None  # adapter learning rate in stage 2 (default: lr)
+    stage2_lm_lr: float = 0.0  # the draft LM's learning rate in stage 2 (0 = frozen)
+    mm_share_start: float = 0.5  # stage 2: share of image examples per step, ramped linearly to 1.0
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.1  # cosine decay to lr × this at the end of each stage
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    seed: int = 0
+    dtype: str = "fp32"  # fp32 | bf16 (autocast; draft weights stay fp32, the frozen target is loaded in bf16)
+    device: str = "cpu"
+    # -- checkpoints
+    checkpoint_every: int = 0  # optimizer steps; 0: only at the end of each stage
+    keep_checkpoints: int = 2
+    resume: str | None = None  # "latest" (in output_dir) or a checkpoint folder
+    stop_at_step: int | None = None  # stop (with a checkpoint) once this global step is reached
+    # -- held-out evaluation (τ measured with hf_specmm's own generate path) and publishing
+    eval_data: str | None = None  # a held-out JSONL; default: `eval_fraction` of `data`
+    eval_fraction: float = 0.1
+    eval_gamma: int = 5
+    eval_max_new_tokens: int | None = None  # default: max_new_tokens
+    eval_batch_size: int = 8
+    eval_before: bool = True  # also measure the untrained draft
+    task_name: str | None = None  # the results key in the model card (default: "held-out <data file stem>")
+    target_name: str | None = None  # what the card names as the target (default: the Hub id, or the folder name)
+    push_to_hub: str | None = None
+    hub_private: bool = False
+    hub_token: str | None = None
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.stages is not None:
+            self.stages = tuple(int(s) for s in self.stages)
+
+    # ---- derived values ----------------------------------------------------------------------------
+    def resolved_stages(self, kind: str) -> tuple[int, ...]:
+        return self.stages if self.stages is not None else ((1, 2) if kind == "image_adapter" else (1,))
+
+    def stage_steps(self, stage: int) -> int:
+        return self.steps if stage == 1 else (self.stage2_steps if self.stage2_steps is not None else self.steps)
+
+    def validate(self) -> None:
+        """Value checks that need no file: raise :class:`TrainingInputError` naming the field."""
+        problems = []
+        if self.loss not in LOSSES:
+            problems.append(f"loss={self.loss!r} (choose from {LOSSES})")
+        if self.draft_kind is not None and self.draft_kind not in DRAFT_KINDS:
+            problems.append(f"draft_kind={self.draft_kind!r} (choose from {DRAFT_KINDS})")
+        if self.prompt_format not in PROMPT_FORMATS:
+            problems.append(f"prompt_format={self.prompt_format!r} (choose from {PROMPT_FORMATS})")
+        if self.dtype not in ("fp32", "bf16"):
+            problems.append(f"dtype={self.dtype!r} (fp32 or bf16)")
+        if (self.draft is None) == (self.draft_config is None):
+            problems.append("give exactly one of draft (a draft to start from) and draft_config (build a fresh one)")
+        if self.stages is not None and (not self.stages or set(self.stages) - {1, 2} or list(self.stages) != sorted(set(self.stages))):
+            problems.append(f"stages={self.stages} (a sorted subset of 1, 2)")
+        for name in ("steps", "batch_size", "grad_accum", "max_new_tokens", "gen_batch_size", "eval_gamma",
+                     "eval_batch_size", "image_pool", "keep_checkpoints"):
+            if int(getattr(self, name)) < 1:
+                problems.append(f"{name}={getattr(self, name)} (must be >= 1)")
+        if self.stage2_steps is not None and self.stage2_steps < 1:
+            problems.append(f"stage2_steps={self.stage2_steps} (must be >= 1)")
+        if not 0.0 <= self.mm_share_start <= 1.0:
+            problems.append(f"mm_share_start={self.mm_share_start} (a share in [0, 1])")
+        if not 0.0 <= self.eval_fraction < 1.0:
+            problems.append(f"eval_fraction={self.eval_fraction} (in [0, 1))")
+        if self.lr <= 0 or self.stage2_lm_lr < 0 or (self.stage2_lr is not None and self.stage2_lr <= 0):
+            problems.append("learning rates must be positive (stage2_lm_lr may be 0: frozen)")
+        if self.checkpoint_every < 0:
+            problems.append(f"checkpoint_every={self.checkpoint_every} (0 = end of each stage only)")
+        if problems:
+            raise TrainingInputError("invalid training config: " + "; ".join(problems))
+
+    def hashed_fields(self, fingerprints: dict[str, str]) -> dict[str, Any]:
+        """The fields that define the training trajectory; paths replaced by content ``fingerprints``."""
+        out = {}
+        for f in dataclasses.fields(self):
+            if f.name in _NOT_HASHED:
+                continue
+            value = getattr(self, f.name)
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+        out.update(fingerprints)  # e.g. target -> "local:<sha>", data -> "sha256:<...>"
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["hub_token"] = None if self.hub_token is None else "***"  # never written to disk
+        return out
+
+
+def config_hash(fields: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def diff_fields(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """``name: saved -> current`` for every field that differs (values shortened)."""
+
+    def short(v: Any) -> str:
+        text = json.dumps(v, sort_keys=True, default=str)
+        return text if len(text) <= 60 else text[:57] + "..."
+
+    names = sorted(set(saved) | set(current))
+    return [f"{n}: {short(saved.get(n))} -> {short(current.get(n))}" for n in names if saved.get(n) != current.get(n)]
+
+
+def resolve_draft_config(spec: str | dict) -> dict[str, Any]:
+    """A preset name, a JSON file or a JSON object text -> the LM config fields of a fresh draft."""
+    if isinstance(spec, dict):
+        fields = dict(spec)
+    elif spec in DRAFT_PRESETS:
+        fields = dict(DRAFT_PRESETS[spec])
+    elif spec.lstrip().startswith("{"):
+        fields = json.loads(spec)
+    elif Path(spec).is_file():
+        fields = json.loads(Path(spec).read_text())
+    else:
+        raise TrainingInputError(f"draft_config {spec!r} is neither a preset ({', '.join(DRAFT_PRESETS)}), "
+                                 "a JSON file nor a JSON object")
+    missing = {"num_hidden_layers", "hidden_size", "num_attention_heads"} - set(fields)
+    if missing:
+        raise TrainingInputError(f"draft_config lacks {sorted(missing)} (layers, hidden size, heads)")
+    return fields

@@ -1,0 +1,162 @@
+"""Loading the target (right LLaVA-family class from its config), building or loading the draft, content
+fingerprints (for the response cache and the resume check) and the draft/target compatibility checks.
+
+    >>> target, processor = load_target("llava-hf/llava-1.5-7b-hf", "cpu", "fp32")  # doctest: +SKIP
+    >>> draft = fresh_language_model(target, {"num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4})  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from transformers import AutoConfig, AutoModelForCausalLM, AutoProcessor, AutoTokenizer, GenerationConfig, PreTrainedModel
+
+from .. import checks
+from ..drafts.image_adapter import ImageAdapterDraft
+from ..errors import UnsupportedTargetError
+from ..hub import draft_kind, load_draft
+from ..targets import SUPPORTED_TARGETS, target_spec
+from ..vocab import check_vocab_compatible
+from .config import TrainConfig, TrainingInputError, resolve_draft_config
+
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+_SAMPLE = 1 << 20  # bytes hashed at each end of a weight file
+
+
+def _folder_digest(folder: Path) -> str:
+    """config.json + every weight file's name, size and first/last MiB: cheap (no full read of a 14 GB
+    checkpoint) and changes whenever the weights are replaced in practice."""
+    h = hashlib.sha256()
+    for path in sorted(folder.iterdir()):
+        if path.name == "config.json" or path.name.endswith(_WEIGHT_SUFFIXES):
+            size = path.stat().st_size
+            h.update(f"{path.name}\0{size}\0".encode())
+            with path.open("rb") as f:
+                h.update(f.read(_SAMPLE))
+                if size > 2 * _SAMPLE:
+                    f.seek(size - _SAMPLE)
+                    h.update(f.read(_SAMPLE))
+    return h.hexdigest()[:16]
+
+
+def fingerprint(name: str) -> str:
+    """Identity of a model by content: ``local:<digest>`` for a folder, ``hub:<repo>@<commit>`` for a Hub id."""
+    if Path(name).is_dir():
+        return "local:" + _folder_digest(Path(name))
+    from transformers.utils import cached_file
+
+    folder = Path(cached_file(name, "config.json")).parent  # .../snapshots/<commit sha>/config.json
+    if folder.parent.name == "snapshots":
+        return f"hub:{name}@{folder.name}"
+    return "local:" + _folder_digest(folder)
+
+
+def file_sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def target_class(name: str) -> type:
+    """The LLaVA-family class for the checkpoint ``name`` (from its config's model_type)."""
+    config = AutoConfig.from_pretrained(name)
+    for family in SUPPORTED_TARGETS.values():
+        if family.name == config.model_type:
+            return getattr(transformers, family.class_name)
+    supported = ", ".join(f.name for f in SUPPORTED_TARGETS.values())
+    raise UnsupportedTargetError(f"{name} is a {config.model_type!r} model; hf_specmm trains drafts for "
+                                 f"LLaVA-family targets ({supported}).")
+
+
+def load_target(name: str, device: str, dtype: str) -> tuple[PreTrainedModel, Any]:
+    """Frozen target in eval mode (bf16 when training in bf16: it is only ever run forward) + its processor."""
+    cls = target_class(name)
+    torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
+    model = cls.from_pretrained(name, dtype=torch_dtype).to(device).eval()
+    model.requires_grad_(False)
+    processor = AutoProcessor.from_pretrained(name)
+    return model, processor
+
+
+def default_target_name(name: str) -> str:
+    """What the model card calls the target: the Hub id, or a local folder's name (never a local path)."""
+    return Path(name).resolve().name if Path(name).exists() else name
+
+
+def fresh_language_model(target: PreTrainedModel, fields: dict[str, Any], seed: int = 0) -> PreTrainedModel:
+    """A randomly initialised causal LM of the target's text family with the target's full text vocabulary."""
+    text = target.config.get_text_config()
+    fields = dict(fields)
+    model_type = fields.pop("model_type", text.model_type)
+    hidden, heads = int(fields["hidden_size"]), int(fields["num_attention_heads"])
+    kwargs: dict[str, Any] = dict(
+        vocab_size=text.vocab_size, intermediate_size=4 * hidden, num_key_value_heads=heads,
+        max_position_embeddings=getattr(text, "max_position_embeddings", 2048), tie_word_embeddings=False,
+        bos_token_id=text.bos_token_id, eos_token_id=text.eos_token_id, pad_token_id=text.pad_token_id,
+    )
+    if model_type == "qwen2":
+        kwargs["use_sliding_window"] = False
+    kwargs.update(fields)
+    config = AutoConfig.for_model(model_type, **kwargs)
+    with torch.random.fork_rng(devices=[]):  # the draft's init depends on the seed only
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config)
+    gen = target.generation_config
+    model.generation_config = GenerationConfig(bos_token_id=gen.bos_token_id, eos_token_id=gen.eos_token_id,
+                                               pad_token_id=gen.pad_token_id)
+    return model
+
+
+def _draft_tokenizer(name: str) -> Any:
+    """The draft's own tokenizer when its folder / repo has one (to compare ids with the target's)."""
+    if Path(name).is_dir():
+        if not any((Path(name) / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
+            return None
+    else:
+        from huggingface_hub import try_to_load_from_cache
+
+        if not isinstance(try_to_load_from_cache(name, "tokenizer_config.json"), str):
+            return None  # not cached: the vocabulary-size check still runs
+    return AutoTokenizer.from_pretrained(name)
+
+
+def make_draft(cfg: TrainConfig, target: PreTrainedModel, tokenizer: Any, target_name: str) -> tuple[PreTrainedModel, str]:
+    """Load ``cfg.draft`` or build one from ``cfg.draft_config``; wrap it in an adapter draft if asked.
+    Raises :class:`~hf_specmm.errors.IncompatibleDraftError` / :class:`TrainingInputError` before any forward."""
+    draft_tok = None
+    if cfg.draft is not None:
+        draft = load_draft(cfg.draft)
+        loaded = draft_kind(draft)
+        kind = cfg.draft_kind or loaded
+        if loaded == "image_adapter" and kind == "text_only":
+            raise TrainingInputError(f"{cfg.draft} is an image-adapter draft; train it with draft_kind=image_adapter "
+                                     "or start from its language model")
+        draft_tok = _draft_tokenizer(cfg.draft)
+    else:
+        draft = fresh_language_model(target, resolve_draft_config(cfg.draft_config), cfg.seed)
+        kind = cfg.draft_kind or "text_only"
+    check_draft(target, draft, tokenizer, draft_tok)
+    if kind == "image_adapter" and not isinstance(draft, ImageAdapterDraft):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.seed + 1)
+            draft = ImageAdapterDraft.for_target(target, language_model=draft, image_pool=cfg.image_pool,
+                                                 target_name=target_name)
+        check_draft(target, draft, tokenizer, None)
+    return draft.to(device=cfg.device, dtype=torch.float32), kind
+
+
+def check_draft(target: PreTrainedModel, draft: PreTrainedModel, tokenizer: Any = None, draft_tokenizer: Any = None) -> None:
+    """The checks ``generate(assistant_model=draft)`` runs (vocabulary cover, adapter made for this target)."""
+    check_vocab_compatible(target_spec(target), draft, tokenizer, draft_tokenizer)
+    checks._check_adapter_draft(target, draft)
+
+
+def clone_for_eval(draft: PreTrainedModel) -> PreTrainedModel:
+    return copy.deepcopy(draft).eval()

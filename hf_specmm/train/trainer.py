@@ -1,0 +1,226 @@
+"""The optimisation loop: teacher-forced distillation of the draft on the target's answers.
+
+Each micro-batch runs the frozen target once (no grad) over ``[prompt | response]`` with the images and
+keeps only the response positions' logits (``logits_to_keep``); the draft reads its own view of the same
+prompt (text view: placeholders removed, as ``TextOnlyDrafter.prompt_view``; adapter view: pooled
+placeholders filled with the target's own image embeddings, captured from the input of
+``target.get_decoder()`` exactly as ``ImageAdapterDrafter`` does at inference) followed by the response.
+
+Target logits are computed **on the fly**, not cached: one extra no-grad target forward per micro-batch,
+no disk, exact full distributions (KL / TVD need no top-k truncation). A top-k cache would cost
+N_tokens × k × (4 + 4) bytes (fp32 value + int32 id), e.g. 10 M tokens × k = 64 → 5.1 GB, and would
+bias both losses by the dropped tail; it would only pay off when training many epochs on the same
+answers with a target much slower than the draft's own step.
+
+Stages (adapter drafts): 1 = language (the LM on the text view of every line), 2 = multimodal (the
+adapter at ``stage2_lr``, the LM at ``stage2_lm_lr``, 0 = frozen; the share of image lines per step
+ramps linearly from ``mm_share_start`` to 1.0, the rest are text-only lines).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from tqdm.auto import tqdm
+
+from ..drafters import TextOnlyDrafter
+from ..drafts.image_adapter import ImageAdapterDraft, pool_image_features
+from ..drafts.image_adapter.drafter import ImageAdapterDrafter
+from ..vocab import VocabMap
+from .checkpoint import load_checkpoint, load_rng, save_checkpoint
+from .config import TrainConfig
+from .data import Batch, Example, Sampler, make_batch, positions
+from .losses import distill_loss, proposable_columns
+
+
+class Trainer:
+    """Runs the stages of one training run on an already checked draft (see :func:`train_draft`)."""
+
+    def __init__(self, cfg: TrainConfig, target: Any, processor: Any, draft: Any, vocab: VocabMap,
+                 examples: list[Example], state: dict[str, Any]):
+        self.cfg, self.target, self.processor, self.draft, self.vocab = cfg, target, processor, draft, vocab
+        self.state = state  # written into every checkpoint (config hash, counters, τ before, ...)
+        self.adapter = isinstance(draft, ImageAdapterDraft)
+        self.lm = draft.language_model if self.adapter else draft
+        self.text_view = TextOnlyDrafter(self.lm, vocab)
+        self.mm_view = ImageAdapterDrafter(draft, vocab) if self.adapter else None
+        self.columns = proposable_columns(vocab)
+        self.pad_id = int(target.generation_config.pad_token_id or 0)
+        self.sampler = Sampler({"all": examples, "image": [e for e in examples if e.image is not None],
+                                "text": [e for e in examples if e.image is None]}, cfg.seed)
+        self.device = torch.device(cfg.device)
+        # totals over the whole run, a resumed run continuing the interrupted one's counts
+        self.train_tokens = int(state.get("train_tokens", 0))
+        self.train_time_s = float(state.get("train_time_s", 0.0))
+        self.target_forward_s = float(state.get("target_forward_s", 0.0))
+        self.losses: list[float] = []
+        self.last_checkpoint: Path | None = None
+
+    # ---- one step ----------------------------------------------------------------------------------
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.cfg.dtype == "bf16")
+
+    @contextlib.contextmanager
+    def _capture_image_embeds(self, sink: dict) -> Iterator[None]:
+        """The target's decoder input (image embeddings at the placeholders), as ImageAdapterDrafter reads it."""
+        def hook(module: Any, args: tuple, kwargs: dict) -> None:
+            if kwargs.get("inputs_embeds") is not None:
+                sink["embeds"] = kwargs["inputs_embeds"].detach()
+
+        handle = self.target.get_decoder().register_forward_pre_hook(hook, with_kwargs=True)
+        try:
+            yield
+        finally:
+            handle.remove()
+
+    def _target_logits(self, batch: Batch, sink: dict | None) -> torch.Tensor:
+        width = batch.response_ids.shape[1]
+        start = time.perf_counter()
+        with torch.no_grad(), self._autocast(), (self._capture_image_embeds(sink) if sink is not None
+                                                  else contextlib.nullcontext()):
+            out = self.target(input_ids=batch.full_ids, attention_mask=batch.full_mask,
+                              position_ids=positions(batch.full_mask), use_cache=False,
+                              logits_to_keep=width + 1, **batch.inputs)
+        self.target_forward_s += time.perf_counter() - start
+        return out.logits[:, :width]  # column P-1+r predicts response token r
+
+    def _draft_logits(self, batch: Batch, multimodal: bool, sink: dict | None) -> torch.Tensor:
+        extra: dict[str, Any] = {}
+        if multimodal:
+            assert self.mm_view is not None and sink is not None
+            ids, valid = self.mm_view.prompt_view(batch.prompt_ids, batch.prompt_mask)
+            holes = torch.isin(batch.prompt_ids, torch.tensor(self.mm_view.placeholder_ids, device=self.device))
+            holes &= batch.prompt_mask.bool()
+            if bool(holes.any()):
+                _, runs = self.mm_view._rows(batch.prompt_ids, batch.prompt_mask)  # the inference drafter's runs
+                embeds = sink["embeds"][:, : batch.prompt_ids.shape[1]][holes]
+                extra["image_features"] = pool_image_features(embeds, runs, self.mm_view.pool)
+            model = self.draft
+        else:
+            ids, valid = self.text_view.prompt_view(batch.prompt_ids, batch.prompt_mask)
+            model = self.lm
+        # response ids the draft cannot read (outside its vocabulary) are hidden, as TextOnlyDrafter.push does
+        seen = self.vocab.visible_to_draft(batch.response_ids) & batch.response_mask
+        draft_ids = torch.cat([ids, batch.response_ids.masked_fill(~seen, 0)], 1)
+        mask = torch.cat([valid, seen], 1).long()
+        width = batch.response_ids.shape[1]
+        with self._autocast():
+            out = model(input_ids=draft_ids, attention_mask=mask, position_ids=positions(mask), use_cache=False,
+                        logits_to_keep=width + 1, **extra)
+        return out.logits[:, :width]
+
+    def _micro_step(self, examples: list[Example], multimodal: bool, total_tokens: int) -> dict[str, float]:
+        batch = make_batch(self.processor, examples, self.cfg.prompt_format, self.pad_id, self.device)
+        sink: dict | None = {} if multimodal else None
+        t_logits = None if self.cfg.loss == "ce" else self._target_logits(batch, sink)
+        if t_logits is None and multimodal:  # CE still needs the image embeddings the target computes
+            self._target_logits(batch, sink)
+        d_logits = self._draft_logits(batch, multimodal, sink)
+        sel = batch.response_mask
+        loss, metrics = distill_loss(d_logits[sel], None if t_logits is None else t_logits[sel],
+                                     batch.response_ids[sel], self.columns, self.cfg.loss)
+        (loss / total_tokens).backward()
+        metrics["loss"] = float(loss.detach())
+        return metrics
+
+    def _step(self, stage: int, stage_step: int, n_steps: int, params: list) -> tuple[dict[str, float], int]:
+        cfg = self.cfg
+        n = cfg.batch_size * cfg.grad_accum
+        if stage == 1:
+            examples = self.sampler.draw("all", n)
+        else:
+            share = 1.0 if n_steps == 1 else cfg.mm_share_start + (1 - cfg.mm_share_start) * stage_step / (n_steps - 1)
+            m = n if not self.sampler.pools["text"] else round(share * n)
+            examples = self.sampler.draw("image", m) + self.sampler.draw("text", n - m)
+        total = sum(len(e.response_ids or ()) for e in examples)
+        sums: dict[str, float] = {}
+        for i in range(0, n, cfg.batch_size):
+            for key, value in self._micro_step(examples[i : i + cfg.batch_size], stage == 2, total).items():
+                sums[key] = sums.get(key, 0.0) + value
+        torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+        return {k: v / total for k, v in sums.items()}, total
+
+    # ---- stages ------------------------------------------------------------------------------------
+    def _param_groups(self, stage: int) -> list[dict]:
+        cfg = self.cfg
+        self.draft.requires_grad_(False)
+        if stage == 1:
+            self.lm.requires_grad_(True)
+            return [{"params": list(self.lm.parameters()), "lr": cfg.lr}]
+        self.draft.adapter.requires_grad_(True)
+        groups = [{"params": list(self.draft.adapter.parameters()), "lr": cfg.stage2_lr or cfg.lr}]
+        if cfg.stage2_lm_lr > 0:
+            self.lm.requires_grad_(True)
+            groups.append({"params": list(self.lm.parameters()), "lr": cfg.stage2_lm_lr})
+        return groups
+
+    def _optimizer(self, stage: int, n_steps: int) -> tuple[torch.optim.Optimizer, Any, list]:
+        cfg = self.cfg
+        groups = self._param_groups(stage)
+        optimizer = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
+
+        def factor(step: int) -> float:  # linear warm-up, then cosine down to min_lr_ratio
+            if step < cfg.warmup_steps:
+                return (step + 1) / (cfg.warmup_steps + 1)
+            progress = (step - cfg.warmup_steps) / max(1, n_steps - cfg.warmup_steps)
+            return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+        return optimizer, scheduler, [p for g in groups for p in g["params"]]
+
+    def run(self, stages: tuple[int, ...], resume_from: Path | None) -> bool:
+        """Train every stage; returns False when stopped early at ``cfg.stop_at_step`` (checkpoint written)."""
+        cfg, state = self.cfg, self.state
+        if resume_from is not None:
+            load_checkpoint(resume_from, self.draft)
+            self.sampler.load_state_dict(state["sampler"])
+        self.draft.train()
+        for stage in stages:
+            n_steps = cfg.stage_steps(stage)
+            if stage < state["stage"] or (stage == state["stage"] and state["stage_step"] >= n_steps):
+                continue  # finished before the checkpoint we resumed from
+            start = state["stage_step"] if stage == state["stage"] else 0
+            state["stage"], state["stage_step"] = stage, start
+            optimizer, scheduler, params = self._optimizer(stage, n_steps)
+            if resume_from is not None:
+                if start > 0:
+                    load_checkpoint(resume_from, self.draft, optimizer, scheduler)
+                load_rng(resume_from)  # the RNG exactly as the uninterrupted run had it here
+                resume_from = None
+            bar = tqdm(total=n_steps, initial=start, desc=f"stage {stage}", unit="step", disable=not cfg.progress)
+            for stage_step in range(start, n_steps):
+                began = time.perf_counter()
+                optimizer.zero_grad(set_to_none=True)
+                metrics, tokens = self._step(stage, stage_step, n_steps, params)
+                optimizer.step()
+                scheduler.step()
+                elapsed = time.perf_counter() - began
+                self.train_tokens += tokens
+                self.train_time_s += elapsed
+                self.losses.append(round(metrics["loss"], 6))
+                state["global_step"] += 1
+                state["stage_step"] = stage_step + 1
+                bar.set_postfix(loss=f"{metrics['loss']:.3f}", top1=f"{metrics['draft_top1']:.2f}",
+                                tok_s=f"{tokens / elapsed:.0f}")
+                bar.update(1)
+                stop = cfg.stop_at_step is not None and state["global_step"] >= cfg.stop_at_step
+                every = cfg.checkpoint_every and state["global_step"] % cfg.checkpoint_every == 0
+                if every or stop or stage_step + 1 == n_steps:
+                    self.checkpoint(optimizer, scheduler)
+                if stop:
+                    bar.close()
+                    return False
+            bar.close()
+        return True
+
+    def checkpoint(self, optimizer: Any, scheduler: Any) -> Path:
+        self.state.update(sampler=self.sampler.state_dict(), train_tokens=self.train_tokens,
+                          train_time_s=round(self.train_time_s, 3), target_forward_s=round(self.target_forward_s, 3))
+        self.last_checkpoint = save_checkpoint(self.cfg.output_dir, self.draft, optimizer, scheduler, self.state,
+                                               self.cfg.keep_checkpoints)
+        return self.last_checkpoint
