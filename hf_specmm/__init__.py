@@ -53,3 +53,8 @@ __all__ = [
     "is_enabled",
     "last_stats",
 ]
+
+# training (``hf-specmm train``); imported last: it builds on everything above
+from .train import TrainConfig, TrainingInputError, TrainResult, train_draft  # noqa: E402
+
+__all__ += ["TrainConfig", "TrainResult", "TrainingInputError", "train_draft"]

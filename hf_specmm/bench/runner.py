@@ -110,7 +110,8 @@ def run_benchmark(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
         t_plain, t_ours = timed["plain"][0], timed["ours"][0]
         ours = timed["ours"][1]
         row: dict[str, Any] = {"batch": batch, "gamma": gamma, "plain_tok_s": new_tokens / t_plain,
-                               "stock_speedup": t_plain / timed["stock"][0] if stock_runs else None}
+                               "stock_speedup": t_plain / timed["stock"][0] if stock_runs else None,
+                               "times_s": {name: t[2] for name, t in timed.items()}}
         # τ and acceptance averaged over every hf_specmm run of this configuration (warm-up included)
         tau = statistics.mean(st.round_block_efficiency for st in ours_stats)
         acceptance = statistics.mean(st.acceptance_rate for st in ours_stats)

@@ -32,9 +32,9 @@ def median_time(fn: Callable[[], Any], device: torch.device, warmup: int, repeat
 
 
 def interleaved_medians(fns: dict[str, Callable[[], Any]], device: torch.device, warmup: int,
-                        repeats: int) -> dict[str, tuple[float, Any]]:
+                        repeats: int) -> dict[str, tuple[float, Any, list[float]]]:
     """Median time of each function, measured in turns (a, b, c, a, b, c, ...) so that load from
-    other processes affects every method alike; returns ``{name: (median_s, last_result)}``."""
+    other processes affects every method alike; returns ``{name: (median_s, last_result, all_times_s)}``."""
     results: dict[str, Any] = {}
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(warmup):
@@ -47,7 +47,7 @@ def interleaved_medians(fns: dict[str, Callable[[], Any]], device: torch.device,
             results[name] = fn()
             sync(device)
             times[name].append(time.perf_counter() - start)
-    return {name: (statistics.median(times[name]), results.get(name)) for name in fns}
+    return {name: (statistics.median(times[name]), results.get(name), times[name]) for name in fns}
 
 
 @torch.no_grad()

@@ -8,13 +8,17 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # argparse is used only when the dispatcher builds the parser
+    import argparse
 
 
 def _stages(text: str) -> tuple[int, ...]:
+    import argparse
+
     try:
         return tuple(int(s) for s in text.split(",") if s.strip())
     except ValueError as err:

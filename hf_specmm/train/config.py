@@ -37,7 +37,7 @@ PROMPT_FORMATS = ("auto", "chat", "raw")
 # Fields that do not change the training trajectory: a checkpoint may be resumed with other values.
 _NOT_HASHED = frozenset({
     "output_dir", "resume", "stop_at_step", "checkpoint_every", "keep_checkpoints", "progress", "device",
-    "response_cache", "gen_batch_size", "eval_data", "eval_gamma", "eval_max_new_tokens", "eval_batch_size",
+    "response_cache", "gen_batch_size", "eval_gamma", "eval_max_new_tokens", "eval_batch_size",
     "eval_before", "task_name", "target_name", "push_to_hub", "hub_private", "hub_token", "images",
 })
 

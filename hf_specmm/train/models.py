@@ -7,7 +7,6 @@ fingerprints (for the response cache and the resume check) and the draft/target 
 
 from __future__ import annotations
 
-import copy
 import hashlib
 from pathlib import Path
 from typing import Any
@@ -156,7 +155,3 @@ def check_draft(target: PreTrainedModel, draft: PreTrainedModel, tokenizer: Any 
     """The checks ``generate(assistant_model=draft)`` runs (vocabulary cover, adapter made for this target)."""
     check_vocab_compatible(target_spec(target), draft, tokenizer, draft_tokenizer)
     checks._check_adapter_draft(target, draft)
-
-
-def clone_for_eval(draft: PreTrainedModel) -> PreTrainedModel:
-    return copy.deepcopy(draft).eval()

@@ -23,7 +23,8 @@ from .data import Example, encode_prompts, format_prompt
 
 
 def generation_settings(cfg: TrainConfig) -> dict[str, Any]:
-    settings: dict[str, Any] = {"max_new_tokens": cfg.max_new_tokens, "do_sample": cfg.do_sample}
+    # dtype: a bf16 target answers (slightly) differently from an fp32 one
+    settings: dict[str, Any] = {"max_new_tokens": cfg.max_new_tokens, "do_sample": cfg.do_sample, "dtype": cfg.dtype}
     if cfg.do_sample:  # greedy answers do not depend on these
         settings.update(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed)
     return settings

@@ -74,7 +74,9 @@ def _resume_path(cfg: TrainConfig) -> Path | None:
 
 
 def _fingerprints(cfg: TrainConfig) -> dict[str, Any]:
-    fps: dict[str, Any] = {"target": fingerprint(cfg.target), "data": "sha256:" + file_sha256(cfg.data)}
+    fps: dict[str, Any] = {"target": fingerprint(cfg.target), "data": "sha256:" + file_sha256(cfg.data),
+                           # a held-out file means no split: the training set changes with it
+                           "eval_data": None if cfg.eval_data is None else "sha256:" + file_sha256(cfg.eval_data)}
     if cfg.draft is not None:
         fps["draft"] = fingerprint(cfg.draft)
     else:

@@ -87,7 +87,7 @@ class Trainer:
                               position_ids=positions(batch.full_mask), use_cache=False,
                               logits_to_keep=width + 1, **batch.inputs)
         self.target_forward_s += time.perf_counter() - start
-        return out.logits[:, :width]  # column P-1+r predicts response token r
+        return out.logits[:, 1:width + 1]  # column P-1+r predicts response token r
 
     def _draft_logits(self, batch: Batch, multimodal: bool, sink: dict | None) -> torch.Tensor:
         extra: dict[str, Any] = {}
@@ -180,6 +180,7 @@ class Trainer:
             load_checkpoint(resume_from, self.draft)
             self.sampler.load_state_dict(state["sampler"])
         self.draft.train()
+        total_steps = sum(cfg.stage_steps(stage) for stage in stages)
         for stage in stages:
             n_steps = cfg.stage_steps(stage)
             if stage < state["stage"] or (stage == state["stage"] and state["stage_step"] >= n_steps):
@@ -208,7 +209,7 @@ class Trainer:
                 bar.set_postfix(loss=f"{metrics['loss']:.3f}", top1=f"{metrics['draft_top1']:.2f}",
                                 tok_s=f"{tokens / elapsed:.0f}")
                 bar.update(1)
-                stop = cfg.stop_at_step is not None and state["global_step"] >= cfg.stop_at_step
+                stop = (cfg.stop_at_step is not None and cfg.stop_at_step <= state["global_step"] < total_steps)
                 every = cfg.checkpoint_every and state["global_step"] % cfg.checkpoint_every == 0
                 if every or stop or stage_step + 1 == n_steps:
                     self.checkpoint(optimizer, scheduler)
