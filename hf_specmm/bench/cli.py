@@ -47,6 +47,9 @@ def run(args: argparse.Namespace) -> int:
     result = run_benchmark(config)
     paths = write_outputs(result, args.out)
     print(format_table(result))
+    for row in result["rows"]:
+        if row["stock_error"]:
+            print(f"stock assisted generation n/a at batch {row['batch']}, γ={row['gamma']}: {row['stock_error']}")
     if result["env"]["note"]:
         print(f"note: {result['env']['note']}")
     print(json.dumps({k: v for k, v in result["env"].items() if k != "config"}))

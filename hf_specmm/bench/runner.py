@@ -105,13 +105,19 @@ def run_benchmark(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
             finally:
                 api.disable(target)
 
+        stock_error = None
+        if stock_runs:  # stock may refuse even where it should run (5.17 passes pixel_values to the draft)
+            try:
+                run_stock()
+            except (ValueError, RuntimeError, TypeError, IndexError) as err:
+                stock_runs, stock_error = False, f"{type(err).__name__}: {err}"[:300]
         methods = {"plain": run_plain, "ours": run_ours} | ({"stock": run_stock} if stock_runs else {})
         timed = interleaved_medians(methods, target.device, config.warmup, config.repeats)
         t_plain, t_ours = timed["plain"][0], timed["ours"][0]
         ours = timed["ours"][1]
         row: dict[str, Any] = {"batch": batch, "gamma": gamma, "plain_tok_s": new_tokens / t_plain,
                                "stock_speedup": t_plain / timed["stock"][0] if stock_runs else None,
-                               "times_s": {name: t[2] for name, t in timed.items()}}
+                               "stock_error": stock_error, "times_s": {name: t[2] for name, t in timed.items()}}
         # τ and acceptance averaged over every hf_specmm run of this configuration (warm-up included)
         tau = statistics.mean(st.round_block_efficiency for st in ours_stats)
         acceptance = statistics.mean(st.acceptance_rate for st in ours_stats)

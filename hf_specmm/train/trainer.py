@@ -87,7 +87,7 @@ class Trainer:
                               position_ids=positions(batch.full_mask), use_cache=False,
                               logits_to_keep=width + 1, **batch.inputs)
         self.target_forward_s += time.perf_counter() - start
-        return out.logits[:, 1:width + 1]  # column P-1+r predicts response token r
+        return out.logits[:, :width]  # column P-1+r predicts response token r
 
     def _draft_logits(self, batch: Batch, multimodal: bool, sink: dict | None) -> torch.Tensor:
         extra: dict[str, Any] = {}
