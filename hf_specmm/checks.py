@@ -100,7 +100,7 @@ def _check_config(config: Any, kwargs: dict, batch: int, streamer: Any) -> None:
         _fail(UnsupportedGenerationError, f"generate(assistant_model=...) cannot be used with {bad}.")
 
 
-def _check_adapter_draft(target: Any, draft: Any) -> None:
+def check_adapter_draft(target: Any, draft: Any) -> None:
     """An image-adapter draft must have been made for this target's image embeddings and placeholders."""
     from .drafts.image_adapter import ImageAdapterDraft
 
@@ -147,7 +147,7 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
     tokenizer = kwargs.pop("tokenizer", None)
     draft_tokenizer = kwargs.pop("assistant_tokenizer", None)
     check_vocab_compatible(spec, draft, tokenizer, draft_tokenizer)
-    _check_adapter_draft(target, draft)
+    check_adapter_draft(target, draft)
     ids = _input_ids(inputs, kwargs)
     config = _compat.resolve_generation_config(target, generation_config, kwargs)
     _check_config(config, kwargs, ids.shape[0], streamer)

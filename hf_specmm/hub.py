@@ -8,6 +8,7 @@ write the card too.
 
 from __future__ import annotations
 
+import re
 import string
 import tempfile
 from importlib import resources
@@ -53,6 +54,12 @@ def annotate_draft(draft: PreTrainedModel, target: str | None = None, results: d
     return draft
 
 
+def _is_repo_id(name: str | None) -> bool:
+    """``org/name`` on the Hub, not a local path (a card's base_model must be a repo id)."""
+    return bool(name) and re.fullmatch(r"[\w.-]+/[\w.-]+", name) is not None and not Path(name).exists() \
+        and not name.startswith((".", "/"))
+
+
 def _results_table(results: dict[str, dict]) -> str:
     if not results:
         return "Not measured yet (use `hf-specmm bench` or the training CLI's held-out evaluation)."
@@ -74,7 +81,7 @@ def render_model_card(draft: PreTrainedModel, repo_id: str | None = None) -> str
     lm = draft.language_model if isinstance(draft, ImageAdapterDraft) else draft
     lm_config = lm.config
     tags = ["hf_specmm", "speculative-decoding", "draft-model", f"{KINDS[kind]}-draft"]
-    data = ModelCardData(base_model=target if target and "/" in target else None, library_name="hf_specmm",
+    data = ModelCardData(base_model=target if _is_repo_id(target) else None, library_name="hf_specmm",
                          tags=tags, pipeline_tag="text-generation",
                          hf_specmm={"draft_kind": kind, "target": target, "results": meta["results"]})
     front = data.to_yaml()
@@ -88,7 +95,7 @@ def render_model_card(draft: PreTrainedModel, repo_id: str | None = None) -> str
         front_matter=front.strip(),
         title=repo_id or f"{KINDS[kind]} draft",
         kind_name=KINDS[kind],
-        target_link=f"[{target}](https://huggingface.co/{target})" if target and "/" in target else (target or "its target"),
+        target_link=f"[{target}](https://huggingface.co/{target})" if _is_repo_id(target) else (target or "its target"),
         target_text=target or "not recorded",
         repo_id=repo_id or "path/to/this/draft",
         params=f"{sum(p.numel() for p in draft.parameters()):,}",

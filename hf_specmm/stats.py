@@ -36,6 +36,16 @@ class SpecStats:
         return sum(rounds) / len(rounds) if rounds else 0.0
 
     @property
+    def steady_block_efficiency(self) -> float:
+        """τ per round leaving out each row's last round (the one ``max_new_tokens`` or EOS may cut short):
+        the quantity ``(1 - α^(γ+1)) / (1 - α)`` predicts."""
+        rounds = []
+        for row in zip(*self.tokens_per_round):
+            live = [n for n in row if n > 0]
+            rounds.extend(live[:-1])
+        return sum(rounds) / len(rounds) if rounds else self.round_block_efficiency
+
+    @property
     def acceptance_rate(self) -> float:
         return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
 
@@ -47,6 +57,7 @@ class SpecStats:
         keys = ("batch_size", "gamma", "target_forwards", "draft_forwards", "drafted_tokens", "accepted_tokens",
                 "generated_tokens", "wall_time_s")
         out: dict[str, float | int] = {k: getattr(self, k) for k in keys}
-        for k in ("block_efficiency", "round_block_efficiency", "acceptance_rate", "tokens_per_s"):
+        for k in ("block_efficiency", "round_block_efficiency", "steady_block_efficiency", "acceptance_rate",
+                  "tokens_per_s"):
             out[k] = getattr(self, k)
         return out

@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--grad-accum", type=int, default=1)
     g.add_argument("--lr", type=float, default=1e-3)
     g.add_argument("--stage2-lr", type=float, help="adapter learning rate in stage 2 (default: --lr)")
-    g.add_argument("--stage2-lm-lr", type=float, default=0.0, help="LM learning rate in stage 2 (0: frozen)")
+    g.add_argument("--stage2-lm-lr", type=float, help="LM learning rate in stage 2 (default: --lr / 3; 0: frozen)")
     g.add_argument("--mm-share-start", type=float, default=0.5, help="stage 2: first share of image lines (→ 1.0)")
     g.add_argument("--warmup-steps", type=int, default=0)
     g.add_argument("--weight-decay", type=float, default=0.0)

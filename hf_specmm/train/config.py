@@ -72,7 +72,9 @@ class TrainConfig:
     grad_accum: int = 1  # micro-batches per optimizer step
     lr: float = 1e-3
     stage2_lr: float | None = None  # adapter learning rate in stage 2 (default: lr)
-    stage2_lm_lr: float = 0.0  # the draft LM's learning rate in stage 2 (0 = frozen)
+    # the draft LM's learning rate in stage 2 (0 = frozen). Default lr / 3: on the tiny fixture a frozen LM
+    # (or lr / 10) leaves acceptance at 0.59, lr / 3 and lr reach 0.88 (the LM must learn to read image slots)
+    stage2_lm_lr: float | None = None
     mm_share_start: float = 0.5  # stage 2: share of image examples per step, ramped linearly to 1.0
     warmup_steps: int = 0
     min_lr_ratio: float = 0.1  # cosine decay to lr × this at the end of each stage
@@ -124,7 +126,8 @@ class TrainConfig:
             problems.append(f"dtype={self.dtype!r} (fp32 or bf16)")
         if (self.draft is None) == (self.draft_config is None):
             problems.append("give exactly one of draft (a draft to start from) and draft_config (build a fresh one)")
-        if self.stages is not None and (not self.stages or set(self.stages) - {1, 2} or list(self.stages) != sorted(set(self.stages))):
+        stages = list(self.stages or ())
+        if self.stages is not None and (not stages or set(stages) - {1, 2} or stages != sorted(set(stages))):
             problems.append(f"stages={self.stages} (a sorted subset of 1, 2)")
         for name in ("steps", "batch_size", "grad_accum", "max_new_tokens", "gen_batch_size", "eval_gamma",
                      "eval_batch_size", "image_pool", "keep_checkpoints"):
@@ -136,7 +139,7 @@ class TrainConfig:
             problems.append(f"mm_share_start={self.mm_share_start} (a share in [0, 1])")
         if not 0.0 <= self.eval_fraction < 1.0:
             problems.append(f"eval_fraction={self.eval_fraction} (in [0, 1))")
-        if self.lr <= 0 or self.stage2_lm_lr < 0 or (self.stage2_lr is not None and self.stage2_lr <= 0):
+        if self.lr <= 0 or (self.stage2_lm_lr or 0) < 0 or (self.stage2_lr is not None and self.stage2_lr <= 0):
             problems.append("learning rates must be positive (stage2_lm_lr may be 0: frozen)")
         if self.checkpoint_every < 0:
             problems.append(f"checkpoint_every={self.checkpoint_every} (0 = end of each stage only)")
@@ -151,6 +154,16 @@ class TrainConfig:
                 continue
             value = getattr(self, f.name)
             out[f.name] = list(value) if isinstance(value, tuple) else value
+        # defaults spelled out, so that leaving a flag out and passing its default hash the same
+        out["stage2_steps"] = self.stage_steps(2)
+        out["stage2_lr"] = self.stage2_lr if self.stage2_lr is not None else self.lr
+        out["stage2_lm_lr"] = self.stage2_lm_lr if self.stage2_lm_lr is not None else self.lr / 3
+        if self.draft is None:  # a fresh draft: its kind (and so its stages) is known without loading anything
+            out["draft_kind"] = self.draft_kind or "text_only"
+            out["stages"] = list(self.resolved_stages(out["draft_kind"]))
+            if 2 not in out["stages"]:  # stage-2 settings cannot change this run
+                for name in ("stage2_steps", "stage2_lr", "stage2_lm_lr", "mm_share_start", "image_pool"):
+                    out.pop(name)
         out.update(fingerprints)  # e.g. target -> "local:<sha>", data -> "sha256:<...>"
         return out
 

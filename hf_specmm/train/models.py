@@ -2,7 +2,8 @@
 fingerprints (for the response cache and the resume check) and the draft/target compatibility checks.
 
     >>> target, processor = load_target("llava-hf/llava-1.5-7b-hf", "cpu", "fp32")  # doctest: +SKIP
-    >>> draft = fresh_language_model(target, {"num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4})  # doctest: +SKIP
+    >>> fields = {"num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4}
+    >>> draft = fresh_language_model(target, fields)  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Any
 
 import torch
 import transformers
-from transformers import AutoConfig, AutoModelForCausalLM, AutoProcessor, AutoTokenizer, GenerationConfig, PreTrainedModel
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoProcessor, AutoTokenizer, GenerationConfig,
+                          PreTrainedModel)
 
 from .. import checks
 from ..drafts.image_adapter import ImageAdapterDraft
@@ -126,7 +128,8 @@ def _draft_tokenizer(name: str) -> Any:
     return AutoTokenizer.from_pretrained(name)
 
 
-def make_draft(cfg: TrainConfig, target: PreTrainedModel, tokenizer: Any, target_name: str) -> tuple[PreTrainedModel, str]:
+def make_draft(cfg: TrainConfig, target: PreTrainedModel, tokenizer: Any,
+               target_name: str) -> tuple[PreTrainedModel, str]:
     """Load ``cfg.draft`` or build one from ``cfg.draft_config``; wrap it in an adapter draft if asked.
     Raises :class:`~hf_specmm.errors.IncompatibleDraftError` / :class:`TrainingInputError` before any forward."""
     draft_tok = None
@@ -151,7 +154,8 @@ def make_draft(cfg: TrainConfig, target: PreTrainedModel, tokenizer: Any, target
     return draft.to(device=cfg.device, dtype=torch.float32), kind
 
 
-def check_draft(target: PreTrainedModel, draft: PreTrainedModel, tokenizer: Any = None, draft_tokenizer: Any = None) -> None:
+def check_draft(target: PreTrainedModel, draft: PreTrainedModel, tokenizer: Any = None,
+                draft_tokenizer: Any = None) -> None:
     """The checks ``generate(assistant_model=draft)`` runs (vocabulary cover, adapter made for this target)."""
     check_vocab_compatible(target_spec(target), draft, tokenizer, draft_tokenizer)
-    checks._check_adapter_draft(target, draft)
+    checks.check_adapter_draft(target, draft)

@@ -5,7 +5,8 @@ Cache: a JSONL file, one ``{"key", "response_ids", "text"}`` per answer, appende
 interrupted generation keeps what it finished). The key hashes the target's content fingerprint, the
 formatted prompt, the image file's sha256 and the generation settings (sampling seed included).
 
-    >>> generated, cached = fill_responses(target, processor, examples, cfg, "responses.jsonl", "local:ab12")  # doctest: +SKIP
+    >>> fill_responses(target, processor, examples, cfg, "answers.jsonl", "local:ab12", ids)  # doctest: +SKIP
+    (120, 0)
 """
 
 from __future__ import annotations

@@ -105,8 +105,9 @@ def _describe_data(cfg: TrainConfig, train: list, held: list, result: TrainResul
             f"{cfg.loss} distillation on the answer tokens, {result.global_step} optimizer steps, "
             f"{result.train_tokens:,} answer tokens (hf_specmm train, seed {cfg.seed}).")
     if result.tau_before and result.tau_after:
-        text += (f" Held-out τ ({len(held)} prompts, γ={cfg.eval_gamma}): {result.tau_before['block_efficiency']:.2f} "
-                 f"before training, {result.tau_after['block_efficiency']:.2f} after.")
+        before, after = result.tau_before["block_efficiency"], result.tau_after["block_efficiency"]
+        text += (f" Held-out τ ({len(held)} prompts, γ={cfg.eval_gamma}): {before:.2f} before training, "
+                 f"{after:.2f} after.")
     return text
 
 
@@ -140,6 +141,9 @@ def train_draft(cfg: TrainConfig) -> TrainResult:
         state.update({k: v for k, v in saved.items() if k not in ("config", "config_fields")})
     # 3. models (no forward pass), the draft checked against the target
     target, processor = load_target(cfg.target, cfg.device, cfg.dtype)
+    if cfg.prompt_format == "chat" and not getattr(processor, "chat_template", None):
+        raise TrainingInputError(f"prompt_format='chat' but the processor of {cfg.target} has no chat template; "
+                                 "use prompt_format='raw' (prompts as written, image token prepended)")
     target_name = cfg.target_name or default_target_name(cfg.target)
     draft, kind = make_draft(cfg, target, processor.tokenizer, target_name)
     stages = cfg.resolved_stages(kind)

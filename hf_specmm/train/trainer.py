@@ -13,14 +13,15 @@ bias both losses by the dropped tail; it would only pay off when training many e
 answers with a target much slower than the draft's own step.
 
 Stages (adapter drafts): 1 = language (the LM on the text view of every line), 2 = multimodal (the
-adapter at ``stage2_lr``, the LM at ``stage2_lm_lr``, 0 = frozen; the share of image lines per step
-ramps linearly from ``mm_share_start`` to 1.0, the rest are text-only lines).
+adapter at ``stage2_lr``, the LM at ``stage2_lm_lr``, default lr / 3, 0 = frozen; the share of image
+lines per step ramps linearly from ``mm_share_start`` to 1.0, the rest are text-only lines).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import random
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -97,7 +98,7 @@ class Trainer:
             holes = torch.isin(batch.prompt_ids, torch.tensor(self.mm_view.placeholder_ids, device=self.device))
             holes &= batch.prompt_mask.bool()
             if bool(holes.any()):
-                _, runs = self.mm_view._rows(batch.prompt_ids, batch.prompt_mask)  # the inference drafter's runs
+                _, runs = self.mm_view.rows_and_runs(batch.prompt_ids, batch.prompt_mask)  # the inference drafter's runs
                 embeds = sink["embeds"][:, : batch.prompt_ids.shape[1]][holes]
                 extra["image_features"] = pool_image_features(embeds, runs, self.mm_view.pool)
             model = self.draft
@@ -154,9 +155,10 @@ class Trainer:
             return [{"params": list(self.lm.parameters()), "lr": cfg.lr}]
         self.draft.adapter.requires_grad_(True)
         groups = [{"params": list(self.draft.adapter.parameters()), "lr": cfg.stage2_lr or cfg.lr}]
-        if cfg.stage2_lm_lr > 0:
+        lm_lr = cfg.lr / 3 if cfg.stage2_lm_lr is None else cfg.stage2_lm_lr
+        if lm_lr > 0:
             self.lm.requires_grad_(True)
-            groups.append({"params": list(self.lm.parameters()), "lr": cfg.stage2_lm_lr})
+            groups.append({"params": list(self.lm.parameters()), "lr": lm_lr})
         return groups
 
     def _optimizer(self, stage: int, n_steps: int) -> tuple[torch.optim.Optimizer, Any, list]:
@@ -179,6 +181,9 @@ class Trainer:
         if resume_from is not None:
             load_checkpoint(resume_from, self.draft)
             self.sampler.load_state_dict(state["sampler"])
+        else:  # dropout & co. draw from the global RNGs: start them from the seed, whatever ran before
+            torch.manual_seed(cfg.seed)
+            random.seed(cfg.seed)
         self.draft.train()
         total_steps = sum(cfg.stage_steps(stage) for stage in stages)
         for stage in stages:

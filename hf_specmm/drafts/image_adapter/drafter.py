@@ -37,7 +37,7 @@ class ImageAdapterDrafter(TextOnlyDrafter):
         finally:
             handle.remove()
 
-    def _rows(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[list[list[int]], list[int]]:
+    def rows_and_runs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[list[list[int]], list[int]]:
         """Per row, the draft's prompt ids (placeholder runs pooled) and the run lengths in row-major order."""
         ids_host = input_ids.tolist()
         mask_host = attention_mask.tolist() if attention_mask is not None else [[1] * len(r) for r in ids_host]
@@ -60,7 +60,7 @@ class ImageAdapterDrafter(TextOnlyDrafter):
         return rows, runs
 
     def prompt_view(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        rows, _ = self._rows(input_ids, attention_mask)
+        rows, _ = self.rows_and_runs(input_ids, attention_mask)
         width = max(max(map(len, rows)), 1)
         ids = input_ids.new_zeros(len(rows), width)
         valid = torch.zeros(len(rows), width, dtype=torch.bool, device=input_ids.device)
@@ -78,7 +78,7 @@ class ImageAdapterDrafter(TextOnlyDrafter):
         if bool(placeholders.any()):
             if self.target_embeds is None:
                 raise RuntimeError("the target's image embeddings were not captured during its prefill")
-            _, runs = self._rows(input_ids, attention_mask)
+            _, runs = self.rows_and_runs(input_ids, attention_mask)
             features = pool_image_features(self.target_embeds[placeholders.to(self.target_embeds.device)], runs, self.pool)
         self.target_embeds = None  # one capture per call
         super().prefill(input_ids, attention_mask, image_features=features, **extra)
