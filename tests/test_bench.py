@@ -35,6 +35,8 @@ def test_controlled_acceptance_extremes(alpha, gamma):
     assert (row["stock_speedup"] is not None) != (row["stock_error"] is not None)
     if row["stock_error"]:
         assert "pixel_values" in row["stock_error"]
+    else:  # stock ran with the same γ (set on the draft's config: stock ignores generate()'s value)
+        assert row["stock_tau"] == pytest.approx(gamma + 1 if alpha == 1.0 else 1.0, rel=0.15)
     for key in ("T1_ms", "Tv_ms", "Td_ms", "ideal_speedup", "efficiency", "mbsu", "speedup"):
         assert row[key] > 0, key
     assert row["mbsu"] < row["tau"] + 1e-9

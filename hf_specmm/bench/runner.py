@@ -93,10 +93,15 @@ def run_benchmark(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
                 set_reference(proposer, plain[:, prompt_len:], inputs["attention_mask"].sum(-1))
             calls = []
             handle = target.register_forward_pre_hook(lambda *args: calls.append(1))
+            # stock reads γ from the draft's own generation_config only (it ignores generate()'s
+            # num_assistant_tokens and defaults to 20): set it there for the run, restore it after
+            draft_config = proposer.generation_config
+            saved = (draft_config.num_assistant_tokens, draft_config.num_assistant_tokens_schedule)
+            draft_config.num_assistant_tokens, draft_config.num_assistant_tokens_schedule = gamma, "constant"
             try:
-                return target.generate(**inputs, **gen, assistant_model=proposer, num_assistant_tokens=gamma,
-                                       num_assistant_tokens_schedule="constant")
+                return target.generate(**inputs, **gen, assistant_model=proposer)
             finally:
+                draft_config.num_assistant_tokens, draft_config.num_assistant_tokens_schedule = saved
                 handle.remove()
                 stock_forwards.append(len(calls))
 
