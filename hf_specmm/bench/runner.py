@@ -95,7 +95,7 @@ def run_benchmark(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
         def run_stock_as_called() -> torch.Tensor:
             """Stock as users call it: num_assistant_tokens given to generate(), which stock ignores (γ=20)."""
             if config.acceptance is not None:
-                set_reference(proposer, plain[:, prompt_len:], inputs["attention_mask"].sum(-1))
+                set_reference(proposer, plain[:, prompt_len:], inputs["attention_mask"].sum(-1), seed=config.seed)
             calls = []
             handle = target.register_forward_pre_hook(lambda *args: calls.append(1))
             try:
@@ -106,7 +106,7 @@ def run_benchmark(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
 
         def run_stock() -> torch.Tensor:
             if config.acceptance is not None:
-                set_reference(proposer, plain[:, prompt_len:], inputs["attention_mask"].sum(-1))
+                set_reference(proposer, plain[:, prompt_len:], inputs["attention_mask"].sum(-1), seed=config.seed)
             calls = []
             handle = target.register_forward_pre_hook(lambda *args: calls.append(1))
             # stock reads γ from the draft's own generation_config only (it ignores generate()'s
@@ -127,7 +127,7 @@ def run_benchmark(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
             api.enable(target)
             try:
                 if config.acceptance is not None:
-                    set_reference(proposer, plain[:, prompt_len:], _draft_prompt_positions(vocab, inputs))
+                    set_reference(proposer, plain[:, prompt_len:], _draft_prompt_positions(vocab, inputs), seed=config.seed)
                 out = target.generate(**inputs, **gen, assistant_model=proposer, num_assistant_tokens=gamma)
                 ours_stats.append(api.last_stats(target))
                 return out
@@ -157,7 +157,7 @@ def run_benchmark(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
                                "stock_as_called_tau": ((config.max_new_tokens - 1) /
                                                        (statistics.mean(default_forwards[-config.repeats:]) - 1)
                                                        if stock_runs else None), "times_s": {name: t[2] for name, t in timed.items()}}
-        # τ and acceptance averaged over every hf_specmm run of this configuration (warm-up included);
+        # every run replays the same acceptance draws (seeded), so runs differ only by machine noise;
         # τ leaves out each row's last round, which max_new_tokens cuts short
         tau = statistics.mean(st.steady_block_efficiency for st in ours_stats)
         acceptance = statistics.mean(st.acceptance_rate for st in ours_stats)
