@@ -74,8 +74,14 @@ class TextOnlyDrafter:
         # back on the loop's (target input) device: a draft may live on another device than the target
         return self.vocab.to_target(out.logits[:, -1].to(device=ids.device, dtype=torch.float32))
 
-    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, **extra: Any) -> None:
+    def draft_inputs(self, input_ids: torch.Tensor,
+                     attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+        """The draft's prompt ids, which of its slots are valid, and extra forward kwargs (none here)."""
         ids, valid = self.prompt_view(input_ids, attention_mask)
+        return ids, valid, {}
+
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> None:
+        ids, valid, extra = self.draft_inputs(input_ids, attention_mask)
         batch = ids.shape[0]
         self.state = SlottedCache(_compat.new_dynamic_cache(), None, 0, batch, ids.device)
         self.forward(ids, None if bool(valid.all()) else valid, **extra)

@@ -191,11 +191,10 @@ def test_training_view_equals_the_inference_path(family, pool, tmp_path):
     trainer = Trainer(TrainConfig(target="t", data="d", output_dir=str(tmp_path), draft_config="tiny"), target,
                       processor, draft, vocab, examples, {"global_step": 0, "stage": 0, "stage_step": 0})
     batch = make_batch(processor, examples, "auto", testing.special_ids()["pad"], "cpu")
-    sink: dict = {}
     with torch.no_grad():
-        t_logits = trainer._target_logits(batch, sink)
-        trained = {True: trainer._draft_logits(batch, True, sink)[:, 0],
-                   False: trainer._draft_logits(batch, False, None)[:, 0]}
+        t_logits = trainer._target_logits(batch, True)  # also captures the image embeddings
+        trained = {True: trainer._draft_logits(batch, True)[:, 0],
+                   False: trainer._draft_logits(batch, False)[:, 0]}
         for i, e in enumerate(examples):
             single = encode_prompts(processor, [e], "auto", "cpu")
             for r in range(len(e.response_ids)):

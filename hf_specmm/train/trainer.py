@@ -24,13 +24,13 @@ import math
 import random
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
 from ..drafters import TextOnlyDrafter
-from ..drafts.image_adapter import ImageAdapterDraft, pool_image_features
+from ..drafts.image_adapter import ImageAdapterDraft
 from ..drafts.image_adapter.drafter import ImageAdapterDrafter
 from ..vocab import VocabMap
 from .checkpoint import load_checkpoint, load_rng, save_checkpoint
@@ -66,45 +66,23 @@ class Trainer:
     def _autocast(self) -> contextlib.AbstractContextManager:
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.cfg.dtype == "bf16")
 
-    @contextlib.contextmanager
-    def _capture_image_embeds(self, sink: dict) -> Iterator[None]:
-        """The target's decoder input (image embeddings at the placeholders), as ImageAdapterDrafter reads it."""
-        def hook(module: Any, args: tuple, kwargs: dict) -> None:
-            if kwargs.get("inputs_embeds") is not None:
-                sink["embeds"] = kwargs["inputs_embeds"].detach()
-
-        handle = self.target.get_decoder().register_forward_pre_hook(hook, with_kwargs=True)
-        try:
-            yield
-        finally:
-            handle.remove()
-
-    def _target_logits(self, batch: Batch, sink: dict | None) -> torch.Tensor:
+    def _target_logits(self, batch: Batch, multimodal: bool) -> torch.Tensor:
+        """The target's answer logits; with ``multimodal`` the adapter view captures its image embeddings."""
         width = batch.response_ids.shape[1]
         start = time.perf_counter()
-        with torch.no_grad(), self._autocast(), (self._capture_image_embeds(sink) if sink is not None
-                                                  else contextlib.nullcontext()):
+        capture = self.mm_view.observe_target(self.target) if multimodal else contextlib.nullcontext()
+        with torch.no_grad(), self._autocast(), capture:
             out = self.target(input_ids=batch.full_ids, attention_mask=batch.full_mask,
                               position_ids=positions(batch.full_mask), use_cache=False,
                               logits_to_keep=width + 1, **batch.inputs)
         self.target_forward_s += time.perf_counter() - start
         return out.logits[:, :width]  # column P-1+r predicts response token r
 
-    def _draft_logits(self, batch: Batch, multimodal: bool, sink: dict | None) -> torch.Tensor:
-        extra: dict[str, Any] = {}
-        if multimodal:
-            assert self.mm_view is not None and sink is not None
-            ids, valid = self.mm_view.prompt_view(batch.prompt_ids, batch.prompt_mask)
-            holes = torch.isin(batch.prompt_ids, torch.tensor(self.mm_view.placeholder_ids, device=self.device))
-            holes &= batch.prompt_mask.bool()
-            if bool(holes.any()):
-                _, runs = self.mm_view.rows_and_runs(batch.prompt_ids, batch.prompt_mask)  # the inference drafter's runs
-                embeds = sink["embeds"][:, : batch.prompt_ids.shape[1]][holes]
-                extra["image_features"] = pool_image_features(embeds, runs, self.mm_view.pool)
-            model = self.draft
-        else:
-            ids, valid = self.text_view.prompt_view(batch.prompt_ids, batch.prompt_mask)
-            model = self.lm
+    def _draft_logits(self, batch: Batch, multimodal: bool) -> torch.Tensor:
+        view = self.mm_view if multimodal else self.text_view  # the inference drafters' own prompt views
+        assert view is not None
+        ids, valid, extra = view.draft_inputs(batch.prompt_ids, batch.prompt_mask)
+        model = self.draft if multimodal else self.lm
         # response ids the draft cannot read (outside its vocabulary) are hidden, as TextOnlyDrafter.push does
         seen = self.vocab.visible_to_draft(batch.response_ids) & batch.response_mask
         draft_ids = torch.cat([ids, batch.response_ids.masked_fill(~seen, 0)], 1)
@@ -117,11 +95,10 @@ class Trainer:
 
     def _micro_step(self, examples: list[Example], multimodal: bool, total_tokens: int) -> dict[str, float]:
         batch = make_batch(self.processor, examples, self.cfg.prompt_format, self.pad_id, self.device)
-        sink: dict | None = {} if multimodal else None
-        t_logits = None if self.cfg.loss == "ce" else self._target_logits(batch, sink)
+        t_logits = None if self.cfg.loss == "ce" else self._target_logits(batch, multimodal)
         if t_logits is None and multimodal:  # CE still needs the image embeddings the target computes
-            self._target_logits(batch, sink)
-        d_logits = self._draft_logits(batch, multimodal, sink)
+            self._target_logits(batch, multimodal)
+        d_logits = self._draft_logits(batch, multimodal)
         sel = batch.response_mask
         loss, metrics = distill_loss(d_logits[sel], None if t_logits is None else t_logits[sel],
                                      batch.response_ids[sel], self.columns, self.cfg.loss)

@@ -61,24 +61,33 @@ class ImageAdapterDrafter(TextOnlyDrafter):
 
     def prompt_view(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         rows, _ = self.rows_and_runs(input_ids, attention_mask)
-        width = max(max(map(len, rows)), 1)
-        ids = input_ids.new_zeros(len(rows), width)
-        valid = torch.zeros(len(rows), width, dtype=torch.bool, device=input_ids.device)
-        for i, row in enumerate(rows):
-            if row:
-                ids[i, width - len(row):] = torch.tensor(row, device=ids.device)
-                valid[i, width - len(row):] = True
-        return ids, valid
+        return _left_pad(rows, input_ids)
 
-    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, **extra: Any) -> None:
-        placeholders = torch.isin(input_ids, torch.tensor(self.placeholder_ids, device=input_ids.device))
-        if attention_mask is not None:
-            placeholders &= attention_mask.bool()
+    def draft_inputs(self, input_ids: torch.Tensor,
+                     attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+        """Prompt view plus the captured image embeddings, pooled, for its image slots (one pass over the
+        prompt). Consumes the capture of :meth:`observe_target`; used by inference and by training."""
+        rows, runs = self.rows_and_runs(input_ids, attention_mask)
+        ids, valid = _left_pad(rows, input_ids)
         features = None
-        if bool(placeholders.any()):
+        if runs:
             if self.target_embeds is None:
-                raise RuntimeError("the target's image embeddings were not captured during its prefill")
-            _, runs = self.rows_and_runs(input_ids, attention_mask)
-            features = pool_image_features(self.target_embeds[placeholders.to(self.target_embeds.device)], runs, self.pool)
-        self.target_embeds = None  # one capture per call
-        super().prefill(input_ids, attention_mask, image_features=features, **extra)
+                raise RuntimeError("the target's image embeddings were not captured during its forward")
+            placeholders = torch.isin(input_ids, torch.tensor(self.placeholder_ids, device=input_ids.device))
+            if attention_mask is not None:
+                placeholders &= attention_mask.bool()
+            embeds = self.target_embeds[:, : input_ids.shape[1]]  # the target may have read more (training)
+            features = pool_image_features(embeds[placeholders.to(embeds.device)], runs, self.pool)
+        self.target_embeds = None  # one capture per target forward
+        return ids, valid, {"image_features": features}
+
+
+def _left_pad(rows: list[list[int]], like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(max(map(len, rows)), 1)
+    ids = like.new_zeros(len(rows), width)
+    valid = torch.zeros(len(rows), width, dtype=torch.bool, device=like.device)
+    for i, row in enumerate(rows):
+        if row:
+            ids[i, width - len(row):] = torch.tensor(row, device=like.device)
+            valid[i, width - len(row):] = True
+    return ids, valid
