@@ -127,10 +127,8 @@ def _check_draft(draft: Any, ids: torch.Tensor, config: Any, vocab: VocabMap, kw
     if context is None:
         return
     mask = kwargs.get("attention_mask")
-    visible = vocab.visible_to_draft(ids.to(vocab.proposable.device))
-    if isinstance(mask, torch.Tensor) and mask.shape == ids.shape:
-        visible &= mask.to(visible.device).bool()
-    text_len = int(visible.sum(-1).max())
+    mask = mask if isinstance(mask, torch.Tensor) and mask.shape == ids.shape else None
+    text_len = int(vocab.visible_prompt(ids.to(vocab.proposable.device), mask).sum(-1).max())
     new = config.max_new_tokens if config.max_new_tokens is not None else config.max_length - ids.shape[1]
     if text_len + new + 1 > context:
         _fail(IncompatibleDraftError, f"The draft's context window ({context} positions) is shorter than the text "

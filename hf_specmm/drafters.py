@@ -26,9 +26,7 @@ def text_only_view(vocab: VocabMap, input_ids: torch.Tensor,
                    attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """A text-only draft's prompt: each row's visible tokens (placeholders removed), left-padded.
     Returns ``(ids, valid)``, both [B, width]."""
-    visible = vocab.visible_to_draft(input_ids)
-    if attention_mask is not None:
-        visible &= attention_mask.bool()
+    visible = vocab.visible_prompt(input_ids, attention_mask)
     width = max(int(visible.sum(-1).max()), 1)
     order = torch.sort(visible.long(), dim=1, stable=True).indices  # hidden slots first, order kept
     ids = input_ids.gather(1, order)[:, -width:]

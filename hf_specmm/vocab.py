@@ -83,6 +83,13 @@ class VocabMap:
             logits = torch.cat([draft_logits, pad], dim=-1)
         return logits.masked_fill(~self.proposable.to(logits.device), float("-inf"))
 
+    def visible_prompt(self, ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """Bool [B, L]: the prompt slots a text-only draft reads (not padding, not a placeholder)."""
+        visible = self.visible_to_draft(ids)
+        if attention_mask is not None:
+            visible &= attention_mask.to(visible.device).bool()
+        return visible
+
     def visible_to_draft(self, ids: torch.Tensor) -> torch.Tensor:
         """Bool mask of target ids the draft reads (placeholders and out-of-vocabulary ids are dropped)."""
         visible = self.draft_visible.to(ids.device)

@@ -55,8 +55,7 @@ def _n_params(model: Any) -> int:
 
 def _draft_prompt_positions(vocab: VocabMap, inputs: dict) -> torch.Tensor:
     """Where the first generated token sits in the text-only draft's stream: visible prompt tokens per row."""
-    visible = vocab.visible_to_draft(inputs["input_ids"]) & inputs["attention_mask"].bool()
-    return visible.sum(-1)
+    return vocab.visible_prompt(inputs["input_ids"], inputs["attention_mask"]).sum(-1)
 
 
 def run_benchmark(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
@@ -89,37 +88,33 @@ def run_benchmark(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
         def run_plain() -> torch.Tensor:
             return target.generate(**inputs, **gen)
 
-        stock_forwards: list[int] = []
-        default_forwards: list[int] = []
+        stock_forwards: dict[str, list[int]] = {"stock": [], "stock_as_called": []}
 
-        def run_stock_as_called() -> torch.Tensor:
-            """Stock as users call it: num_assistant_tokens given to generate(), which stock ignores (γ=20)."""
+        def stock_run(name: str) -> torch.Tensor:
+            """Stock assisted generation, counting target forwards. ``stock_as_called`` passes γ to
+            generate() as users do (stock ignores it: default γ = 20); ``stock`` sets γ where stock reads
+            it, the draft's generation_config, for the run only."""
             if config.acceptance is not None:
                 set_reference(proposer, plain[:, prompt_len:], inputs["attention_mask"].sum(-1), seed=config.seed)
             calls = []
             handle = target.register_forward_pre_hook(lambda *args: calls.append(1))
-            try:
-                return target.generate(**inputs, **gen, assistant_model=proposer, num_assistant_tokens=gamma)
-            finally:
-                handle.remove()
-                default_forwards.append(len(calls))
-
-        def run_stock() -> torch.Tensor:
-            if config.acceptance is not None:
-                set_reference(proposer, plain[:, prompt_len:], inputs["attention_mask"].sum(-1), seed=config.seed)
-            calls = []
-            handle = target.register_forward_pre_hook(lambda *args: calls.append(1))
-            # stock reads γ from the draft's own generation_config only (it ignores generate()'s
-            # num_assistant_tokens and defaults to 20): set it there for the run, restore it after
             draft_config = proposer.generation_config
             saved = (draft_config.num_assistant_tokens, draft_config.num_assistant_tokens_schedule)
-            draft_config.num_assistant_tokens, draft_config.num_assistant_tokens_schedule = gamma, "constant"
+            if name == "stock":
+                draft_config.num_assistant_tokens, draft_config.num_assistant_tokens_schedule = gamma, "constant"
             try:
-                return target.generate(**inputs, **gen, assistant_model=proposer)
+                extra = {"num_assistant_tokens": gamma} if name == "stock_as_called" else {}
+                return target.generate(**inputs, **gen, assistant_model=proposer, **extra)
             finally:
                 draft_config.num_assistant_tokens, draft_config.num_assistant_tokens_schedule = saved
                 handle.remove()
-                stock_forwards.append(len(calls))
+                stock_forwards[name].append(len(calls))
+
+        def run_stock() -> torch.Tensor:
+            return stock_run("stock")
+
+        def run_stock_as_called() -> torch.Tensor:
+            return stock_run("stock_as_called")
 
         ours_stats = []
 
@@ -147,16 +142,12 @@ def run_benchmark(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
         t_plain, t_ours = timed["plain"][0], timed["ours"][0]
         ours = timed["ours"][1]
         row: dict[str, Any] = {"batch": batch, "gamma": gamma, "plain_tok_s": new_tokens / t_plain,
-                               "stock_speedup": t_plain / timed["stock"][0] if stock_runs else None,
-                               "stock_as_called_speedup": t_plain / timed["stock_as_called"][0] if stock_runs else None,
-                               "stock_error": stock_error,
-                               # stock's tokens per verification forward (prefill left out), from a forward-call count
-                               "stock_tau": ((config.max_new_tokens - 1) /
-                                             (statistics.mean(stock_forwards[-config.repeats:]) - 1)
-                                             if stock_runs else None),
-                               "stock_as_called_tau": ((config.max_new_tokens - 1) /
-                                                       (statistics.mean(default_forwards[-config.repeats:]) - 1)
-                                                       if stock_runs else None), "times_s": {name: t[2] for name, t in timed.items()}}
+                               "stock_error": stock_error, "times_s": {name: t[2] for name, t in timed.items()}}
+        for name in ("stock", "stock_as_called"):
+            row[f"{name}_speedup"] = t_plain / timed[name][0] if stock_runs else None
+            # stock's tokens per verification forward (prefill left out), from a forward-call count
+            forwards = stock_forwards[name][-config.repeats:]
+            row[f"{name}_tau"] = (config.max_new_tokens - 1) / (statistics.mean(forwards) - 1) if stock_runs else None
         # every run replays the same acceptance draws (seeded), so runs differ only by machine noise;
         # τ leaves out each row's last round, which max_new_tokens cuts short
         tau = statistics.mean(st.steady_block_efficiency for st in ours_stats)
