@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hf_specmm.world import (TASKS, Scene, SceneObject, build_world_tokenizer, generate_world, make_example,
-                             png_bytes, reasoning, render, sample_scene, vqa, world_vocabulary)
+                             png_bytes, reasoning, render, sample_scene, vqa, world_records, world_vocabulary)
 from hf_specmm.world.scenes import COLOURS, SHAPES
 from hf_specmm.world.tasks import REASONING_KINDS, TEMPLATES, VQA_KINDS
 
@@ -132,3 +132,25 @@ def test_bad_arguments_raise(tmp_path):
     with pytest.raises(ValueError):
         SceneObject("hexagon", "red", "large", "top", "left")
     assert set(COLOURS) <= set(world_vocabulary()) and set(SHAPES) <= set(world_vocabulary())
+    with pytest.raises(ValueError, match="max_objects"):
+        world_records(3, seed=0, max_objects=10)  # raised at the call, before any record is drawn
+    assert not (tmp_path / "images").exists()
+
+
+def test_world_records_are_what_generate_world_writes(world):
+    written = _records(world)
+    for _, split, scene, task, prompt, answer in world_records(N, seed=7):
+        line = written[split].pop(0)
+        assert (line["task"], line["prompt"], line["response"]) == (task, prompt, answer)
+        assert answer == make_example(scene, task, random.Random(0))["answer"] or task != "caption"
+    assert written == {"train": [], "heldout": []}
+
+
+def test_excluded_scenes_are_drawn_again(tmp_path):
+    seen = {tuple(s.objects) for _, _, s, *_ in world_records(300, seed=1, max_objects=1)}
+    kept = [tuple(s.objects) for _, _, s, *_ in world_records(40, seed=2, max_objects=1, exclude_scenes=seen)]
+    plain = [tuple(s.objects) for _, _, s, *_ in world_records(40, seed=2, max_objects=1)]
+    assert len(kept) == 40 and not set(kept) & seen
+    assert set(plain) & seen  # without exclusion single-object scenes repeat (324 possible)
+    out = generate_world(tmp_path / "x", n=6, seed=2, max_objects=1, exclude_scenes=seen)
+    assert json.loads((out / "manifest.json").read_text())["excluded_scenes"] == len(seen)

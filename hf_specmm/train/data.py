@@ -35,6 +35,7 @@ class Example:
     image: Path | None = None
     image_sha: str | None = None
     response: str | None = None
+    task: str | None = None  # optional "task" field of the line (e.g. the miniature world's caption/vqa/reasoning)
     response_ids: list[int] | None = None
 
     def load_image(self) -> Image.Image | None:
@@ -69,7 +70,9 @@ def load_examples(data: str | Path, images: str | Path | None = None) -> list[Ex
             raise TrainingInputError(f"{where}: \"image\" must be a path or null, got {image!r}")
         if response is not None and not isinstance(response, str):
             raise TrainingInputError(f"{where}: \"response\" must be a string when given")
-        example = Example(number, data.name, item["prompt"], response=response)
+        task = item.get("task")
+        example = Example(number, data.name, item["prompt"], response=response,
+                          task=task if isinstance(task, str) else None)
         if image is not None:
             path = Path(image) if Path(image).is_absolute() else root / image
             if not path.is_file():

@@ -170,10 +170,12 @@ def reasoning(scene: Scene, rng: random.Random, kind: str | None = None) -> tupl
     raise ValueError(f"unknown reasoning kind {kind!r}; expected one of {REASONING_KINDS}")
 
 
+TASK_MAKERS = {"caption": caption, "vqa": vqa, "reasoning": reasoning}
+
+
 def make_example(scene: Scene, task: str, rng: random.Random, image_size: int = 64) -> dict[str, Any]:
     """``{"image": PIL image, "prompt": str, "answer": str, "task": task}`` for one of ``TASKS``."""
-    makers = {"caption": caption, "vqa": vqa, "reasoning": reasoning}
-    if task not in makers:
+    if task not in TASK_MAKERS:
         raise ValueError(f"unknown task {task!r}; expected one of {TASKS}")
-    prompt, answer = makers[task](scene, rng)
+    prompt, answer = TASK_MAKERS[task](scene, rng)
     return {"image": render(scene, size=image_size), "prompt": prompt, "answer": answer, "task": task}
