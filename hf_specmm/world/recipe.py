@@ -1,0 +1,124 @@
+"""The deterministic recipe behind the shipped world checkpoints: world → target → two distilled drafts.
+
+1. ``generate_world`` (seed 0, 12 000 lines, 48-pixel images);
+2. the target trained from scratch (:func:`~hf_specmm.world.train_target.train_world_target`);
+3. a text-only and an image-adapter draft distilled from it with ``hf_specmm.train`` (the target's own
+   greedy answers to the training prompts, forward KL), each ~4 % of the target's parameters.
+
+``examples/train_world.py`` runs it; everything lands in ``ship_dir`` (safetensors + model cards +
+``recipe.json`` with every setting and measured number), which is what ``hf-specmm demo`` loads.
+
+    >>> from hf_specmm.world.recipe import build_world_checkpoints
+    >>> summary = build_world_checkpoints("work", "hf_specmm/world/checkpoints")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from ..train import TrainConfig, train_draft
+from ..train.config import DRAFT_PRESETS
+from .dataset import generate_world
+from .train_target import TargetTrainConfig, train_world_target
+
+WORLD = {"n": 12000, "seed": 0, "image_size": 48}
+TARGET = {"vision_steps": 300, "steps": 3500, "batch_size": 32, "lr": 1e-3, "seed": 0}
+DRAFT_CONFIG = {**DRAFT_PRESETS["tiny"], "max_position_embeddings": 256}  # 1 layer, hidden 64
+DRAFT_TRAINING = {"steps": 1000, "batch_size": 32, "lr": 3e-3, "max_new_tokens": 48, "loss": "kl", "seed": 0,
+                  "eval_gamma": 5, "gen_batch_size": 64, "eval_batch_size": 32}
+ADAPTER_TRAINING = {"stage2_steps": 1000}
+EVAL_PER_TASK = 32  # held-out lines per task (images not in the training split) the drafts' cards are measured on
+TARGET_NAME = "world-target"  # what the draft cards call the target (the folder name in ship_dir)
+DRAFT_DIRS = {"text_only": "text-only-draft", "image_adapter": "image-adapter-draft"}
+
+
+def _image_hashes(world: Path, jsonl: str) -> set[str]:
+    return {hashlib.sha256((world / json.loads(line)["image"]).read_bytes()).hexdigest()
+            for line in (world / jsonl).read_text().splitlines()}
+
+
+def _prompts_only(src: Path, dst: Path, per_task: int | None = None, skip_images: set[str] = frozenset()) -> Path:
+    """The JSONL without answers (distillation trains on what the *target* answers, not on the references);
+    with ``per_task``, only the first ``per_task`` lines of each task whose image's sha256 is not in ``skip_images``."""
+    rows, taken = [], {}
+    for line in src.read_text().splitlines():
+        row = json.loads(line)
+        if hashlib.sha256((src.parent / row["image"]).read_bytes()).hexdigest() in skip_images:
+            continue
+        taken[row["task"]] = taken.get(row["task"], 0) + 1
+        if per_task is None or taken[row["task"]] <= per_task:
+            rows.append({k: v for k, v in row.items() if k != "response"})
+    dst.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+    return dst
+
+
+def target_card(report: dict[str, Any]) -> str:
+    """Model card of the world target: what it is and its measured held-out accuracy."""
+    acc, blind = report["heldout_accuracy"], report["heldout_accuracy_shuffled_images"]
+    rows = "\n".join(f"| {task} | {acc[task]:.3f} | {blind[task]:.3f} |" for task in acc)
+    cfg = report["config"]
+    return f"""---
+library_name: transformers
+tags: [llava, hf_specmm, miniature-world]
+---
+
+# world-target
+
+A tiny LLaVA-1.5-shaped model (SigLIP-shaped vision tower with one 16-pixel patch per grid cell, MLP projector,
+4-layer Llama LM; {report['parameters']:,} parameters)
+trained from scratch by `hf_specmm.world` on the miniature world (coloured shapes on a 3 × 3 grid; captioning,
+short-answer VQA, step-by-step reasoning). It is the target of hf_specmm's offline demo (`hf-specmm demo`).
+
+## Held-out accuracy (exact match of the whole answer, greedy, {report['heldout_examples']} held-out lines whose image is not a training image)
+
+| task | accuracy | same questions, another scene's image |
+|---|---|---|
+{rows}
+
+The right column asks each question about a different held-out image: the drop shows the answers depend on the image.
+
+## Training
+
+Stage 0: the vision tower classifies every grid cell of {cfg['vision_steps'] * cfg['batch_size']:,} freshly sampled
+scenes (empty or size × colour × shape; final loss {report['vision_final_loss']}). Stage 1, tower frozen:
+{report['train_examples']} training lines (world seed {WORLD['seed']}), {cfg['steps']} AdamW steps of batch
+{cfg['batch_size']}, lr {cfg['lr']} (warm-up + cosine), cross-entropy on the {report['answer_tokens']:,} answer
+tokens seen. {report['train_time_s']} s on CPU in all. Recipe: `examples/train_world.py` (`hf_specmm.world.recipe`).
+"""
+
+
+def _distil(kind: str, target_dir: Path, world: Path, work: Path, distil_data: Path, heldout: Path) -> dict:
+    extra = ADAPTER_TRAINING if kind == "image_adapter" else {}
+    cfg = TrainConfig(target=str(target_dir), data=str(distil_data), images=str(world), eval_data=str(heldout),
+                      output_dir=str(work / DRAFT_DIRS[kind]), draft_config=dict(DRAFT_CONFIG), draft_kind=kind,
+                      response_cache=str(work / "target_answers.jsonl"), task_name=f"world held-out, unseen scenes ({EVAL_PER_TASK} per task)",
+                      target_name=TARGET_NAME, prompt_format="raw", **DRAFT_TRAINING, **extra)
+    result = train_draft(cfg)
+    return {"train_config": {k: v for k, v in dataclasses.asdict(cfg).items() if v is not None},
+            "summary": result.summary()}
+
+
+def build_world_checkpoints(work_dir: str | Path, ship_dir: str | Path) -> dict[str, Any]:
+    """Run the whole recipe; returns (and writes as ``ship_dir/recipe.json``) settings and measurements."""
+    work, ship = Path(work_dir), Path(ship_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    world = generate_world(work / "world", n=WORLD["n"], seed=WORLD["seed"], image_size=WORLD["image_size"])
+    target_dir = ship / TARGET_NAME
+    report = train_world_target(TargetTrainConfig(world_dir=str(world), output_dir=str(target_dir), **TARGET))
+    (target_dir / "README.md").write_text(target_card(report))
+    distil_data = _prompts_only(world / "train.jsonl", work / "distil.jsonl")
+    heldout = _prompts_only(world / "heldout.jsonl", work / "heldout_eval.jsonl", EVAL_PER_TASK,
+                            skip_images=_image_hashes(world, "train.jsonl"))  # unseen scenes only
+    drafts = {}
+    for kind, folder in DRAFT_DIRS.items():
+        drafts[kind] = _distil(kind, target_dir, world, work, distil_data, heldout)
+        shutil.rmtree(ship / folder, ignore_errors=True)
+        shutil.copytree(Path(drafts[kind]["summary"]["draft_dir"]), ship / folder)
+    summary = {"world": WORLD, "target": {k: v for k, v in report.items() if k != "losses"}, "drafts": drafts}
+    (ship / "recipe.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    return summary
