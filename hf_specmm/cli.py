@@ -1,5 +1,6 @@
 """``hf-specmm`` command line: one sub-command per module, each with ``add_arguments`` and ``run``.
 
+    hf-specmm demo
     hf-specmm bench --preset cpu-proxy --gammas 3 5
     hf-specmm train --target org/llava --draft-config tiny --data data.jsonl --images imgs/
 """
@@ -14,6 +15,8 @@ import sys
 COMMANDS = {
     "bench": ("hf_specmm.bench.cli", "Measure plain vs stock-assisted vs hf_specmm generation side by side."),
     "train": ("hf_specmm.train.cli", "Distil a draft (text-only or image-adapter) from a target, optionally push it."),
+    "demo": ("hf_specmm.world.demo", "Offline demo: the shipped miniature-world target, plain vs speculative."),
+    "world-tau": ("hf_specmm.world.tau_table", "τ per task × γ × draft kind on held-out miniature-world scenes."),
 }
 
 

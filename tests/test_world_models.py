@@ -1,0 +1,165 @@
+"""Miniature world (models): the shipped target and drafts load, the demo's speculative outputs equal plain
+ones, the distilled drafts beat the untrained one, the adapter beats text-only on captioning, and the target
+training recipe is deterministic."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from hf_specmm.train.data import load_examples
+from hf_specmm.train.evaluate import measure_tau
+from hf_specmm.world import Scene, generate_world
+from hf_specmm.world.demo import MAX_NEW_TOKENS, run_demo
+from hf_specmm.world.evaluate import answer_accuracy
+from hf_specmm.world.shipped import CHECKPOINTS, eval_examples, load_world_models
+from hf_specmm.world.tau_table import README_END, README_START, to_markdown, update_readme
+from hf_specmm.world.train_target import TargetTrainConfig, train_world_target
+
+PER_TASK = 16  # the fixed held-out set of the τ comparisons: the first 16 evaluation scenes of each task
+GAMMA = 5
+# Margins, about half of what the shipped checkpoints measure on this set at γ=5 (captioning: adapter 3.85 vs
+# text-only 2.83; distilled ≥ 2.83 vs untrained ≤ 1.01 on caption/reasoning), so they fail only if a draft
+# really stops helping, not on float noise between transformers versions.
+CAPTION_ADAPTER_MARGIN = 0.5
+DISTILLED_MARGIN = 1.0
+
+
+@pytest.fixture(scope="module")
+def world():
+    return load_world_models()
+
+
+@pytest.fixture(scope="module")
+def held(tmp_path_factory):
+    return eval_examples(PER_TASK, tmp_path_factory.mktemp("eval"))
+
+
+@pytest.fixture(scope="module")
+def taus(world, held):
+    return {(task, name): measure_tau(world.target, world.processor, draft, held[task], GAMMA, MAX_NEW_TOKENS,
+                                      batch_size=PER_TASK, prompt_format="raw")
+            for task in held for name, draft in world.drafts.items()}
+
+
+def test_evaluation_scenes_were_never_trained_on(held):
+    import hashlib
+
+    from hf_specmm.world import png_bytes, render
+    from hf_specmm.world.recipe import WORLD
+    from hf_specmm.world.shipped import training_scenes
+
+    trained = {hashlib.sha256(png_bytes(render(Scene(list(objects)), WORLD["image_size"]))).hexdigest()
+               for objects in training_scenes()}
+    assert len(trained) > 6000
+    shown = [hashlib.sha256(e.image.read_bytes()).hexdigest() for task in held for e in held[task]]
+    assert len(shown) == 3 * PER_TASK and not set(shown) & trained
+
+
+def test_shipped_checkpoints_load_strictly(world):
+    files = {p.name for p in (CHECKPOINTS / "world-target").iterdir()}
+    assert {"model.safetensors", "config.json", "README.md"} <= files
+    for folder in ("text-only-draft", "image-adapter-draft"):
+        assert {"model.safetensors", "README.md"} <= {p.name for p in (CHECKPOINTS / folder).iterdir()}
+    n_target = sum(p.numel() for p in world.target.parameters())
+    for name, draft in world.drafts.items():  # "a few % of the target's size"
+        assert 0.01 < sum(p.numel() for p in draft.parameters()) / n_target < 0.08, name
+    assert world.recipe["target"]["parameters"] == n_target
+
+
+def test_demo_speculative_outputs_equal_plain(tmp_path):
+    lines = []
+    result = run_demo(tmp_path, per_task=4, repeats=1, warmup=0, plot=False, echo=lines.append)
+    assert {r["task"] for r in result["rows"]} == {"caption", "vqa", "reasoning"}
+    assert all(r["identical"] and r["tau"] >= 1.0 for r in result["rows"])
+    for ex in result["examples"]:
+        assert set(ex["speculative"].values()) == {ex["plain"]}
+    assert json.loads((tmp_path / "results.json").read_text())["rows"] == result["rows"]
+    assert "| caption |" in (tmp_path / "results.md").read_text()
+
+
+def test_demo_plot_written(tmp_path):
+    pytest.importorskip("matplotlib")
+    run_demo(tmp_path, per_task=1, repeats=1, warmup=0, echo=lambda *_: None)
+    assert (tmp_path / "tau.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_target_answers_depend_on_the_image(world, held):
+    examples = [e for task in held for e in held[task]]
+    seen = answer_accuracy(world.target, world.processor, examples)
+    shuffled = answer_accuracy(world.target, world.processor, examples, shuffle_images=True)
+    assert seen["all"] >= 0.8 and seen["all"] - shuffled["all"] >= 0.4, (seen, shuffled)
+
+
+def test_adapter_beats_text_only_on_captioning(taus):
+    adapter = taus["caption", "image-adapter (distilled)"]["block_efficiency"]
+    text = taus["caption", "text-only (distilled)"]["block_efficiency"]
+    assert adapter - text >= CAPTION_ADAPTER_MARGIN, (adapter, text)
+
+
+@pytest.mark.parametrize("task", ["caption", "vqa", "reasoning"])
+def test_distilled_drafts_beat_the_untrained_one(taus, task):
+    untrained = taus[task, "text-only (untrained)"]
+    for name in ("text-only (distilled)", "image-adapter (distilled)"):
+        assert taus[task, name]["acceptance_rate"] > untrained["acceptance_rate"]
+        if task != "vqa":  # one-word answers: τ is 1 for every draft (see README)
+            assert taus[task, name]["block_efficiency"] - untrained["block_efficiency"] >= DISTILLED_MARGIN
+
+
+def test_tau_table_markdown_and_readme_update(tmp_path):
+    rows = [{"task": t, "draft": d, "gamma": g, "tau": 1.5, "acceptance": 0.25}
+            for t in ("caption", "vqa") for d in ("a", "b") for g in (1, 3)]
+    table = to_markdown(rows)
+    assert table.splitlines()[0] == "| task | draft | γ=1 | γ=3 |" and len(table.splitlines()) == 6
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{README_START}\nold\n{README_END}\nrest\n")
+    update_readme(readme, table)
+    assert readme.read_text() == f"intro\n{README_START}\n{table}\n{README_END}\nrest\n"
+    readme.write_text("no markers")
+    with pytest.raises(ValueError, match="markers"):
+        update_readme(readme, table)
+
+
+def test_target_training_is_seeded_and_reloads(tmp_path):
+    world_dir = generate_world(tmp_path / "w", n=24, seed=3, image_size=48)
+    runs = []
+    for name in ("a", "b"):
+        cfg = TargetTrainConfig(world_dir=str(world_dir), output_dir=str(tmp_path / name), vision_steps=2, steps=3,
+                                batch_size=4, eval_examples=3, progress=False)
+        runs.append(train_world_target(cfg))
+    assert runs[0]["losses"] == runs[1]["losses"] and runs[0]["losses"][0] > runs[0]["losses"][-1]
+    from safetensors.torch import load_file
+
+    a, b = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    report = json.loads((tmp_path / "a" / "training.json").read_text())
+    held = load_examples(world_dir / "heldout.jsonl")[:3]
+    assert set(report["heldout_accuracy"]) == {"all"} | {e.task for e in held}
+    assert report["heldout_examples"] == len(held) and report["vision_final_loss"] is not None
+
+
+def test_bad_training_config_is_refused_before_work(tmp_path):
+    with pytest.raises(ValueError, match="train.jsonl is missing"):
+        train_world_target(TargetTrainConfig(world_dir=str(tmp_path), output_dir=str(tmp_path / "o")))
+    with pytest.raises(ValueError, match="steps=0"):
+        TargetTrainConfig(world_dir=str(tmp_path), output_dir="o", steps=0).validate()
+
+
+def test_cli_demo_and_world_tau(tmp_path, capsys):
+    from hf_specmm.cli import main
+
+    assert main(["demo", "--per-task", "1", "--repeats", "1", "--no-plot", "--output-dir", str(tmp_path / "d")]) == 0
+    assert "outputs identical" in capsys.readouterr().out and (tmp_path / "d" / "results.json").is_file()
+    readme = tmp_path / "README.md"
+    readme.write_text("no markers here\n")
+    with pytest.raises(ValueError, match="markers"):  # refused before anything is measured
+        main(["world-tau", "--per-task", "1", "--gammas", "1", "--output", str(tmp_path / "t"),
+              "--update-readme", str(readme)])
+    assert not (tmp_path / "t.json").exists()
+    readme.write_text(f"x\n{README_START}\n{README_END}\n")
+    assert main(["world-tau", "--per-task", "1", "--gammas", "1", "2", "--output", str(tmp_path / "t"),
+                 "--update-readme", str(readme)]) == 0
+    rows = json.loads((tmp_path / "t.json").read_text())["rows"]
+    assert len(rows) == 3 * 3 * 2 and "| caption | image-adapter (distilled) |" in readme.read_text()
