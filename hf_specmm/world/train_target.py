@@ -13,7 +13,7 @@
 Example::
 
     >>> from hf_specmm.world.train_target import TargetTrainConfig, train_world_target
-    >>> report = train_world_target(TargetTrainConfig(world_dir="world", output_dir="target", steps=900))  # doctest: +SKIP
+    >>> report = train_world_target(TargetTrainConfig(world_dir="world", output_dir="target"))  # doctest: +SKIP
     >>> report["heldout_accuracy"]["vqa"]  # doctest: +SKIP
 """
 
@@ -46,9 +46,9 @@ class TargetTrainConfig:
     output_dir: str
     model: WorldTargetConfig = field(default_factory=WorldTargetConfig)
     vision_steps: int = 300  # stage 0 (vision pretraining on sampled scenes)
-    steps: int = 900
+    steps: int = 3500
     batch_size: int = 32
-    lr: float = 2e-3
+    lr: float = 1e-3
     warmup_steps: int = 50
     min_lr_ratio: float = 0.05
     weight_decay: float = 0.01
