@@ -163,3 +163,22 @@ def test_cli_demo_and_world_tau(tmp_path, capsys):
                  "--update-readme", str(readme)]) == 0
     rows = json.loads((tmp_path / "t.json").read_text())["rows"]
     assert len(rows) == 3 * 3 * 2 and "| caption | image-adapter (distilled) |" in readme.read_text()
+
+
+def test_a_target_checkpoint_missing_weights_is_refused(tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from hf_specmm.errors import SpecMMError
+
+    ship = shutil.copytree(CHECKPOINTS, tmp_path / "ship")
+    weights = ship / "world-target" / "model.safetensors"
+    state = load_file(weights)
+    dropped = next(k for k in state if "multi_modal_projector" in k)
+    save_file({k: v for k, v in state.items() if k != dropped}, weights, metadata={"format": "pt"})
+    with pytest.raises(SpecMMError, match="does not match its config"):
+        load_world_models(ship)
+    shutil.rmtree(ship / "text-only-draft")
+    with pytest.raises(SpecMMError, match="text-only-draft"):
+        load_world_models(ship)

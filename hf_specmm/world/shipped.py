@@ -50,7 +50,12 @@ def load_world_models(ship_dir: str | Path = CHECKPOINTS) -> WorldModels:
     if missing:
         raise SpecMMError(f"{ship} lacks {missing}: reinstall hf_specmm, or rebuild them with "
                           "`python examples/train_world.py`")
-    target = LlavaForConditionalGeneration.from_pretrained(ship / TARGET_NAME, dtype=torch.float32).eval()
+    target, info = LlavaForConditionalGeneration.from_pretrained(ship / TARGET_NAME, dtype=torch.float32,
+                                                                 output_loading_info=True)
+    problems = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
+    if problems:  # strict: a partly random target would make every number below meaningless
+        raise SpecMMError(f"{ship / TARGET_NAME} does not match its config: {problems}")
+    target.eval()
     processor = AutoProcessor.from_pretrained(ship / TARGET_NAME)
     drafts = {}
     for name, folder in DRAFT_NAMES.items():
