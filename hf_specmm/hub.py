@@ -18,6 +18,7 @@ from typing import Any
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from .drafts.image_adapter import ImageAdapterDraft, ImageAdapterDraftConfig
+from .errors import check_strict_load
 
 KINDS = {"text_only": "text-only", "image_adapter": "image-adapter"}
 
@@ -143,7 +144,5 @@ def load_draft(repo_or_path: str | Path, **kwargs: Any) -> PreTrainedModel:
                                                          if k in ("revision", "token", "cache_dir", "local_files_only")})
     cls = ImageAdapterDraft if isinstance(config, ImageAdapterDraftConfig) else AutoModelForCausalLM
     model, info = cls.from_pretrained(repo_or_path, output_loading_info=True, **kwargs)
-    problems = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
-    if problems:
-        raise ValueError(f"draft checkpoint {repo_or_path} does not match its config: {problems}")
+    check_strict_load(info, f"draft checkpoint {repo_or_path}")
     return model.eval()

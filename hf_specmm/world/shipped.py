@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from transformers import AutoProcessor, LlavaForConditionalGeneration, PreTrainedModel
 
-from ..errors import SpecMMError
+from ..errors import SpecMMError, check_strict_load
 from ..hub import load_draft
 from ..train.data import Example, load_examples
 from ..train.models import fresh_language_model
@@ -52,9 +52,7 @@ def load_world_models(ship_dir: str | Path = CHECKPOINTS) -> WorldModels:
                           "`python examples/train_world.py`")
     target, info = LlavaForConditionalGeneration.from_pretrained(ship / TARGET_NAME, dtype=torch.float32,
                                                                  output_loading_info=True)
-    problems = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
-    if problems:  # strict: a partly random target would make every number below meaningless
-        raise SpecMMError(f"{ship / TARGET_NAME} does not match its config: {problems}")
+    check_strict_load(info, str(ship / TARGET_NAME))
     target.eval()
     processor = AutoProcessor.from_pretrained(ship / TARGET_NAME)
     drafts = {}

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, GenerationMixin, PreTrainedModel
 
-from ...errors import IncompatibleDraftError
+from ...errors import IncompatibleDraftError, check_strict_load
 from .configuration import ImageAdapterDraftConfig
 
 
@@ -179,7 +179,5 @@ class ImageAdapterDraft(PreTrainedModel, GenerationMixin):
         """Strict load: a missing, unexpected or mis-shaped weight is an error, not a warning."""
         user_wants_info = kwargs.pop("output_loading_info", False)
         model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
-        problems = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
-        if problems:
-            raise ValueError(f"ImageAdapterDraft checkpoint does not match its config: {problems}")
+        check_strict_load(info, "ImageAdapterDraft checkpoint")
         return (model, info) if user_wants_info else model
