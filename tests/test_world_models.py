@@ -12,9 +12,10 @@ import torch
 from hf_specmm.train.data import load_examples
 from hf_specmm.train.evaluate import measure_tau
 from hf_specmm.world import Scene, generate_world
-from hf_specmm.world.demo import MAX_NEW_TOKENS, run_demo
+from hf_specmm.world.demo import run_demo
 from hf_specmm.world.evaluate import answer_accuracy
 from hf_specmm.world.shipped import CHECKPOINTS, eval_examples, load_world_models
+from hf_specmm.world.target import MAX_ANSWER_TOKENS
 from hf_specmm.world.tau_table import README_END, README_START, to_markdown, update_readme
 from hf_specmm.world.train_target import TargetTrainConfig, train_world_target
 
@@ -39,7 +40,7 @@ def held(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def taus(world, held):
-    return {(task, name): measure_tau(world.target, world.processor, draft, held[task], GAMMA, MAX_NEW_TOKENS,
+    return {(task, name): measure_tau(world.target, world.processor, draft, held[task], GAMMA, MAX_ANSWER_TOKENS,
                                       batch_size=PER_TASK, prompt_format="raw")
             for task in held for name, draft in world.drafts.items()}
 

@@ -15,4 +15,5 @@ from .tasks import TASKS, caption, make_example, reasoning, vqa
 from .tokenizer import build_world_tokenizer, world_vocabulary
 
 __all__ = ["Scene", "SceneObject", "TASKS", "build_world_tokenizer", "caption", "generate_world",
-           "make_example", "png_bytes", "world_records", "reasoning", "render", "sample_scene", "vqa", "world_vocabulary"]
+           "make_example", "png_bytes", "reasoning", "render", "sample_scene", "vqa", "world_records",
+           "world_vocabulary"]

@@ -24,8 +24,7 @@ from .. import api
 from ..bench.timing import interleaved_medians
 from ..train.data import encode_prompts
 from .shipped import CHECKPOINTS, eval_examples, load_world_models
-
-MAX_NEW_TOKENS = 48
+from .target import MAX_ANSWER_TOKENS
 
 
 def _check_plot_dependency(plot: bool) -> None:
@@ -57,9 +56,9 @@ def run_demo(output_dir: str | Path, per_task: int = 8, gamma: int = 5, repeats:
          + f"; γ={gamma}; {per_task} held-out scenes per task, batched")
     for task, examples in eval_examples(per_task, out).items():
         inputs = encode_prompts(processor, examples, "raw", target.device)
-        runs = {"plain": lambda: target.generate(**inputs, max_new_tokens=MAX_NEW_TOKENS, do_sample=False)}
+        runs = {"plain": lambda: target.generate(**inputs, max_new_tokens=MAX_ANSWER_TOKENS, do_sample=False)}
         for name, draft in drafts.items():
-            runs[name] = lambda d=draft: (target.generate(**inputs, max_new_tokens=MAX_NEW_TOKENS, do_sample=False,
+            runs[name] = lambda d=draft: (target.generate(**inputs, max_new_tokens=MAX_ANSWER_TOKENS, do_sample=False,
                                                           assistant_model=d, num_assistant_tokens=gamma,
                                                           num_assistant_tokens_schedule="constant"),
                                           api.last_stats(target))
@@ -94,7 +93,8 @@ def run_demo(output_dir: str | Path, per_task: int = 8, gamma: int = 5, repeats:
 
 
 def _markdown(rows: list[dict[str, Any]], gamma: int) -> str:
-    lines = [f"| task | draft | τ (γ={gamma}) | acceptance | speedup vs plain | outputs identical |", "|---|---|---|---|---|---|"]
+    lines = [f"| task | draft | τ (γ={gamma}) | acceptance | speedup vs plain | outputs identical |",
+             "|---|---|---|---|---|---|"]
     lines += [f"| {r['task']} | {r['draft']} | {r['tau']:.2f} | {r['acceptance']:.2f} | {r['speedup']:.2f}× | "
               f"{'yes' if r['identical'] else 'NO'} |" for r in rows]
     return "\n".join(lines)

@@ -16,10 +16,18 @@ from typing import Any
 import torch
 
 from ..train.data import Example, encode_prompts
+from .target import MAX_ANSWER_TOKENS
+
+
+def unseen(heldout: list[Example], train: list[Example]) -> list[Example]:
+    """The held-out lines whose image is not byte-identical to a training image (single-object scenes repeat:
+    there are only 3 shapes × 6 colours × 2 sizes × 9 cells = 324 of them)."""
+    seen = {e.image_sha for e in train}
+    return [e for e in heldout if e.image_sha not in seen]
 
 
 @torch.no_grad()
-def generate_answers(model: Any, processor: Any, examples: list[Example], max_new_tokens: int = 48,
+def generate_answers(model: Any, processor: Any, examples: list[Example], max_new_tokens: int = MAX_ANSWER_TOKENS,
                      batch_size: int = 32, **generate_kwargs: Any) -> list[str]:
     """Greedy answers (decoded, special tokens dropped), batched with left padding."""
     answers = []

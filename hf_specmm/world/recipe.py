@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -23,36 +22,31 @@ from typing import Any
 
 from ..train import TrainConfig, train_draft
 from ..train.config import DRAFT_PRESETS
+from ..train.data import Example, load_examples
 from .dataset import generate_world
+from .evaluate import unseen
+from .target import MAX_ANSWER_TOKENS
 from .train_target import TargetTrainConfig, train_world_target
 
 WORLD = {"n": 12000, "seed": 0, "image_size": 48}
 TARGET = {"vision_steps": 300, "steps": 3500, "batch_size": 32, "lr": 1e-3, "seed": 0}
 DRAFT_CONFIG = {**DRAFT_PRESETS["tiny"], "max_position_embeddings": 256}  # 1 layer, hidden 64
-DRAFT_TRAINING = {"steps": 1000, "batch_size": 32, "lr": 3e-3, "max_new_tokens": 48, "loss": "kl", "seed": 0,
-                  "eval_gamma": 5, "gen_batch_size": 64, "eval_batch_size": 32}
+DRAFT_TRAINING = {"steps": 1000, "batch_size": 32, "lr": 3e-3, "max_new_tokens": MAX_ANSWER_TOKENS, "loss": "kl",
+                  "seed": 0, "eval_gamma": 5, "gen_batch_size": 64, "eval_batch_size": 32}
 ADAPTER_TRAINING = {"stage2_steps": 1000}
 EVAL_PER_TASK = 32  # held-out lines per task (images not in the training split) the drafts' cards are measured on
 TARGET_NAME = "world-target"  # what the draft cards call the target (the folder name in ship_dir)
 DRAFT_DIRS = {"text_only": "text-only-draft", "image_adapter": "image-adapter-draft"}
 
 
-def _image_hashes(world: Path, jsonl: str) -> set[str]:
-    return {hashlib.sha256((world / json.loads(line)["image"]).read_bytes()).hexdigest()
-            for line in (world / jsonl).read_text().splitlines()}
-
-
-def _prompts_only(src: Path, dst: Path, per_task: int | None = None, skip_images: set[str] = frozenset()) -> Path:
-    """The JSONL without answers (distillation trains on what the *target* answers, not on the references);
-    with ``per_task``, only the first ``per_task`` lines of each task whose image's sha256 is not in ``skip_images``."""
+def _prompts_only(examples: list[Example], world: Path, dst: Path, per_task: int | None = None) -> Path:
+    """The lines without answers (distillation trains on what the *target* answers, not on the references);
+    with ``per_task``, only the first ``per_task`` lines of each task."""
     rows, taken = [], {}
-    for line in src.read_text().splitlines():
-        row = json.loads(line)
-        if hashlib.sha256((src.parent / row["image"]).read_bytes()).hexdigest() in skip_images:
-            continue
-        taken[row["task"]] = taken.get(row["task"], 0) + 1
-        if per_task is None or taken[row["task"]] <= per_task:
-            rows.append({k: v for k, v in row.items() if k != "response"})
+    for e in examples:
+        taken[e.task] = taken.get(e.task, 0) + 1
+        if per_task is None or taken[e.task] <= per_task:
+            rows.append({"image": e.image.relative_to(world).as_posix(), "prompt": e.prompt, "task": e.task})
     dst.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
     return dst
 
@@ -96,7 +90,8 @@ def _distil(kind: str, target_dir: Path, world: Path, work: Path, distil_data: P
     extra = ADAPTER_TRAINING if kind == "image_adapter" else {}
     cfg = TrainConfig(target=str(target_dir), data=str(distil_data), images=str(world), eval_data=str(heldout),
                       output_dir=str(work / DRAFT_DIRS[kind]), draft_config=dict(DRAFT_CONFIG), draft_kind=kind,
-                      response_cache=str(work / "target_answers.jsonl"), task_name=f"world held-out, unseen scenes ({EVAL_PER_TASK} per task)",
+                      response_cache=str(work / "target_answers.jsonl"),
+                      task_name=f"world held-out, unseen scenes ({EVAL_PER_TASK} per task)",
                       target_name=TARGET_NAME, prompt_format="raw", **DRAFT_TRAINING, **extra)
     result = train_draft(cfg)
     return {"train_config": {k: v for k, v in dataclasses.asdict(cfg).items() if v is not None},
@@ -111,9 +106,10 @@ def build_world_checkpoints(work_dir: str | Path, ship_dir: str | Path) -> dict[
     target_dir = ship / TARGET_NAME
     report = train_world_target(TargetTrainConfig(world_dir=str(world), output_dir=str(target_dir), **TARGET))
     (target_dir / "README.md").write_text(target_card(report))
-    distil_data = _prompts_only(world / "train.jsonl", work / "distil.jsonl")
-    heldout = _prompts_only(world / "heldout.jsonl", work / "heldout_eval.jsonl", EVAL_PER_TASK,
-                            skip_images=_image_hashes(world, "train.jsonl"))  # unseen scenes only
+    train = load_examples(world / "train.jsonl")
+    distil_data = _prompts_only(train, world, work / "distil.jsonl")
+    heldout = _prompts_only(unseen(load_examples(world / "heldout.jsonl"), train), world,
+                            work / "heldout_eval.jsonl", EVAL_PER_TASK)
     drafts = {}
     for kind, folder in DRAFT_DIRS.items():
         drafts[kind] = _distil(kind, target_dir, world, work, distil_data, heldout)

@@ -24,6 +24,10 @@ from transformers.models.clip.image_processing_pil_clip import CLIPImageProcesso
 
 from .tokenizer import IMAGE_TOKEN, build_world_tokenizer
 
+# Longest world answer + EOS fits (37 tokens); the target's own default, and what the recipe, the accuracy
+# evaluation, the demo and the τ table generate.
+MAX_ANSWER_TOKENS = 48
+
 
 @dataclass(frozen=True)
 class WorldTargetConfig:
@@ -85,5 +89,6 @@ def build_world_target(cfg: WorldTargetConfig = WorldTargetConfig(), seed: int =
         torch.manual_seed(seed)
         model = LlavaForConditionalGeneration._from_config(config, attn_implementation="sdpa")
     model.generation_config = GenerationConfig(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                                               pad_token_id=pad_id, max_new_tokens=48, do_sample=False)
+                                               pad_token_id=pad_id, max_new_tokens=MAX_ANSWER_TOKENS,
+                                               do_sample=False)
     return model.eval()

@@ -6,8 +6,8 @@
    because the LM cannot learn to read features the tower does not produce yet, and vice versa;
 1. the tower frozen (as LLaVA freezes its CLIP encoder: trained on, the pretrained features were lost
    again within the first hundreds of steps, shape read out linearly at 0.70 instead of 1.0), the projector
-   and the LM trained with cross-entropy on the answer tokens (teacher forcing) of the world's training lines, the same batch
-   layout as draft distillation (``hf_specmm.train.data``: left-padded prompt, right-padded answer + EOS,
+   and the LM trained with cross-entropy on the answer tokens (teacher forcing) of the world's training
+   lines, the same batch layout as draft distillation (``hf_specmm.train.data``: left-padded prompt, right-padded answer + EOS,
    positions as ``generate`` numbers them), AdamW with warm-up and cosine decay, seeded sampling.
 
 Example::
@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 
 from ..train.data import Example, Sampler, load_examples, make_batch, positions
 from ..train.responses import tokenize_given
-from .evaluate import answer_accuracy
+from .evaluate import answer_accuracy, unseen
 from .scenes import CELLS, COLOURS, SHAPES, SIZES, render, sample_scene
 from .target import WorldTargetConfig, build_world_processor, build_world_target
 
@@ -54,9 +54,7 @@ class TargetTrainConfig:
     weight_decay: float = 0.01
     max_grad_norm: float = 1.0
     seed: int = 0
-    # held-out lines scored for accuracy: the first ones of heldout.jsonl whose image is not also a training image
-    # (single-object scenes repeat: 3 shapes × 6 colours × 2 sizes × 9 cells = 324 of them)
-    eval_examples: int = 300
+    eval_examples: int = 300  # held-out lines scored for accuracy: the first ones of evaluate.unseen(heldout, train)
     progress: bool = True
 
     def validate(self) -> None:
@@ -128,8 +126,7 @@ def train_world_target(cfg: TargetTrainConfig) -> dict[str, Any]:
     cfg.validate()
     world = Path(cfg.world_dir)
     train = load_examples(world / "train.jsonl")
-    seen = {e.image_sha for e in train}
-    heldout = [e for e in load_examples(world / "heldout.jsonl") if e.image_sha not in seen][: cfg.eval_examples]
+    heldout = unseen(load_examples(world / "heldout.jsonl"), train)[: cfg.eval_examples]
     torch.manual_seed(cfg.seed)
     model, processor = build_world_target(cfg.model, cfg.seed), build_world_processor(cfg.model)
     placeholders = frozenset({model.config.image_token_id})
