@@ -25,6 +25,9 @@ from .scenes import Scene, png_bytes, render, sample_scene
 from .tasks import TASK_MAKERS, TASKS
 
 
+DEFAULT_SPLITS: dict[str, float] = {"train": 0.8, "heldout": 0.2}
+
+
 def _allocate(count: int, splits: Mapping[str, float]) -> dict[str, int]:
     """Split ``count`` items by proportion (largest remainder; ties broken by split name)."""
     names = sorted(splits)
@@ -48,7 +51,7 @@ def world_records(n: int, seed: int, splits: Mapping[str, float] | None = None, 
     A scene whose ``tuple(scene.objects)`` is in ``exclude_scenes`` is drawn again (e.g. to keep evaluation
     scenes out of a training world). Nothing is rendered: listing 12 000 records takes a fraction of a second.
     """
-    splits = dict(splits) if splits is not None else {"train": 0.8, "heldout": 0.2}
+    splits = dict(splits if splits is not None else DEFAULT_SPLITS)
     if n < 0 or not splits or any(p < 0 for p in splits.values()) or abs(sum(splits.values()) - 1) > 1e-9:
         raise ValueError(f"need n >= 0 and non-negative split proportions summing to 1, got n={n}, {splits}")
     if not 1 <= max_objects <= 9:
@@ -85,7 +88,7 @@ def generate_world(out_dir: Path, n: int, seed: int,
 
     Every split mixes the tasks evenly. ``manifest.json`` records seed, counts and the sha256 of every other file.
     """
-    splits = dict(splits) if splits is not None else {"train": 0.8, "heldout": 0.2}
+    splits = dict(splits if splits is not None else DEFAULT_SPLITS)
     records = world_records(n, seed, splits, max_objects, exclude_scenes)  # checks the arguments first
     out_dir = Path(out_dir)
     (out_dir / "images").mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,7 @@ import torch
 from .. import api
 from ..bench.timing import interleaved_medians
 from ..train.data import encode_prompts
-from .shipped import CHECKPOINTS, eval_examples, load_world_models
+from .shipped import CHECKPOINTS, DRAFT_NAMES, eval_examples, load_world_models
 from .target import MAX_ANSWER_TOKENS
 
 
@@ -48,7 +48,7 @@ def run_demo(output_dir: str | Path, per_task: int = 8, gamma: int = 5, repeats:
     out.mkdir(parents=True, exist_ok=True)
     world = load_world_models(ship_dir)
     target, processor = world.target, world.processor
-    drafts = {name: d for name, d in world.drafts.items() if "distilled" in name}
+    drafts = {name: d for name, d in world.drafts.items() if DRAFT_NAMES[name] is not None}  # the shipped ones
     api.enable(target)
     rows, shown = [], []
     echo(f"target: world-target ({sum(p.numel() for p in target.parameters()):,} parameters); drafts: "
