@@ -9,11 +9,13 @@
 from ._compat import TESTED_RANGE as TESTED_TRANSFORMERS
 from .api import disable, enable, is_enabled, last_stats
 from .checks import DEFAULT_GAMMA
-from .drafts import ImageAdapterDraft, ImageAdapterDraftConfig
+from .drafter import Drafter, Prompt, Proposal
+from .drafts import (DraftKind, ImageAdapterDraft, ImageAdapterDraftConfig, TextOnly, draft_kinds, get_kind, kind_of,
+                     register_draft_kind)
 from .errors import IncompatibleDraftError, SpecMMError, UnsupportedGenerationError, UnsupportedTargetError
 from .hub import annotate_draft, draft_metadata, load_draft, push_draft_to_hub, render_model_card, save_draft
 from .stats import SpecStats
-from .targets import SUPPORTED_TARGETS
+from .targets import SUPPORTED_TARGETS, TargetFamily, register_target_family
 
 __version__ = "0.1.0"
 
@@ -33,7 +35,13 @@ _register_auto_classes()
 
 __all__ = [
     "DEFAULT_GAMMA",
+    "DraftKind",
+    "Drafter",
+    "Prompt",
+    "Proposal",
     "SUPPORTED_TARGETS",
+    "TargetFamily",
+    "TextOnly",
     "TESTED_TRANSFORMERS",
     "ImageAdapterDraft",
     "ImageAdapterDraftConfig",
@@ -44,7 +52,12 @@ __all__ = [
     "UnsupportedTargetError",
     "annotate_draft",
     "disable",
+    "draft_kinds",
     "draft_metadata",
+    "get_kind",
+    "kind_of",
+    "register_draft_kind",
+    "register_target_family",
     "load_draft",
     "push_draft_to_hub",
     "render_model_card",

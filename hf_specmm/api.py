@@ -16,9 +16,6 @@ import torch
 
 from . import _compat
 from .checks import resolve_plan
-from .drafters import TextOnlyDrafter
-from .drafts.image_adapter import ImageAdapterDraft
-from .drafts.image_adapter.drafter import ImageAdapterDrafter
 from .loop import speculative_decode
 from .stats import SpecStats
 from .targets import target_family
@@ -71,13 +68,6 @@ def last_stats(model: Any) -> SpecStats | None:
     return state.last_stats
 
 
-def make_drafter(draft: Any, vocab: Any) -> TextOnlyDrafter:
-    """The runtime drafter for a draft model: adapter drafts also read the target's image embeddings."""
-    if isinstance(draft, ImageAdapterDraft):
-        return ImageAdapterDrafter(draft, vocab)
-    return TextOnlyDrafter(draft, vocab)
-
-
 def _speculative_generate(self: Any, inputs: torch.Tensor | None = None, generation_config: Any = None,
                           logits_processor: Any = None, stopping_criteria: Any = None,
                           prefix_allowed_tokens_fn: Any = None, synced_gpus: bool | None = None,
@@ -92,14 +82,15 @@ def _speculative_generate(self: Any, inputs: torch.Tensor | None = None, generat
 
     start = time.perf_counter()
     plan = resolve_plan(self, assistant_model, inputs, generation_config, streamer, kwargs)  # raises before work
-    drafter = make_drafter(assistant_model, plan.vocab)
+    drafter = plan.kind.drafter(assistant_model, plan.vocab)  # the draft kind's runtime (drafts/<kind>/)
+    image_inputs = target_family(self).model_inputs(plan.kwargs)  # before stock generate encodes and drops them
     stats = SpecStats()
 
     def decode(model: Any, input_ids: torch.Tensor, logits_processor: Any, stopping_criteria: Any,
                generation_config: Any, **model_kwargs: Any) -> Any:
         sequences, row_scores = speculative_decode(
             model, drafter, input_ids, logits_processor, stopping_criteria, generation_config,
-            model_kwargs, plan.schedule, stats, streamer)
+            model_kwargs, plan.schedule, stats, streamer, image_inputs)
         if not generation_config.return_dict_in_generate:
             return sequences
         return _dict_output(sequences, row_scores, input_ids.shape[1], generation_config)

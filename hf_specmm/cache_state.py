@@ -14,11 +14,14 @@ from typing import Any
 import torch
 
 from . import _compat
+from .targets.positions import ROPE_1D, Rope1D
 
 
 class SlottedCache:
-    def __init__(self, cache: Any, mask: torch.Tensor | None, length: int, batch_size: int, device: torch.device):
+    def __init__(self, cache: Any, mask: torch.Tensor | None, length: int, batch_size: int, device: torch.device,
+                 positions: Rope1D = ROPE_1D):
         self.cache = cache
+        self.positions = positions  # the model's position rule (the one training uses too)
         self.mask = mask  # [B, length] long, or None while every slot is valid (no padding, no holes)
         self.length = length
         self.batch_size = batch_size
@@ -31,13 +34,11 @@ class SlottedCache:
 
     def block_inputs(self, valid: torch.Tensor | None, width: int) -> dict[str, torch.Tensor | None]:
         """Attention mask and position ids for feeding ``width`` new slots (``valid`` [B, width] or None = all)."""
-        start = self._next_positions()[:, None]
+        positions = self.positions.block_positions(self._next_positions(), valid, width)
         if valid is None:
-            positions = start + torch.arange(width, device=self.device)
             mask = None if self.mask is None else torch.cat([self.mask, self.mask.new_ones(self.batch_size, width)], 1)
         else:
             valid = valid.long()
-            positions = start + valid.cumsum(-1) - valid  # holes take the position of the next valid token
             old = self.mask if self.mask is not None else valid.new_ones(self.batch_size, self.length)
             mask = torch.cat([old, valid], dim=1)
         return {"attention_mask": mask, "position_ids": positions}

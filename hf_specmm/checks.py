@@ -10,6 +10,7 @@ import torch
 
 from . import _compat
 from .errors import IncompatibleDraftError, UnsupportedGenerationError
+from .drafts import DraftKind, kind_of
 from .loop import GammaSchedule
 from .targets import target_spec
 from .vocab import VocabMap, check_vocab_compatible, draft_vocab_size
@@ -26,6 +27,7 @@ _STATIC_CACHES = {"static", "offloaded_static", "hybrid", "sliding_window", "hyb
 
 @dataclass
 class Plan:
+    kind: DraftKind  # the draft's kind (drafts/<kind>/): which Drafter runs it
     vocab: VocabMap
     schedule: GammaSchedule
     kwargs: dict  # what goes on to stock generate
@@ -100,26 +102,7 @@ def _check_config(config: Any, kwargs: dict, batch: int, streamer: Any) -> None:
         _fail(UnsupportedGenerationError, f"generate(assistant_model=...) cannot be used with {bad}.")
 
 
-def check_adapter_draft(target: Any, draft: Any) -> None:
-    """An image-adapter draft must have been made for this target's image embeddings and placeholders."""
-    from .drafts.image_adapter import ImageAdapterDraft
-
-    if not isinstance(draft, ImageAdapterDraft):
-        return
-    spec = target_spec(target)
-    width = target.config.get_text_config().hidden_size
-    made_for = draft.config.target or draft.config.target_class or "another target"
-    if draft.config.image_feature_dim != width:
-        _fail(IncompatibleDraftError, f"This ImageAdapterDraft reads image embeddings of width "
-              f"{draft.config.image_feature_dim} (made for {made_for}), but the target's are {width} wide. "
-              "Use a draft made for this target (ImageAdapterDraft.for_target(target, ...)).")
-    if draft.config.image_token_id not in spec.placeholder_ids:
-        _fail(IncompatibleDraftError, f"This ImageAdapterDraft expects image token id {draft.config.image_token_id} "
-              f"(made for {made_for}), but the target's placeholder ids are {sorted(spec.placeholder_ids)}. "
-              "Use a draft made for this target.")
-
-
-def _check_draft(draft: Any, ids: torch.Tensor, config: Any, vocab: VocabMap, kwargs: dict) -> None:
+def _check_draft(draft: Any, kind: DraftKind, ids: torch.Tensor, config: Any, vocab: VocabMap, kwargs: dict) -> None:
     if draft.device.type == "meta":
         _fail(IncompatibleDraftError, "The draft's weights are on the meta device (not loaded); load it on a real "
               "device, e.g. AutoModelForCausalLM.from_pretrained(repo, device_map='cpu').")
@@ -128,11 +111,11 @@ def _check_draft(draft: Any, ids: torch.Tensor, config: Any, vocab: VocabMap, kw
         return
     mask = kwargs.get("attention_mask")
     mask = mask if isinstance(mask, torch.Tensor) and mask.shape == ids.shape else None
-    text_len = int(vocab.visible_prompt(ids.to(vocab.proposable.device), mask).sum(-1).max())
+    text_len = int(kind.drafter.prompt_lengths(draft, vocab, ids.to(vocab.proposable.device), mask).max())
     new = config.max_new_tokens if config.max_new_tokens is not None else config.max_length - ids.shape[1]
     if text_len + new + 1 > context:
         _fail(IncompatibleDraftError, f"The draft's context window ({context} positions) is shorter than the text "
-              f"part of the prompt ({text_len} tokens) + max_new_tokens ({new}). Lower max_new_tokens to "
+              f"prompt it reads ({text_len} tokens) + max_new_tokens ({new}). Lower max_new_tokens to "
               f"{max(context - text_len - 1, 0)} or use a draft with a longer context.")
 
 
@@ -145,12 +128,13 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
     tokenizer = kwargs.pop("tokenizer", None)
     draft_tokenizer = kwargs.pop("assistant_tokenizer", None)
     check_vocab_compatible(spec, draft, tokenizer, draft_tokenizer)
-    check_adapter_draft(target, draft)
+    kind = kind_of(draft)
+    kind.drafter.check(target, draft)
     ids = _input_ids(inputs, kwargs)
     config = _compat.resolve_generation_config(target, generation_config, kwargs)
     _check_config(config, kwargs, ids.shape[0], streamer)
     vocab = VocabMap(spec, draft_vocab_size(draft), ids.device)
-    _check_draft(draft, ids, config, vocab, kwargs)
+    _check_draft(draft, kind, ids, config, vocab, kwargs)
     if config.stop_strings is not None:
         if tokenizer is None:
             _fail(UnsupportedGenerationError, "stop_strings needs the tokenizer: pass tokenizer=processor.tokenizer.")
@@ -163,4 +147,4 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
     schedule = _resolve_gamma(target, draft, generation_config, kwargs)
     for key in ("num_assistant_tokens", "num_assistant_tokens_schedule"):
         kwargs.pop(key, None)  # consumed here; stock generate must not see an assisted-mode option
-    return Plan(vocab, schedule, kwargs)
+    return Plan(kind, vocab, schedule, kwargs)

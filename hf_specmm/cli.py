@@ -3,13 +3,19 @@
     hf-specmm demo
     hf-specmm bench --preset cpu-proxy --gammas 3 5
     hf-specmm train --target org/llava --draft-config tiny --data data.jsonl --images imgs/
+
+Also the shared pieces of every sub-command's parser: :class:`HelpFormatter` (each option's help line shows
+its default) and the validating ``type=`` factories :func:`int_at_least` and :func:`number_in`, so that a bad
+number is a one-line argparse error (exit code 2) before any model is built.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import sys
+from typing import Callable, NoReturn
 
 # sub-command -> module providing add_arguments(parser) and run(args) -> int
 COMMANDS = {
@@ -20,11 +26,70 @@ COMMANDS = {
 }
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Keeps descriptions as written and appends ``(default: X)`` to every option's help, except where the
+    help already states its default (options whose default is ``None`` must say in words what that means)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text.lower() or action.default is None or action.required:
+            return text
+        return super()._get_help_string(action)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """Errors are one line on stderr (``prog: error: ...``), exit code 2: no usage block, no traceback."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def int_at_least(low: int) -> Callable[[str], int]:
+    """An argparse ``type=``: an integer ``>= low`` (for ``nargs="+"`` lists, each element is checked)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {low}"  # what argparse names the type in its messages
+    return parse
+
+
+def number_in(low: float | None = None, high: float | None = None, low_open: bool = False,
+              high_open: bool = False) -> Callable[[str], float]:
+    """An argparse ``type=``: a finite float in the given interval (``None``: unbounded on that side)."""
+    if low is not None and high is not None:  # how the bounds read in messages: "in [0, 1)", "> 0", ...
+        span = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    elif low is not None:
+        span = f"{'>' if low_open else '>='} {low:g}"
+    else:
+        span = "that is finite" if high is None else f"{'<' if high_open else '<='} {high:g}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number {span}, got {text!r}") from None
+        too_low = low is not None and (value <= low if low_open else value < low)
+        too_high = high is not None and (value >= high if high_open else value > high)
+        if not math.isfinite(value) or too_low or too_high:
+            raise argparse.ArgumentTypeError(f"must be a number {span}, got {text}")
+        return value
+
+    parse.__name__ = f"number {span}"
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hf-specmm", description="Lossless multimodal speculative decoding.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = ArgumentParser(prog="hf-specmm", description="Lossless multimodal speculative decoding.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
     for name, (module, help_text) in COMMANDS.items():
-        sub_parser = sub.add_parser(name, help=help_text, description=help_text)
+        sub_parser = sub.add_parser(name, help=help_text, description=help_text, formatter_class=HelpFormatter)
         try:
             importlib.import_module(module).add_arguments(sub_parser)
         except ModuleNotFoundError as err:
@@ -36,7 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # name the sub-command whose --help lists the valid flags (argparse would blame `hf-specmm`)
+        (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        sub.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     if getattr(args, "_missing", None):
         print(f"hf-specmm {args.command}: not available in this installation", file=sys.stderr)
         return 2

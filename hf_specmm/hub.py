@@ -1,9 +1,10 @@
-"""Drafts on the Hub: save / push with a model card, and load either draft kind with one call.
+"""Drafts on the Hub: save / push with a model card, and load any registered draft kind with one call.
 
-A text-only draft is any causal LM; saved through hf_specmm its config carries ``hf_specmm``
-metadata (draft kind, the target it was made for, measured results), which the card is rendered
-from. ``ImageAdapterDraft`` keeps the same metadata and its ``save_pretrained`` / ``push_to_hub``
-write the card too.
+Saved through hf_specmm, a draft's config carries ``hf_specmm`` metadata (draft kind, the target it
+was made for, measured results), which the card is rendered from. What differs between kinds (the
+class that loads a checkpoint, the LM the card describes, extra card rows) comes from the draft-kind
+registry (``drafts/registry.py``); ``ImageAdapterDraft.save_pretrained`` / ``push_to_hub`` write the
+card too.
 """
 
 from __future__ import annotations
@@ -15,23 +16,22 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoConfig, PreTrainedModel
 
-from .drafts.image_adapter import ImageAdapterDraft, ImageAdapterDraftConfig
+from .drafts.registry import kind_of, loading_class
 from .errors import check_strict_load
-
-KINDS = {"text_only": "text-only", "image_adapter": "image-adapter"}
 
 
 def draft_kind(draft: PreTrainedModel) -> str:
-    return "image_adapter" if isinstance(draft, ImageAdapterDraft) else "text_only"
+    """The registered kind's name (``text_only``, ``image_adapter``, ``vlm``, ...)."""
+    return kind_of(draft).name
 
 
 def draft_metadata(draft: PreTrainedModel) -> dict[str, Any]:
     """``{"draft_kind", "target", "results", "training_data"}`` as stored in the draft's config."""
     meta = dict(getattr(draft.config, "hf_specmm", None) or {})
     meta["draft_kind"] = draft_kind(draft)
-    if isinstance(draft, ImageAdapterDraft) and draft.config.target:
+    if getattr(draft.config, "target", None):  # a config that records its target (ImageAdapterDraftConfig)
         meta.setdefault("target", draft.config.target)
     meta.setdefault("target", None)
     meta.setdefault("results", {})
@@ -45,7 +45,7 @@ def annotate_draft(draft: PreTrainedModel, target: str | None = None, results: d
     meta = draft_metadata(draft)
     if target is not None:
         meta["target"] = target
-        if isinstance(draft, ImageAdapterDraft):
+        if hasattr(draft.config, "target"):
             draft.config.target = target
     if results:
         meta["results"] = {**meta["results"], **results}
@@ -77,32 +77,27 @@ def render_model_card(draft: PreTrainedModel, repo_id: str | None = None) -> str
     from huggingface_hub import ModelCardData
 
     meta = draft_metadata(draft)
-    kind = meta["draft_kind"]
+    kind = kind_of(draft)
     target = meta["target"]
-    lm = draft.language_model if isinstance(draft, ImageAdapterDraft) else draft
-    lm_config = lm.config
-    tags = ["hf_specmm", "speculative-decoding", "draft-model", f"{KINDS[kind]}-draft"]
+    lm = kind.language_model(draft)
+    lm_config = lm.config.get_text_config()
+    tags = ["hf_specmm", "speculative-decoding", "draft-model", f"{kind.title}-draft"]
     data = ModelCardData(base_model=target if _is_repo_id(target) else None, library_name="hf_specmm",
                          tags=tags, pipeline_tag="text-generation",
-                         hf_specmm={"draft_kind": kind, "target": target, "results": meta["results"]})
+                         hf_specmm={"draft_kind": kind.name, "target": target, "results": meta["results"]})
     front = data.to_yaml()
-    adapter_rows = ""
-    if isinstance(draft, ImageAdapterDraft):
-        adapter_params = sum(p.numel() for p in draft.adapter.parameters())
-        adapter_rows = (f"| image adapter | {draft.config.image_feature_dim} → {lm_config.hidden_size}, "
-                        f"{adapter_params:,} parameters, visual tokens pooled ×{draft.config.image_pool} |\n")
     template = resources.files("hf_specmm").joinpath("model_cards/draft_card.md").read_text()
     return string.Template(template).substitute(
         front_matter=front.strip(),
-        title=repo_id or f"{KINDS[kind]} draft",
-        kind_name=KINDS[kind],
+        title=repo_id or f"{kind.title} draft",
+        kind_name=kind.title,
         target_link=f"[{target}](https://huggingface.co/{target})" if _is_repo_id(target) else (target or "its target"),
         target_text=target or "not recorded",
         repo_id=repo_id or "path/to/this/draft",
         params=f"{sum(p.numel() for p in draft.parameters()):,}",
         lm_desc=(f"{lm_config.model_type}, {lm_config.num_hidden_layers} layers, hidden {lm_config.hidden_size}, "
                  f"vocabulary {lm.get_output_embeddings().weight.shape[0]:,}"),
-        adapter_rows=adapter_rows,
+        adapter_rows=kind.card_rows(draft),
         results=_results_table(meta["results"]),
         training_data=meta["training_data"] or "Not recorded.",
     )
@@ -136,13 +131,13 @@ def push_draft_to_hub(draft: PreTrainedModel, repo_id: str, target: str | None =
 
 
 def load_draft(repo_or_path: str | Path, **kwargs: Any) -> PreTrainedModel:
-    """Load a draft of either kind (strict: missing or unexpected weights are an error).
+    """Load a draft of any registered kind (strict: missing or unexpected weights are an error).
 
     >>> draft = hf_specmm.load_draft("org/my-llava-draft")  # doctest: +SKIP
     """
     config = AutoConfig.from_pretrained(repo_or_path, **{k: v for k, v in kwargs.items()
                                                          if k in ("revision", "token", "cache_dir", "local_files_only")})
-    cls = ImageAdapterDraft if isinstance(config, ImageAdapterDraftConfig) else AutoModelForCausalLM
+    cls = loading_class(config)  # the registered kind that loads this config (AutoModelForCausalLM last)
     model, info = cls.from_pretrained(repo_or_path, output_loading_info=True, **kwargs)
     check_strict_load(info, f"draft checkpoint {repo_or_path}")
     return model.eval()

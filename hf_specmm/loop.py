@@ -8,6 +8,7 @@ cropped back to the accepted prefix. Rows move at their own pace (see ``cache_st
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,9 +16,11 @@ import torch
 
 from . import _compat
 from .cache_state import SlottedCache
-from .drafters import TextOnlyDrafter
-from .history import RowHistory, apply_processors, stop_counts
+from .drafter import Drafter, Prompt, Proposal
+from .history import apply_processors
+from .rows import Rows
 from .stats import SpecStats
+from .targets import target_family
 from .verify import greedy_verify, rejection_sample
 
 
@@ -43,7 +46,7 @@ def _choose(scores: torch.Tensor, do_sample: bool) -> tuple[torch.Tensor, torch.
 
 def speculative_decode(
     target: Any,
-    drafter: TextOnlyDrafter,
+    drafter: Drafter,
     input_ids: torch.Tensor,
     logits_processor: Any,
     stopping_criteria: Any,
@@ -52,105 +55,88 @@ def speculative_decode(
     schedule: GammaSchedule,
     stats: SpecStats,
     streamer: Any = None,
+    image_inputs: dict[str, Any] | None = None,
 ) -> tuple[torch.Tensor, list[list[torch.Tensor]]]:
-    """Returns ``sequences`` [B, P0 + new] laid out as plain generate's, and per-row processed scores."""
+    """Returns ``sequences`` [B, P0 + new] laid out as plain generate's, and per-row processed scores.
+    ``image_inputs``: the call's multimodal inputs as the user passed them (``pixel_values``, ...; stock
+    ``generate`` may have encoded and dropped them from ``model_kwargs`` already), for drafts that see images."""
     batch, prompt_len = input_ids.shape
-    do_sample = bool(generation_config.do_sample)
+    device, do_sample = input_ids.device, bool(generation_config.do_sample)
     pad = _compat.pad_token_tensor(generation_config)
-    pad_id = int(pad) if pad is not None else 0
     keep_scores = bool(generation_config.return_dict_in_generate and
                        (generation_config.output_scores or generation_config.output_logits))
-    history = RowHistory(input_ids, generation_config.max_length + 2, pad_id)
-    row_scores: list[list[torch.Tensor]] = [[] for _ in range(batch)]
+    rows = Rows(input_ids, generation_config.max_length, int(pad) if pad is not None else 0, stopping_criteria,
+                keep_scores, streamer)
     stats.batch_size, stats.gamma = batch, schedule.gamma
 
-    def emit(block: torch.Tensor, counts: torch.Tensor, scores: torch.Tensor, logits: torch.Tensor) -> list[int]:
-        history.write(block)
-        kept, stopped = stop_counts(stopping_criteria, history, block, counts)
-        history.advance(kept)
-        for i, k in enumerate(kept):
-            if keep_scores and k:
-                row_scores[i].append(torch.stack([scores[i, :k], logits[i, :k]]))
-            if stopped[i]:
-                unfinished[i] = False
-        stats.generated_tokens += sum(kept)
-        if streamer is not None and kept[0]:
-            streamer.put(block[:, : kept[0]].cpu())
-        return kept
-
-    # prefill: target exactly as plain generate (images included); draft on the text without placeholders
-    attention_mask = model_kwargs.get("attention_mask")
-    with drafter.observe_target(target):  # an adapter draft reads the target's image embeddings here
-        out = _compat.prefill(target, input_ids, generation_config, model_kwargs)
-    target_kv = SlottedCache(out.past_key_values, None if attention_mask is None else attention_mask.long(),
-                             prompt_len, batch, input_ids.device)
-    logits = out.logits[:, -1:].to(dtype=torch.float32, device=input_ids.device)
-    del out
-    scores = apply_processors(logits_processor, history, logits)
-    cur, _ = _choose(scores[:, 0], do_sample)
-    unfinished = [True] * batch
-    stats.target_forwards += batch
-    emit(cur[:, None], torch.ones_like(cur), scores, logits)
-    if any(unfinished):
-        drafter.prefill(input_ids, attention_mask)
-        drafter.push(cur)
-
     def select(draft_logits: torch.Tensor, j: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        draft_scores = apply_processors(logits_processor, history, draft_logits[:, None], offset=j)[:, 0]
+        """d_{j+1} from the draft's logits, through the same processors the target's tokens go through."""
+        draft_scores = apply_processors(logits_processor, rows.history, draft_logits[:, None], offset=j)[:, 0]
         token, q_j = _choose(draft_scores, do_sample)
-        history.write(token[:, None], offset=j)  # d_{j+1} is history for the next positions
+        rows.history.write(token[:, None], offset=j)  # d_{j+1} is history for the next positions
         return token, q_j
 
-    while any(unfinished):
-        budget = [generation_config.max_length - length for length in history.lengths]  # tokens a row may still add
-        gamma = min(schedule.gamma, max(b for b, u in zip(budget, unfinished) if u) - 1)
-        unfinished_before = list(unfinished)
-        live = torch.tensor(unfinished, device=input_ids.device)
+    # prefill: the target exactly as plain generate (images included), then the draft reads the prompt
+    attention_mask = model_kwargs.get("attention_mask")
+    family = target_family(target)
+    prompt = Prompt(input_ids, attention_mask, dict(image_inputs or {}))
+    with drafter.watch(target):
+        out = _compat.prefill(target, input_ids, generation_config, model_kwargs)
+    drafter.observe_prefill(out)
+    target_kv = SlottedCache(out.past_key_values, None if attention_mask is None else attention_mask.long(),
+                             prompt_len, batch, device, family.positions)
+    logits = out.logits[:, -1:].to(dtype=torch.float32, device=device)
+    del out
+    scores = apply_processors(logits_processor, rows.history, logits)
+    cur, _ = _choose(scores[:, 0], do_sample)  # the first new token, as plain generate picks it
+    stats.record_prefill(rows.emit(cur[:, None], torch.ones_like(cur), scores, logits))
+    if rows.any_unfinished():
+        drafter.prefill(prompt, cur)
 
+    while rows.any_unfinished():
+        budget = rows.budget()
+        live = rows.live(device)
+        gamma = min(schedule.gamma, max(b for b, u in zip(budget, rows.unfinished) if u) - 1)
+
+        # 1. draft d_1..d_γ (with one token left for every row, a plain target step ends the call)
         if gamma > 0:
-            drafts, q = drafter.propose(gamma, select)  # d_1..d_γ, q_1..q_γ
-        else:  # one token left for every row: a plain target step ends the call
-            drafts, q = cur.new_zeros(batch, 0), logits.new_zeros(batch, 0, logits.shape[-1])
-        block = torch.cat([cur[:, None], drafts], dim=1)  # [cur, d_1..d_γ]
-        inputs = target_kv.block_inputs(None, gamma + 1)
-        out = target(input_ids=block, past_key_values=target_kv.cache, use_cache=True,
-                     logits_to_keep=gamma + 1, **inputs)
-        target_kv.commit(inputs["attention_mask"], gamma + 1)
-        logits = out.logits[:, -(gamma + 1):].to(dtype=torch.float32, device=input_ids.device)
-        del out
-        scores = apply_processors(logits_processor, history, logits)  # p_0..p_γ (processed)
+            proposal = drafter.propose(gamma, select)
+        else:
+            proposal = Proposal(cur.new_zeros(batch, 0), logits.new_zeros(batch, 0, logits.shape[-1]))
+        drafts = proposal.tokens
 
+        # 2. verify: one target forward over [cur, d_1..d_γ] gives p_0..p_γ
+        block = torch.cat([cur[:, None], drafts], dim=1)
+        inputs = target_kv.block_inputs(None, gamma + 1)
+        with drafter.watch(target) if drafter.observes_verification else contextlib.nullcontext():
+            out = target(input_ids=block, past_key_values=target_kv.cache, use_cache=True,
+                         logits_to_keep=gamma + 1, **inputs)
+        drafter.observe_verification(out)
+        target_kv.commit(inputs["attention_mask"], gamma + 1)
+        logits = out.logits[:, -(gamma + 1):].to(dtype=torch.float32, device=device)
+        del out
+        scores = apply_processors(logits_processor, rows.history, logits)  # p_0..p_γ (processed)
+
+        # 3. accept n drafts + one target token per row; a row keeps what plain generate would (EOS, max_length)
         if do_sample:
-            n, emitted = rejection_sample(drafts, q, scores.softmax(-1))
+            n, emitted = rejection_sample(drafts, proposal.probs, scores.softmax(-1))
         else:
             n, emitted = greedy_verify(drafts, scores)
-        n = torch.where(live, n, torch.zeros_like(n))
-        kept = emit(emitted, torch.where(live, n + 1, torch.zeros_like(n)), scores, logits)
+        kept = rows.emit(emitted, torch.where(live, n + 1, torch.zeros_like(n)), scores, logits)
+        # a draft counts as drafted only if its row could have kept it (not past max_length)
+        drafted = [min(gamma, b - 1) if u else 0 for b, u in zip(budget, live.tolist())]
+        accepted = [min(a, k, d) for a, k, d in zip(n.tolist(), kept, drafted)]  # drafts among the kept tokens
+        stats.record_round(gamma, kept, accepted, drafted)
+        schedule.update([k - 1 for k in kept if k], gamma)
 
-        # roll back: each row keeps cur + its accepted drafts; finished rows keep nothing new
-        n_host = [k - 1 if unfinished[i] else 0 for i, k in enumerate(kept)]
-        n_keep = torch.tensor(n_host, device=input_ids.device)
-        valid = torch.arange(max(n_host) + 1, device=input_ids.device)[None] <= n_keep[:, None]
+        # 4. roll back both caches: each row keeps [cur, d_1..d_m], m = kept - 1; emitted[m] is the new cur
+        m = (n.new_tensor(kept) - 1).clamp_min(0)
+        valid = torch.arange(int(m.max()) + 1, device=device)[None] <= m[:, None]
         target_kv.rollback(target_kv.length - (gamma + 1), valid)
-        cur = emitted.gather(1, n_keep[:, None]).squeeze(1)
+        cur = emitted.gather(1, m[:, None]).squeeze(1)
         if gamma > 0:
-            drafter.accept(n_keep, drafts, cur)
-
-        # a draft counts only if the row could have kept it (not past max_length)
-        useful = [min(gamma, budget[i] - 1) if unfinished_before[i] else 0 for i in range(batch)]
-        accepted = [n_host[i] for i in range(batch) if unfinished_before[i]]
-        stats.target_forwards += len(accepted)
-        stats.draft_forwards += gamma
-        stats.drafted_tokens += sum(useful)
-        stats.accepted_tokens += sum(min(a, u) for a, u in zip(n.tolist(), useful))
-        stats.tokens_per_round.append(list(kept))
-        stats.gammas.append(gamma)
-        schedule.update(accepted, gamma)
+            drafter.accept(proposal, m, cur)
 
     if streamer is not None:
         streamer.end()
-    total = max(history.lengths)
-    sequences = history.ids[:, :total].clone()
-    for i, length in enumerate(history.lengths):
-        sequences[i, length:] = pad_id
-    return sequences, row_scores
+    return rows.sequences(), rows.scores

@@ -26,6 +26,22 @@ class SpecStats:
     tokens_per_round: list[list[int]] = field(default_factory=list)  # per round, per row (0 once finished)
     gammas: list[int] = field(default_factory=list)  # γ used in each round
 
+    def record_prefill(self, kept: list[int]) -> None:
+        """The prefill forward: one target forward per row, ``kept`` [B] its tokens (1, or 0 if cut)."""
+        self.target_forwards += len(kept)
+        self.generated_tokens += sum(kept)
+
+    def record_round(self, gamma: int, kept: list[int], accepted: list[int], drafted: list[int]) -> None:
+        """One verification round, per row: ``kept`` tokens the row kept (0 once finished), ``accepted``
+        drafts among them, ``drafted`` drafts the row could have kept (≤ γ; none past ``max_length``)."""
+        self.target_forwards += sum(k > 0 for k in kept)
+        self.draft_forwards += gamma
+        self.drafted_tokens += sum(drafted)
+        self.accepted_tokens += sum(accepted)
+        self.generated_tokens += sum(kept)
+        self.tokens_per_round.append(list(kept))
+        self.gammas.append(gamma)
+
     @property
     def block_efficiency(self) -> float:
         return self.generated_tokens / self.target_forwards if self.target_forwards else 0.0

@@ -66,10 +66,10 @@ class VocabMap:
             if i < self.target_vocab:
                 proposable[i] = False
         self.proposable = proposable.to(device)
-        # ids the draft can read as input: inside its vocabulary and not an image/video placeholder
+        # ids a text-only view reads: inside the draft's vocabulary, not a placeholder or vision span marker
         visible = torch.zeros(max(self.target_vocab, draft_vocab) + 1, dtype=torch.bool)
         visible[:draft_vocab] = True
-        for i in spec.placeholder_ids:
+        for i in spec.dropped_ids:
             if i < visible.numel():
                 visible[i] = False
         self.draft_visible = visible.to(device)

@@ -57,11 +57,12 @@ def test_cli_writes_table_json_and_plot(tmp_path, capsys):
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_sampling_mode_runs_and_bad_flags_are_refused(tmp_path):
+def test_sampling_mode_runs_and_bad_flags_are_refused(tmp_path, capsys):
     result = run_benchmark(BenchConfig(preset="tiny", gammas=[2], do_sample=True, max_new_tokens=8, repeats=1,
                                        warmup=0), progress=False)
     assert result["rows"][0]["lossless"] is None  # sampled outputs are compared in distribution by the tests
-    with pytest.raises(SystemExit, match="greedy"):
+    with pytest.raises(SystemExit) as exc:  # one line on stderr, exit code 2, before any model is built
         cli.main(["bench", "--preset", "tiny", "--acceptance", "0.5", "--do-sample", "--out", str(tmp_path)])
+    assert exc.value.code == 2 and "greedy" in capsys.readouterr().err
     with pytest.raises(ValueError, match="unknown preset"):
         run_benchmark(BenchConfig(preset="nope"), progress=False)

@@ -2,8 +2,8 @@
 
 Two-sample χ² test of homogeneity per generated position, N rows per method (one batched call each;
 identical rows are independent samples). Bins with fewer than 10 pooled counts are merged. Each
-comparison is run at level ALPHA = 1e-3; with the 24 comparisons below the family-wise false-alarm
-rate is at most 2.4 % (Bonferroni) for random seeds, and the seeds are fixed, so the test is
+comparison is run at level ALPHA = 1e-3; with the 32 comparisons below the family-wise false-alarm
+rate is at most 3.2 % (Bonferroni) for random seeds, and the seeds are fixed, so the test is
 deterministic. Power: the same test flags a verifier that accepts every draft (test below).
 """
 
@@ -73,11 +73,15 @@ def _draft(model, kind):
         return testing.random_text_draft(model)
     if kind == "noisy_copy":
         return noisy_copy(model)
+    if kind == "noisy_vlm":  # a VLM draft (the target with a perturbed head) that sees the images
+        from test_vlm_draft import noised_copy
+
+        return noised_copy(model, scale=0.6)
     torch.manual_seed(3)  # image-adapter draft over the noisy copy: reads the target's image embeddings
     return hf_specmm.ImageAdapterDraft.for_target(model, noisy_copy(model))
 
 
-@pytest.mark.parametrize("kind", ["random", "noisy_copy", "noisy_adapter"])
+@pytest.mark.parametrize("kind", ["random", "noisy_copy", "noisy_adapter", "noisy_vlm"])
 def test_speculative_sampling_matches_plain(setup, kind):
     family, model, plain = setup
     draft = _draft(model, kind)

@@ -168,17 +168,19 @@ def test_adapter_draft_beats_text_only_where_only_the_image_tells_answers_apart(
     assert adapter.responses_generated == 0 and adapter.responses_cached == 4 * len(classes)  # cached by `text`
 
 
-@pytest.mark.parametrize("family,pool", [("llava", 1), ("llava", 3), ("llava_next", 2)])
-def test_training_view_equals_the_inference_path(family, pool, tmp_path):
+@pytest.mark.parametrize("family,kind,pool", [("llava", "image_adapter", 1), ("llava", "image_adapter", 3),
+                                              ("llava_next", "image_adapter", 2), ("llava_next", "vlm", 1),
+                                              ("llava_onevision", "vlm", 1)])
+def test_training_view_equals_the_inference_path(family, kind, pool, tmp_path):
     """What is trained is what runs. Target side: column r of a (padded, mixed) training batch equals an
-    unpadded single-row forward over prompt + r answer tokens. Draft side: the first answer position
-    equals the inference drafters' prefill (both views; pooled image slots)."""
-    from hf_specmm.drafters import TextOnlyDrafter
-    from hf_specmm.drafts.image_adapter.drafter import ImageAdapterDrafter
+    unpadded single-row forward over prompt + r answer tokens. Draft side: the first answer position of
+    every stage's training view equals that very drafter's inference prefill (pooled image slots; a VLM
+    draft reading the images itself)."""
+    from hf_specmm.drafter import Prompt
     from hf_specmm.targets import target_spec
     from hf_specmm.train.data import Example, encode_prompts, make_batch
     from hf_specmm.train.trainer import Trainer
-    from hf_specmm.vocab import VocabMap
+    from hf_specmm.vocab import VocabMap, draft_vocab_size
 
     target, processor = testing.tiny_target(family, eos_bias=-30.0), testing.tiny_processor(family)
     testing.tiny_image(0).save(tmp_path / "a.png")
@@ -186,15 +188,22 @@ def test_training_view_equals_the_inference_path(family, pool, tmp_path):
     examples = [Example(1, "t", "describe the image", image=tmp_path / "a.png", response_ids=[5, 6, 7]),
                 Example(2, "t", "what color is the circle ?", response_ids=[8, 9]),
                 Example(3, "t", "how many dog", image=tmp_path / "b.png", response_ids=[10, 11, 12, 13])]
-    draft = hf_specmm.ImageAdapterDraft.for_target(target, testing.random_text_draft(target), image_pool=pool)
-    vocab = VocabMap(target_spec(target), draft.config.text_config.vocab_size, target.device)
+    if kind == "image_adapter":
+        draft = hf_specmm.ImageAdapterDraft.for_target(target, testing.random_text_draft(target), image_pool=pool)
+    else:
+        draft = testing.tiny_target(family, seed=1)
+    assert hf_specmm.kind_of(draft).name == kind
+    vocab = VocabMap(target_spec(target), draft_vocab_size(draft), target.device)
     trainer = Trainer(TrainConfig(target="t", data="d", output_dir=str(tmp_path), draft_config="tiny"), target,
                       processor, draft, vocab, examples, {"global_step": 0, "stage": 0, "stage_step": 0})
     batch = make_batch(processor, examples, "auto", testing.special_ids()["pad"], "cpu")
+    stages = hf_specmm.get_kind(kind).stages
+    trained = {}
     with torch.no_grad():
-        t_logits = trainer._target_logits(batch, True)  # also captures the image embeddings
-        trained = {True: trainer._draft_logits(batch, True)[:, 0],
-                   False: trainer._draft_logits(batch, False)[:, 0]}
+        for stage in stages:
+            view = trainer.view(stage)
+            t_logits = trainer._target_logits(batch, view)  # an adapter view captures the image embeddings here
+            trained[stage] = trainer._draft_logits(batch, view)[:, 0]
         for i, e in enumerate(examples):
             single = encode_prompts(processor, [e], "auto", "cpu")
             for r in range(len(e.response_ids)):
@@ -203,17 +212,19 @@ def test_training_view_equals_the_inference_path(family, pool, tmp_path):
                 plain = target(input_ids=ids, attention_mask=torch.ones_like(ids), **rest).logits[0, -1]
                 torch.testing.assert_close(plain, t_logits[i, r], atol=1e-5, rtol=1e-5)
     inputs = encode_prompts(processor, examples, "auto", "cpu")
-    drafters = {True: ImageAdapterDrafter(draft, vocab), False: TextOnlyDrafter(draft.language_model, vocab)}
-    for multimodal, drafter in drafters.items():
+    images = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
+    for stage in stages:
+        drafter = trainer.view(stage)
         seen = []
         forward = drafter.forward
         drafter.forward = lambda *a, **k: seen.append(forward(*a, **k)) or seen[-1]
         with torch.no_grad():
-            with drafter.observe_target(target):
+            with drafter.watch(target):
                 target(**inputs)
-            drafter.prefill(inputs["input_ids"], inputs["attention_mask"])
+            prompt = Prompt(inputs["input_ids"], inputs["attention_mask"], images)
+            drafter.prefill(prompt, torch.zeros(len(examples), dtype=torch.long))
         cols = vocab.proposable
-        torch.testing.assert_close(seen[0][:, cols], trained[multimodal][:, cols], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(seen[0][:, cols], trained[stage][:, cols], atol=1e-5, rtol=1e-5)
 
 
 # ---- resume, checkpoints, cache -----------------------------------------------------------------------

@@ -72,7 +72,7 @@ def test_shipped_checkpoints_load_strictly(world):
 
 def test_demo_speculative_outputs_equal_plain(tmp_path):
     lines = []
-    result = run_demo(tmp_path, per_task=4, repeats=1, warmup=0, plot=False, echo=lines.append)
+    result = run_demo(tmp_path, per_task=4, plot=False, echo=lines.append)
     assert {r["task"] for r in result["rows"]} == {"caption", "vqa", "reasoning"}
     assert all(r["identical"] and r["tau"] >= 1.0 for r in result["rows"])
     for ex in result["examples"]:
@@ -83,7 +83,7 @@ def test_demo_speculative_outputs_equal_plain(tmp_path):
 
 def test_demo_plot_written(tmp_path):
     pytest.importorskip("matplotlib")
-    run_demo(tmp_path, per_task=1, repeats=1, warmup=0, echo=lambda *_: None)
+    run_demo(tmp_path, per_task=1, echo=lambda *_: None)
     assert (tmp_path / "tau.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -151,7 +151,7 @@ def test_bad_training_config_is_refused_before_work(tmp_path):
 def test_cli_demo_and_world_tau(tmp_path, capsys):
     from hf_specmm.cli import main
 
-    assert main(["demo", "--per-task", "1", "--repeats", "1", "--no-plot", "--output-dir", str(tmp_path / "d")]) == 0
+    assert main(["demo", "--per-task", "1", "--no-plot", "--output-dir", str(tmp_path / "d")]) == 0
     assert "outputs identical" in capsys.readouterr().out and (tmp_path / "d" / "results.json").is_file()
     readme = tmp_path / "README.md"
     readme.write_text("no markers here\n")

@@ -2,32 +2,54 @@
 
 from __future__ import annotations
 
-import argparse
+import importlib.util
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .presets import PRESETS
 
+if TYPE_CHECKING:  # argparse is used only when the dispatcher builds the parser
+    import argparse
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the bench flags on ``parser`` (called by ``hf_specmm.cli``). Numbers are range-checked by
+    their ``type=`` so that a bad value is a one-line usage error before any model is built."""
+    from ..cli import int_at_least, number_in
+
     parser.add_argument("--preset", choices=PRESETS, default="cpu-proxy",
                         help="target+draft built from configs (random weights, no download)")
-    parser.add_argument("--gammas", type=int, nargs="+", default=[5], help="block sizes γ to measure")
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1])
-    parser.add_argument("--acceptance", type=float, default=None,
-                        help="controlled acceptance α (systems benchmark: the draft's real forward runs, its "
-                             "proposal is the target's token with probability α); greedy only")
-    parser.add_argument("--do-sample", action="store_true")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--prompt-tokens", type=int, default=32, help="text tokens per synthetic prompt")
+    parser.add_argument("--gammas", type=int_at_least(1), nargs="+", default=[5],
+                        help="block sizes γ to measure (draft tokens per round, each >= 1)")
+    parser.add_argument("--batch-sizes", type=int_at_least(1), nargs="+", default=[1],
+                        help="batch sizes to measure (each >= 1; stock assisted generation runs at batch 1 only)")
+    parser.add_argument("--acceptance", type=number_in(0.0, 1.0), default=None,
+                        help="controlled acceptance α in [0, 1] (systems benchmark: the draft's real forward runs, "
+                             "its proposal is the target's token with probability α); greedy only "
+                             "(default: off, the draft's own proposals)")
+    parser.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
+    parser.add_argument("--max-new-tokens", type=int_at_least(1), default=64, help="tokens generated per row")
+    parser.add_argument("--prompt-tokens", type=int_at_least(1), default=32, help="text tokens per synthetic prompt")
     parser.add_argument("--no-image", action="store_true", help="text-only synthetic prompts")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", default="cpu", help="torch device (cpu, cuda, cuda:1, ...)")
+    parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                        help="weights' dtype (default: the preset's own, float32 for cpu-proxy and tiny, "
+                             "bfloat16 for llava-1.5-7b-shape)")
+    parser.add_argument("--warmup", type=int_at_least(0), default=1, help="untimed runs of each method first")
+    parser.add_argument("--repeats", type=int_at_least(1), default=3,
+                        help="timed runs of each method, interleaved (the median is reported)")
     parser.add_argument("--no-stock", action="store_true", help="skip stock transformers assisted generation")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int_at_least(0), default=0, help="seed of weights, prompts and acceptance draws")
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="folder for bench.json/.md/.png")
+
+
+def _refuse(message: str) -> SystemExit:
+    """Errors found after parsing (they need torch or the file system): one line, exit code 2."""
+    import sys
+
+    print(f"hf-specmm bench: error: {message}", file=sys.stderr)
+    return SystemExit(2)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -35,10 +57,15 @@ def run(args: argparse.Namespace) -> int:
 
     from .runner import BenchConfig, format_table, run_benchmark, write_outputs
 
+    # checked before any model is built: each of these would otherwise fail minutes later
     if args.acceptance is not None and args.do_sample:
-        raise SystemExit("hf-specmm bench: --acceptance is for greedy decoding; drop --do-sample")
+        raise _refuse("--acceptance is for greedy decoding; drop --do-sample")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit(f"hf-specmm bench: --device {args.device} but CUDA is not available")
+        raise _refuse(f"--device {args.device} but CUDA is not available")
+    if args.out.exists() and not args.out.is_dir():
+        raise _refuse(f"--out {args.out} is a file, not a folder")
+    if importlib.util.find_spec("matplotlib") is None:
+        raise _refuse("bench.png is drawn with matplotlib: pip install 'hf-specmm[bench]'")
     config = BenchConfig(preset=args.preset, gammas=args.gammas, batch_sizes=args.batch_sizes,
                          acceptance=args.acceptance, do_sample=args.do_sample, max_new_tokens=args.max_new_tokens,
                          prompt_tokens=args.prompt_tokens, with_image=not args.no_image, device=args.device,

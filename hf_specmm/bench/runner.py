@@ -23,7 +23,7 @@ import transformers
 from tqdm.auto import tqdm
 
 from .. import api
-from ..drafters import text_only_view
+from ..drafts.text_only import text_only_view
 from ..targets import target_spec
 from ..vocab import VocabMap, draft_vocab_size
 from .controlled import controlled_acceptance, set_reference
@@ -48,6 +48,23 @@ class BenchConfig:
     stock: bool = True
     seed: int = 0
 
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming every bad field (the CLI's ``type=`` checks refuse the same values)."""
+        problems = []
+        for name in ("gammas", "batch_sizes"):
+            values = getattr(self, name)
+            if not values or any(int(v) < 1 for v in values):
+                problems.append(f"{name}={values} (a non-empty list of integers >= 1)")
+        for name, low in (("max_new_tokens", 1), ("prompt_tokens", 1), ("repeats", 1), ("warmup", 0), ("seed", 0)):
+            if int(getattr(self, name)) < low:
+                problems.append(f"{name}={getattr(self, name)} (must be >= {low})")
+        if self.acceptance is not None and not 0.0 <= self.acceptance <= 1.0:
+            problems.append(f"acceptance={self.acceptance} (in [0, 1])")
+        if self.acceptance is not None and self.do_sample:
+            problems.append("acceptance (controlled acceptance) is defined for greedy decoding; drop do_sample")
+        if problems:
+            raise ValueError("invalid benchmark config: " + "; ".join(problems))
+
 
 def _n_params(model: Any) -> int:
     return sum(p.numel() for p in model.parameters())
@@ -60,8 +77,7 @@ def _draft_prompt_positions(vocab: VocabMap, inputs: dict) -> torch.Tensor:
 
 def run_benchmark(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
     """Run every (batch, γ) configuration of ``config``; returns ``{"env": ..., "rows": [...]}``."""
-    if config.acceptance is not None and config.do_sample:
-        raise ValueError("--acceptance (controlled acceptance) is defined for greedy decoding; drop --do-sample")
+    config.validate()  # before the preset is built: a bad value must not cost a model build
     preset = build_preset(config.preset, config.device, config.dtype, config.seed)
     target, draft = preset.target, preset.draft
     api.disable(target)

@@ -1,5 +1,11 @@
-"""Draft kinds that need their own model class (a text-only draft is any transformers causal LM)."""
+"""Draft kinds, one folder each, registered in ``registry`` by their own ``__init__``:
+``text_only`` (any causal LM), ``image_adapter`` (LM + adapter on the target's image embeddings),
+``vlm`` (a small VLM of a supported family that sees the images)."""
 
+from . import image_adapter, text_only, vlm  # noqa: F401  (each registers its kind)
 from .image_adapter import ImageAdapterDraft, ImageAdapterDraftConfig
+from .registry import DraftKind, draft_kinds, get_kind, kind_of, loading_class, register_draft_kind
+from .text_only import TextOnly
 
-__all__ = ["ImageAdapterDraft", "ImageAdapterDraftConfig"]
+__all__ = ["DraftKind", "ImageAdapterDraft", "ImageAdapterDraftConfig", "TextOnly", "draft_kinds", "get_kind",
+           "kind_of", "loading_class", "register_draft_kind"]

@@ -17,70 +17,106 @@ if TYPE_CHECKING:  # argparse is used only when the dispatcher builds the parser
 
 
 def _stages(text: str) -> tuple[int, ...]:
+    """``--stages``: a sorted subset of 1, 2 written ``1``, ``2`` or ``1,2`` (what TrainConfig.validate accepts)."""
     import argparse
 
     try:
-        return tuple(int(s) for s in text.split(",") if s.strip())
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(f"--stages takes e.g. 1,2 or 2 (got {text!r})") from err
+        stages = tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes 1, 2 or 1,2 (got {text!r})") from None
+    if not stages or set(stages) - {1, 2} or list(stages) != sorted(set(stages)):
+        raise argparse.ArgumentTypeError(f"takes 1, 2 or 1,2 (got {text!r})")
+    return stages
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Register the train flags on ``parser`` (called by ``hf_specmm.cli``)."""
+    """Register the train flags on ``parser`` (called by ``hf_specmm.cli``). Numbers are range-checked by their
+    ``type=`` with the bounds of :meth:`TrainConfig.validate`, so a bad value is a one-line usage error before
+    the target is loaded."""
+    from ..cli import int_at_least, number_in
+
+    positive, at_least_0 = int_at_least(1), int_at_least(0)
     g = parser.add_argument_group("inputs")
-    g.add_argument("--target", required=True, help="target Hub id or local folder (model + processor)")
-    g.add_argument("--data", required=True, help='JSONL lines {"image": path|null, "prompt": ..., "response": ...}')
+    g.add_argument("--target", required=True, help="target Hub id or local folder (model + processor); required")
+    g.add_argument("--data", required=True,
+                   help='JSONL lines {"image": path|null, "prompt": ..., "response": ...}; required')
     g.add_argument("--images", help="folder relative image paths are resolved against (default: the JSONL's folder)")
-    g.add_argument("--output-dir", required=True, help="checkpoints, the final draft (draft/) and train_summary.json")
-    g.add_argument("--draft", help="draft to start from (Hub id or path, loaded with hf_specmm.load_draft)")
+    g.add_argument("--output-dir", required=True,
+                   help="checkpoints, the final draft (draft/) and train_summary.json; required")
+    g.add_argument("--draft", help="draft to start from (Hub id or path, loaded with hf_specmm.load_draft); "
+                   "give this or --draft-config (default: none)")
     g.add_argument("--draft-config", help="build a fresh draft: preset (tiny, small, vicuna-68m), JSON file or JSON "
-                   "text with num_hidden_layers, hidden_size, num_attention_heads [, intermediate_size, model_type]")
-    g.add_argument("--draft-kind", choices=("text_only", "image_adapter"))
-    g.add_argument("--image-pool", type=int, default=1, help="adapter drafts built here: pool visual tokens ×k")
-    g.add_argument("--prompt-format", choices=("auto", "chat", "raw"), default="auto")
+                   "text with num_hidden_layers, hidden_size, num_attention_heads [, intermediate_size, model_type]; "
+                   "give this or --draft (default: none)")
+    from ..drafts import draft_kinds
+
+    g.add_argument("--draft-kind", choices=draft_kinds(),
+                   help="kind of draft to train (default: the --draft's own kind, else text_only)")
+    g.add_argument("--image-pool", type=positive, default=1,
+                   help="adapter drafts built here: pool every k visual tokens into one (k >= 1)")
+    g.add_argument("--prompt-format", choices=("auto", "chat", "raw"), default="auto",
+                   help="chat: the processor's chat template; raw: the prompt as given; auto: chat if it has one")
     g = parser.add_argument_group("target answers")
-    g.add_argument("--max-new-tokens", type=int, default=32)
+    g.add_argument("--max-new-tokens", type=positive, default=32, help="longest target answer generated per prompt")
     g.add_argument("--sample", dest="do_sample", action="store_true", help="sample the answers (default: greedy)")
-    g.add_argument("--temperature", type=float, default=1.0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--gen-batch-size", type=int, default=8)
-    g.add_argument("--response-cache", help="JSONL cache of answers (default: next to --output-dir)")
+    g.add_argument("--temperature", type=number_in(0.0, low_open=True), default=1.0,
+                   help="sampling temperature (> 0; with --sample)")
+    g.add_argument("--top-p", type=number_in(0.0, 1.0, low_open=True), default=1.0,
+                   help="nucleus sampling mass in (0, 1] (with --sample)")
+    g.add_argument("--gen-batch-size", type=positive, default=8, help="prompts per batch when generating answers")
+    g.add_argument("--response-cache",
+                   help="JSONL cache of answers (default: hf_specmm_responses.jsonl next to --output-dir)")
     g = parser.add_argument_group("optimisation")
-    g.add_argument("--loss", choices=("kl", "tvd", "ce"), default="kl")
-    g.add_argument("--stages", type=_stages, help="1 (language), 2 (multimodal: adapter drafts) or 1,2")
-    g.add_argument("--steps", type=int, default=1000, help="optimizer steps of stage 1")
-    g.add_argument("--stage2-steps", type=int, help="optimizer steps of stage 2 (default: --steps)")
-    g.add_argument("--batch-size", type=int, default=8)
-    g.add_argument("--grad-accum", type=int, default=1)
-    g.add_argument("--lr", type=float, default=1e-3)
-    g.add_argument("--stage2-lr", type=float, help="adapter learning rate in stage 2 (default: --lr)")
-    g.add_argument("--stage2-lm-lr", type=float, help="LM learning rate in stage 2 (default: --lr / 3; 0: frozen)")
-    g.add_argument("--mm-share-start", type=float, default=0.5, help="stage 2: first share of image lines (→ 1.0)")
-    g.add_argument("--warmup-steps", type=int, default=0)
-    g.add_argument("--weight-decay", type=float, default=0.0)
-    g.add_argument("--max-grad-norm", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    g.add_argument("--loss", choices=("kl", "tvd", "ce"), default="kl",
+                   help="kl: forward KL(target || draft); tvd: total variation; ce: cross-entropy on the answers")
+    g.add_argument("--stages", type=_stages, help="1 (language), 2 (multimodal: adapter drafts) or 1,2 "
+                   "(default: the draft kind's own, e.g. 1 for text-only, 1,2 for image-adapter drafts)")
+    g.add_argument("--steps", type=positive, default=1000, help="optimizer steps of stage 1")
+    g.add_argument("--stage2-steps", type=positive, help="optimizer steps of stage 2 (default: --steps)")
+    g.add_argument("--batch-size", type=positive, default=8, help="examples per micro-batch")
+    g.add_argument("--grad-accum", type=positive, default=1, help="micro-batches per optimizer step")
+    g.add_argument("--lr", type=number_in(0.0, low_open=True), default=1e-3, help="peak learning rate (> 0)")
+    g.add_argument("--stage2-lr", type=number_in(0.0, low_open=True),
+                   help="adapter learning rate in stage 2, > 0 (default: --lr)")
+    g.add_argument("--stage2-lm-lr", type=number_in(0.0),
+                   help="LM learning rate in stage 2, >= 0 (default: --lr / 3; 0: frozen)")
+    g.add_argument("--mm-share-start", type=number_in(0.0, 1.0), default=0.5,
+                   help="stage 2: first share of image lines per step, in [0, 1] (ramped to 1.0)")
+    g.add_argument("--warmup-steps", type=at_least_0, default=0, help="linear learning-rate warm-up steps")
+    g.add_argument("--weight-decay", type=number_in(0.0), default=0.0, help="AdamW weight decay (>= 0)")
+    g.add_argument("--max-grad-norm", type=number_in(0.0, low_open=True), default=1.0,
+                   help="gradient clipping norm (> 0)")
+    g.add_argument("--seed", type=at_least_0, default=0, help="seed of initialisation, data order and sampling")
+    g.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
+                   help="bf16: autocast (draft weights stay fp32, the frozen target is loaded in bf16)")
     g.add_argument("--device", default="cpu", help="cpu or cuda")
     g = parser.add_argument_group("checkpoints")
-    g.add_argument("--checkpoint-every", type=int, default=0, help="optimizer steps (0: end of each stage)")
-    g.add_argument("--keep-checkpoints", type=int, default=2)
-    g.add_argument("--resume", nargs="?", const="latest", help="resume from the latest checkpoint or from PATH")
-    g.add_argument("--stop-at-step", type=int, help="stop with a checkpoint at this global step (resume later)")
+    g.add_argument("--checkpoint-every", type=at_least_0, default=0,
+                   help="optimizer steps between checkpoints (0: end of each stage)")
+    g.add_argument("--keep-checkpoints", type=positive, default=2, help="most recent checkpoints kept on disk")
+    g.add_argument("--resume", nargs="?", const="latest",
+                   help="resume from the latest checkpoint in --output-dir (no value) or from PATH "
+                        "(default: start fresh)")
+    g.add_argument("--stop-at-step", type=positive,
+                   help="stop with a checkpoint at this global step, resume later (default: run to the end)")
     g = parser.add_argument_group("evaluation and publishing")
     g.add_argument("--eval-data", help="held-out JSONL (default: --eval-fraction of --data)")
-    g.add_argument("--eval-fraction", type=float, default=0.1)
-    g.add_argument("--gamma", dest="eval_gamma", type=int, default=5, help="γ for the held-out τ")
-    g.add_argument("--eval-max-new-tokens", type=int)
-    g.add_argument("--eval-batch-size", type=int, default=8)
+    g.add_argument("--eval-fraction", type=number_in(0.0, 1.0, high_open=True), default=0.1,
+                   help="share of --data held out when --eval-data is not given, in [0, 1)")
+    g.add_argument("--gamma", dest="eval_gamma", type=positive, default=5, help="γ for the held-out τ")
+    g.add_argument("--eval-max-new-tokens", type=positive,
+                   help="answer tokens per held-out prompt (default: --max-new-tokens)")
+    g.add_argument("--eval-batch-size", type=positive, default=8, help="held-out prompts per batch")
     g.add_argument("--no-eval-before", dest="eval_before", action="store_false",
-                   help="skip measuring the untrained draft")
-    g.add_argument("--task-name", help="results key in the model card")
+                   help="skip measuring the untrained draft (default: measure it)")
+    g.add_argument("--task-name", help="results key in the model card (default: held-out <data file stem>)")
     g.add_argument("--target-name", help="the target's Hub id to record in the card (default: --target)")
-    g.add_argument("--push-to-hub", metavar="ORG/NAME")
-    g.add_argument("--hub-private", action="store_true")
-    g.add_argument("--hub-token")
-    g.add_argument("--no-progress", dest="progress", action="store_false")
+    g.add_argument("--push-to-hub", metavar="ORG/NAME", help="push the trained draft to this Hub repo "
+                   "(default: do not push)")
+    g.add_argument("--hub-private", action="store_true", help="make the pushed repo private")
+    g.add_argument("--hub-token", help="Hub token for --push-to-hub (default: the logged-in one)")
+    g.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress bars (default: show them)")
 
 
 def config_from_args(args: argparse.Namespace) -> Any:

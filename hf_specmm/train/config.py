@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..drafts.registry import draft_kinds, get_kind
 from ..errors import SpecMMError
 
 
@@ -31,7 +32,6 @@ DRAFT_PRESETS: dict[str, dict[str, int]] = {
 }
 
 LOSSES = ("kl", "tvd", "ce")
-DRAFT_KINDS = ("text_only", "image_adapter")
 PROMPT_FORMATS = ("auto", "chat", "raw")
 
 # Fields that do not change the training trajectory: a checkpoint may be resumed with other values.
@@ -53,7 +53,7 @@ class TrainConfig:
     # -- the draft: start from `draft` (Hub id / path) or build `draft_config` (preset name, JSON path, JSON text)
     draft: str | None = None
     draft_config: str | dict | None = None
-    draft_kind: str | None = None  # text_only | image_adapter; default: the loaded draft's kind, else text_only
+    draft_kind: str | None = None  # a registered kind (text_only, image_adapter, vlm); default: the loaded draft's, else text_only
     image_pool: int = 1  # adapter drafts built here: visual tokens pooled ×k (see ImageAdapterDraft)
     # -- the target's responses (generated when a line has no "response"; cached on disk)
     max_new_tokens: int = 32
@@ -108,7 +108,7 @@ class TrainConfig:
 
     # ---- derived values ----------------------------------------------------------------------------
     def resolved_stages(self, kind: str) -> tuple[int, ...]:
-        return self.stages if self.stages is not None else ((1, 2) if kind == "image_adapter" else (1,))
+        return self.stages if self.stages is not None else get_kind(kind).stages
 
     def stage_steps(self, stage: int) -> int:
         return self.steps if stage == 1 else (self.stage2_steps if self.stage2_steps is not None else self.steps)
@@ -118,8 +118,8 @@ class TrainConfig:
         problems = []
         if self.loss not in LOSSES:
             problems.append(f"loss={self.loss!r} (choose from {LOSSES})")
-        if self.draft_kind is not None and self.draft_kind not in DRAFT_KINDS:
-            problems.append(f"draft_kind={self.draft_kind!r} (choose from {DRAFT_KINDS})")
+        if self.draft_kind is not None and self.draft_kind not in draft_kinds():
+            problems.append(f"draft_kind={self.draft_kind!r} (choose from {draft_kinds()})")
         if self.prompt_format not in PROMPT_FORMATS:
             problems.append(f"prompt_format={self.prompt_format!r} (choose from {PROMPT_FORMATS})")
         if self.dtype not in ("fp32", "bf16"):

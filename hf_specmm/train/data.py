@@ -7,7 +7,7 @@ reads them, and micro-batches laid out for teacher-forced distillation.
 
 Batch layout: ``[left-padded prompt | response, right-padded]``, the layout of ``generate``'s own
 left-padded prompts, so every row's response starts at the same column and positions are
-``cumsum(mask) - 1`` exactly as at inference (for the target and for the draft).
+given by the target family's position rule exactly as at inference (for the target and for the draft).
 """
 
 from __future__ import annotations
@@ -143,11 +143,6 @@ class Batch:
     @property
     def tokens(self) -> int:
         return int(self.response_mask.sum())
-
-
-def positions(mask: torch.Tensor) -> torch.Tensor:
-    """Position ids as generate computes them for left padding (padding slots get 0)."""
-    return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def make_batch(processor: Any, examples: list[Example], prompt_format: str, pad_id: int, device: Any) -> Batch:

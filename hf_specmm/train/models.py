@@ -13,15 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoProcessor, AutoTokenizer, GenerationConfig,
                           PreTrainedModel)
 
-from .. import checks
-from ..drafts.image_adapter import ImageAdapterDraft
+from ..drafts import get_kind, kind_of
 from ..errors import UnsupportedTargetError
-from ..hub import draft_kind, load_draft
-from ..targets import SUPPORTED_TARGETS, target_spec
+from ..hub import load_draft
+from ..targets import SUPPORTED_TARGETS, family_by_model_type, target_spec
 from ..vocab import check_vocab_compatible
 from .config import TrainConfig, TrainingInputError, resolve_draft_config
 
@@ -66,14 +64,14 @@ def file_sha256(path: str | Path) -> str:
 
 
 def target_class(name: str) -> type:
-    """The LLaVA-family class for the checkpoint ``name`` (from its config's model_type)."""
+    """The registered target family's class for the checkpoint ``name`` (from its config's model_type)."""
     config = AutoConfig.from_pretrained(name)
-    for family in SUPPORTED_TARGETS.values():
-        if family.name == config.model_type:
-            return getattr(transformers, family.class_name)
+    family = family_by_model_type(config.model_type)
+    if family is not None:
+        return family.model_class()
     supported = ", ".join(f.name for f in SUPPORTED_TARGETS.values())
     raise UnsupportedTargetError(f"{name} is a {config.model_type!r} model; hf_specmm trains drafts for "
-                                 f"LLaVA-family targets ({supported}).")
+                                 f"the registered target families ({supported}).")
 
 
 def load_target(name: str, device: str, dtype: str) -> tuple[PreTrainedModel, Any]:
@@ -130,32 +128,30 @@ def _draft_tokenizer(name: str) -> Any:
 
 def make_draft(cfg: TrainConfig, target: PreTrainedModel, tokenizer: Any,
                target_name: str) -> tuple[PreTrainedModel, str]:
-    """Load ``cfg.draft`` or build one from ``cfg.draft_config``; wrap it in an adapter draft if asked.
-    Raises :class:`~hf_specmm.errors.IncompatibleDraftError` / :class:`TrainingInputError` before any forward."""
+    """Load ``cfg.draft`` or build one from ``cfg.draft_config``; build the asked kind around it if it is a
+    plain LM (e.g. an image-adapter draft around a text-only one). Raises
+    :class:`~hf_specmm.errors.IncompatibleDraftError` / :class:`TrainingInputError` before any forward."""
     draft_tok = None
     if cfg.draft is not None:
         draft = load_draft(cfg.draft)
-        loaded = draft_kind(draft)
-        kind = cfg.draft_kind or loaded
-        if loaded == "image_adapter" and kind == "text_only":
-            raise TrainingInputError(f"{cfg.draft} is an image-adapter draft; train it with draft_kind=image_adapter "
-                                     "or start from its language model")
         draft_tok = _draft_tokenizer(cfg.draft)
     else:
         draft = fresh_language_model(target, resolve_draft_config(cfg.draft_config), cfg.seed)
-        kind = cfg.draft_kind or "text_only"
+    loaded = kind_of(draft)
+    kind = get_kind(cfg.draft_kind or loaded.name)
+    if kind != loaded:
+        if loaded.name != "text_only" or kind.build is None:
+            source = cfg.draft or "the draft built from draft_config"
+            raise TrainingInputError(f"{source} is a {loaded.title} draft; it cannot be trained as a {kind.title} "
+                                     f"draft (train it with draft_kind={loaded.name}, or start from a plain causal LM)")
+        check_draft(target, draft, tokenizer, draft_tok)
+        draft, draft_tok = kind.build(target, draft, cfg, target_name), None
     check_draft(target, draft, tokenizer, draft_tok)
-    if kind == "image_adapter" and not isinstance(draft, ImageAdapterDraft):
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(cfg.seed + 1)
-            draft = ImageAdapterDraft.for_target(target, language_model=draft, image_pool=cfg.image_pool,
-                                                 target_name=target_name)
-        check_draft(target, draft, tokenizer, None)
-    return draft.to(device=cfg.device, dtype=torch.float32), kind
+    return draft.to(device=cfg.device, dtype=torch.float32), kind.name
 
 
 def check_draft(target: PreTrainedModel, draft: PreTrainedModel, tokenizer: Any = None,
                 draft_tokenizer: Any = None) -> None:
-    """The checks ``generate(assistant_model=draft)`` runs (vocabulary cover, adapter made for this target)."""
+    """The checks ``generate(assistant_model=draft)`` runs (vocabulary cover, then the draft kind's own)."""
     check_vocab_compatible(target_spec(target), draft, tokenizer, draft_tokenizer)
-    checks.check_adapter_draft(target, draft)
+    kind_of(draft).drafter.check(target, draft)

@@ -14,6 +14,7 @@ from typing import Any
 
 from transformers import PreTrainedModel
 
+from ..drafts import get_kind
 from ..hub import annotate_draft, push_draft_to_hub, save_draft
 from ..targets import target_spec
 from ..vocab import VocabMap, draft_vocab_size
@@ -147,8 +148,10 @@ def train_draft(cfg: TrainConfig) -> TrainResult:
     target_name = cfg.target_name or default_target_name(cfg.target)
     draft, kind = make_draft(cfg, target, processor.tokenizer, target_name)
     stages = cfg.resolved_stages(kind)
-    if kind == "text_only" and 2 in stages:
-        raise TrainingInputError("stage 2 trains the image adapter: a text-only draft has stage 1 only")
+    kind_stages = get_kind(kind).stages
+    if not set(stages) <= set(kind_stages):
+        raise TrainingInputError(f"stages {list(stages)}: a {get_kind(kind).title} draft has stage(s) "
+                                 f"{list(kind_stages)} only (stage 2 trains the image adapter)")
     if 2 in stages and not any(e.image is not None for e in train):
         raise TrainingInputError(f"stage 2 (multimodal) needs lines with an image; {cfg.data} has none")
     _check_context(cfg, processor, draft, train + held)
@@ -178,11 +181,8 @@ def train_draft(cfg: TrainConfig) -> TrainResult:
                        training_data=_describe_data(cfg, train, held, result))
         result.draft_dir = save_draft(draft, out / "draft", target=target_name)
         if cfg.push_to_hub:
-            push = dict(target=target_name, token=cfg.hub_token, private=cfg.hub_private or None)
-            if kind == "image_adapter":
-                draft.push_to_hub(cfg.push_to_hub, **push)  # ImageAdapterDraft: uploads with the hf_specmm card
-            else:
-                push_draft_to_hub(draft, cfg.push_to_hub, **push)
+            push_draft_to_hub(draft, cfg.push_to_hub, target=target_name, token=cfg.hub_token,
+                              private=cfg.hub_private or None)
             result.pushed_to = cfg.push_to_hub
     out.mkdir(parents=True, exist_ok=True)
     (out / "train_summary.json").write_text(json.dumps(result.summary(), indent=1, default=str))

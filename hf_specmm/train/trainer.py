@@ -2,9 +2,11 @@
 
 Each micro-batch runs the frozen target once (no grad) over ``[prompt | response]`` with the images and
 keeps only the response positions' logits (``logits_to_keep``); the draft reads its own view of the same
-prompt (text view: placeholders removed, as ``TextOnlyDrafter.prompt_view``; adapter view: pooled
-placeholders filled with the target's own image embeddings, captured from the input of
-``target.get_decoder()`` exactly as ``ImageAdapterDrafter`` does at inference) followed by the response.
+prompt followed by the response. The view is the draft kind's ``training_view`` for the stage: the very
+``Drafter`` that runs at inference, so ``draft_inputs`` is shared (text view: placeholders removed;
+adapter view: pooled placeholders filled with the target's own image embeddings, captured by the
+drafter's ``watch`` around the target's forward; VLM view: the prompt and images as the target reads
+them). Positions come from the target family's rule, the same one the inference caches use.
 
 Target logits are computed **on the fly**, not cached: one extra no-grad target forward per micro-batch,
 no disk, exact full distributions (KL / TVD need no top-k truncation). A top-k cache would cost
@@ -12,9 +14,9 @@ N_tokens × k × (4 + 4) bytes (fp32 value + int32 id), e.g. 10 M tokens × k = 
 bias both losses by the dropped tail; it would only pay off when training many epochs on the same
 answers with a target much slower than the draft's own step.
 
-Stages (adapter drafts): 1 = language (the LM on the text view of every line), 2 = multimodal (the
-adapter at ``stage2_lr``, the LM at ``stage2_lm_lr``, default lr / 3, 0 = frozen; the share of image
-lines per step ramps linearly from ``mm_share_start`` to 1.0, the rest are text-only lines).
+Stages (which ones a kind has, and what each trains, come from its registration): 1 = language (every
+line), 2 = multimodal (the share of image lines per step ramps linearly from ``mm_share_start`` to 1.0,
+the rest are text-only lines; adapter drafts: the adapter at ``stage2_lr``, the LM at ``stage2_lm_lr``).
 """
 
 from __future__ import annotations
@@ -29,13 +31,13 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from ..drafters import TextOnlyDrafter
-from ..drafts.image_adapter import ImageAdapterDraft
-from ..drafts.image_adapter.drafter import ImageAdapterDrafter
+from ..drafter import Drafter, Prompt
+from ..drafts import kind_of
+from ..targets import target_family
 from ..vocab import VocabMap
 from .checkpoint import load_checkpoint, load_rng, save_checkpoint
 from .config import TrainConfig
-from .data import Batch, Example, Sampler, make_batch, positions
+from .data import Batch, Example, Sampler, make_batch
 from .losses import distill_loss, proposable_columns
 
 
@@ -46,10 +48,8 @@ class Trainer:
                  examples: list[Example], state: dict[str, Any]):
         self.cfg, self.target, self.processor, self.draft, self.vocab = cfg, target, processor, draft, vocab
         self.state = state  # written into every checkpoint (config hash, counters, τ before, ...)
-        self.adapter = isinstance(draft, ImageAdapterDraft)
-        self.lm = draft.language_model if self.adapter else draft
-        self.text_view = TextOnlyDrafter(self.lm, vocab)
-        self.mm_view = ImageAdapterDrafter(draft, vocab) if self.adapter else None
+        self.kind = kind_of(draft)
+        self.positions = target_family(target).positions  # the rule inference uses for the target too
         self.columns = proposable_columns(vocab)
         self.pad_id = int(target.generation_config.pad_token_id or 0)
         self.sampler = Sampler({"all": examples, "image": [e for e in examples if e.image is not None],
@@ -66,41 +66,41 @@ class Trainer:
     def _autocast(self) -> contextlib.AbstractContextManager:
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.cfg.dtype == "bf16")
 
-    def _target_logits(self, batch: Batch, multimodal: bool) -> torch.Tensor:
-        """The target's answer logits; with ``multimodal`` the adapter view captures its image embeddings."""
+    def view(self, stage: int) -> Drafter:
+        """The drafter whose ``draft_inputs`` and ``model`` this stage trains (the kind's training view)."""
+        return self.kind.training_view(self.draft, self.vocab, stage)
+
+    def _target_logits(self, batch: Batch, view: Drafter) -> torch.Tensor:
+        """The target's answer logits; the view watches the forward (an adapter view captures the image embeddings)."""
         width = batch.response_ids.shape[1]
         start = time.perf_counter()
-        capture = self.mm_view.observe_target(self.target) if multimodal else contextlib.nullcontext()
-        with torch.no_grad(), self._autocast(), capture:
+        with torch.no_grad(), self._autocast(), view.watch(self.target):
             out = self.target(input_ids=batch.full_ids, attention_mask=batch.full_mask,
-                              position_ids=positions(batch.full_mask), use_cache=False,
+                              position_ids=self.positions.prompt_positions(batch.full_mask), use_cache=False,
                               logits_to_keep=width + 1, **batch.inputs)
         self.target_forward_s += time.perf_counter() - start
         return out.logits[:, :width]  # column P-1+r predicts response token r
 
-    def _draft_logits(self, batch: Batch, multimodal: bool) -> torch.Tensor:
-        view = self.mm_view if multimodal else self.text_view  # the inference drafters' own prompt views
-        assert view is not None
-        ids, valid, extra = view.draft_inputs(batch.prompt_ids, batch.prompt_mask)
-        model = self.draft if multimodal else self.lm
-        # response ids the draft cannot read (outside its vocabulary) are hidden, as TextOnlyDrafter.push does
+    def _draft_logits(self, batch: Batch, view: Drafter) -> torch.Tensor:
+        ids, valid, extra = view.draft_inputs(Prompt(batch.prompt_ids, batch.prompt_mask, batch.inputs))
+        # response ids the draft cannot read (outside its vocabulary) are hidden, as the drafters' _queue does
         seen = self.vocab.visible_to_draft(batch.response_ids) & batch.response_mask
         draft_ids = torch.cat([ids, batch.response_ids.masked_fill(~seen, 0)], 1)
         mask = torch.cat([valid, seen], 1).long()
         width = batch.response_ids.shape[1]
         with self._autocast():
-            out = model(input_ids=draft_ids, attention_mask=mask, position_ids=positions(mask), use_cache=False,
-                        logits_to_keep=width + 1, **extra)
+            out = view.model(input_ids=draft_ids, attention_mask=mask, position_ids=view.positions.prompt_positions(mask),
+                             use_cache=False, logits_to_keep=width + 1, **extra)
         return out.logits[:, :width]
 
-    def _micro_step(self, examples: list[Example], multimodal: bool, total_tokens: int) -> dict[str, float]:
+    def _micro_step(self, examples: list[Example], view: Drafter, total_tokens: int) -> dict[str, float]:
         batch = make_batch(self.processor, examples, self.cfg.prompt_format, self.pad_id, self.device)
-        t_logits = None if self.cfg.loss == "ce" else self._target_logits(batch, multimodal)
-        if t_logits is None and multimodal:  # CE still needs the image embeddings the target computes
-            self._target_logits(batch, multimodal)
-        d_logits = self._draft_logits(batch, multimodal)
+        t_logits = None
+        if self.cfg.loss != "ce" or view.observes_prefill:  # CE needs no target logits, a watching view its forward
+            t_logits = self._target_logits(batch, view)
+        d_logits = self._draft_logits(batch, view)
         sel = batch.response_mask
-        loss, metrics = distill_loss(d_logits[sel], None if t_logits is None else t_logits[sel],
+        loss, metrics = distill_loss(d_logits[sel], None if t_logits is None or self.cfg.loss == "ce" else t_logits[sel],
                                      batch.response_ids[sel], self.columns, self.cfg.loss)
         (loss / total_tokens).backward()
         metrics["loss"] = float(loss.detach())
@@ -117,30 +117,17 @@ class Trainer:
             examples = self.sampler.draw("image", m) + self.sampler.draw("text", n - m)
         total = sum(len(e.response_ids or ()) for e in examples)
         sums: dict[str, float] = {}
+        view = self.view(stage)
         for i in range(0, n, cfg.batch_size):
-            for key, value in self._micro_step(examples[i : i + cfg.batch_size], stage == 2, total).items():
+            for key, value in self._micro_step(examples[i : i + cfg.batch_size], view, total).items():
                 sums[key] = sums.get(key, 0.0) + value
         torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
         return {k: v / total for k, v in sums.items()}, total
 
     # ---- stages ------------------------------------------------------------------------------------
-    def _param_groups(self, stage: int) -> list[dict]:
-        cfg = self.cfg
-        self.draft.requires_grad_(False)
-        if stage == 1:
-            self.lm.requires_grad_(True)
-            return [{"params": list(self.lm.parameters()), "lr": cfg.lr}]
-        self.draft.adapter.requires_grad_(True)
-        groups = [{"params": list(self.draft.adapter.parameters()), "lr": cfg.stage2_lr or cfg.lr}]
-        lm_lr = cfg.lr / 3 if cfg.stage2_lm_lr is None else cfg.stage2_lm_lr
-        if lm_lr > 0:
-            self.lm.requires_grad_(True)
-            groups.append({"params": list(self.lm.parameters()), "lr": lm_lr})
-        return groups
-
     def _optimizer(self, stage: int, n_steps: int) -> tuple[torch.optim.Optimizer, Any, list]:
         cfg = self.cfg
-        groups = self._param_groups(stage)
+        groups = self.kind.param_groups(self.draft, stage, cfg)  # what the draft kind trains in this stage
         optimizer = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
 
         def factor(step: int) -> float:  # linear warm-up, then cosine down to min_lr_ratio

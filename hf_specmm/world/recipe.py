@@ -20,6 +20,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from ..drafts import get_kind
 from ..train import TrainConfig, train_draft
 from ..train.config import DRAFT_PRESETS
 from ..train.data import Example, load_examples
@@ -36,7 +37,8 @@ DRAFT_TRAINING = {"steps": 1000, "batch_size": 32, "lr": 3e-3, "max_new_tokens":
 ADAPTER_TRAINING = {"stage2_steps": 1000}
 EVAL_PER_TASK = 32  # held-out lines per task (images not in the training split) the drafts' cards are measured on
 TARGET_NAME = "world-target"  # what the draft cards call the target (the folder name in ship_dir)
-DRAFT_DIRS = {"text_only": "text-only-draft", "image_adapter": "image-adapter-draft"}
+SHIPPED_KINDS = ("text_only", "image_adapter")  # the draft kinds the world ships, one folder each
+DRAFT_DIRS = {name: f"{get_kind(name).title}-draft" for name in SHIPPED_KINDS}
 
 
 def _prompts_only(examples: list[Example], world: Path, dst: Path, per_task: int | None = None) -> Path:

@@ -49,7 +49,7 @@ def load_world_models(ship_dir: str | Path = CHECKPOINTS) -> WorldModels:
     missing = [name for name in (TARGET_NAME, *DRAFT_DIRS.values(), "recipe.json") if not (ship / name).exists()]
     if missing:
         raise SpecMMError(f"{ship} lacks {missing}: reinstall hf_specmm, or rebuild them with "
-                          "`python examples/train_world.py`")
+                          "`python examples/train_world.py --overwrite-shipped`")
     target, info = LlavaForConditionalGeneration.from_pretrained(ship / TARGET_NAME, dtype=torch.float32,
                                                                  output_loading_info=True)
     check_strict_load(info, str(ship / TARGET_NAME))

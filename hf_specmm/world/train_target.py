@@ -31,7 +31,8 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from ..train.data import Example, Sampler, load_examples, make_batch, positions
+from ..targets import target_family
+from ..train.data import Example, Sampler, load_examples, make_batch
 from ..train.responses import tokenize_given
 from .evaluate import answer_accuracy, unseen
 from .scenes import CELLS, COLOURS, SHAPES, SIZES, render, sample_scene
@@ -114,7 +115,8 @@ def answer_loss(model: Any, processor: Any, examples: list[Example], pad_id: int
     """Mean cross-entropy of the answer tokens (EOS included) given image + prompt; and the token count."""
     batch = make_batch(processor, examples, "raw", pad_id, model.device)
     width = batch.response_ids.shape[1]
-    out = model(input_ids=batch.full_ids, attention_mask=batch.full_mask, position_ids=positions(batch.full_mask),
+    positions = target_family(model).positions.prompt_positions(batch.full_mask)
+    out = model(input_ids=batch.full_ids, attention_mask=batch.full_mask, position_ids=positions,
                 use_cache=False, logits_to_keep=width + 1, **batch.inputs)
     logits = out.logits[:, :width]  # column P-1+r predicts answer token r
     loss = torch.nn.functional.cross_entropy(logits[batch.response_mask], batch.response_ids[batch.response_mask])

@@ -1,6 +1,6 @@
 """Runs an :class:`ImageAdapterDraft` in the speculative loop.
 
-Differs from the text-only drafter in two steps only: while the target runs its prefill, the image
+Differs from the text-only drafter in two steps only (``watch`` and ``draft_inputs``): while the target runs its prefill, the image
 embeddings its projector produced are captured from the input of the target's language model (no
 second vision tower run, no second preprocessing); the draft's prompt keeps the image positions
 (pooled by ``image_pool``) and receives those embeddings through its adapter.
@@ -13,20 +13,53 @@ from typing import Any, Iterator
 
 import torch
 
-from ...drafters import TextOnlyDrafter
+from ...drafter import Prompt
+from ...errors import IncompatibleDraftError
+from ...targets import target_spec
 from ...vocab import VocabMap
+from ..chain import ChainDrafter
 from .modeling import pool_image_features
 
 
-class ImageAdapterDrafter(TextOnlyDrafter):
+class ImageAdapterDrafter(ChainDrafter):
+    observes_prefill = True
+
     def __init__(self, draft: Any, vocab: VocabMap):
         super().__init__(draft, vocab)
         self.placeholder_ids = tuple(draft.config.placeholder_ids)
         self.pool = int(draft.config.image_pool)
         self.target_embeds: torch.Tensor | None = None
 
+    @classmethod
+    def check(cls, target: Any, draft: Any) -> None:
+        """The draft must have been made for this target's image embeddings and placeholders."""
+        spec = target_spec(target)
+        width = target.config.get_text_config().hidden_size
+        made_for = draft.config.target or draft.config.target_class or "another target"
+        if draft.config.image_feature_dim != width:
+            raise IncompatibleDraftError(
+                f"This ImageAdapterDraft reads image embeddings of width {draft.config.image_feature_dim} (made "
+                f"for {made_for}), but the target's are {width} wide. Use a draft made for this target "
+                "(ImageAdapterDraft.for_target(target, ...)).")
+        if draft.config.image_token_id not in spec.placeholder_ids:
+            raise IncompatibleDraftError(
+                f"This ImageAdapterDraft expects image token id {draft.config.image_token_id} (made for "
+                f"{made_for}), but the target's placeholder ids are {sorted(spec.placeholder_ids)}. "
+                "Use a draft made for this target.")
+
+    @classmethod
+    def prompt_lengths(cls, draft: Any, vocab: VocabMap, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """Text tokens plus the pooled image slots (an upper bound when ``image_pool`` > 1: each run of
+        placeholders may add one partial chunk)."""
+        text = vocab.visible_prompt(input_ids, attention_mask).sum(-1)
+        images = torch.isin(input_ids, torch.tensor(draft.config.placeholder_ids, device=input_ids.device))
+        if attention_mask is not None:
+            images &= attention_mask.bool()
+        starts = images & ~torch.nn.functional.pad(images, (1, 0))[:, :-1]
+        return text + images.sum(-1) // draft.config.image_pool + starts.sum(-1)
+
     @contextlib.contextmanager
-    def observe_target(self, target: Any) -> Iterator[None]:
+    def watch(self, target: Any) -> Iterator[None]:
         def capture(module: Any, args: tuple, kwargs: dict) -> None:
             if self.target_embeds is None and kwargs.get("inputs_embeds") is not None:
                 self.target_embeds = kwargs["inputs_embeds"].detach()
@@ -59,14 +92,10 @@ class ImageAdapterDrafter(TextOnlyDrafter):
             rows.append(row)
         return rows, runs
 
-    def prompt_view(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        rows, _ = self.rows_and_runs(input_ids, attention_mask)
-        return _left_pad(rows, input_ids)
-
-    def draft_inputs(self, input_ids: torch.Tensor,
-                     attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    def draft_inputs(self, prompt: Prompt) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
         """Prompt view plus the captured image embeddings, pooled, for its image slots (one pass over the
-        prompt). Consumes the capture of :meth:`observe_target`; used by inference and by training."""
+        prompt). Consumes the capture of :meth:`watch`; used by inference and by training."""
+        input_ids, attention_mask = prompt.input_ids, prompt.attention_mask
         rows, runs = self.rows_and_runs(input_ids, attention_mask)
         ids, valid = _left_pad(rows, input_ids)
         features = None

@@ -1,0 +1,101 @@
+"""Draft kinds as registered plugins (PEFT's ``register_peft_method`` style).
+
+Each kind lives in ``hf_specmm/drafts/<kind>/`` and calls :func:`register_draft_kind` once in its
+``__init__``. Everything else (api, checks, hub, training, the miniature world) looks the kind up here
+instead of testing classes. Adding a kind = one folder + one registration + an import line in
+``drafts/__init__.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from ..drafter import Drafter
+    from ..vocab import VocabMap
+
+
+def _no_rows(draft: Any) -> str:
+    return ""
+
+
+def _itself(draft: Any) -> Any:
+    return draft
+
+
+@dataclass(frozen=True)
+class DraftKind:
+    """One kind of draft.
+
+    Attributes:
+        name: the kind's id (``--draft-kind``, ``draft_kind`` in saved configs and cards).
+        title: how cards and tables name it ("image-adapter").
+        drafter: the :class:`~hf_specmm.drafter.Drafter` subclass that runs it (its ``check`` too).
+        claims: whether a draft object is of this kind; asked in decreasing ``priority``.
+        loads: for a saved draft's config, the class that loads it (None: not this kind's checkpoint).
+        language_model: the causal LM inside the draft (what the card describes).
+        card_rows: extra rows for the model card's architecture table (markdown, each ending in a newline).
+        stages: training stages this kind has (1 = language, 2 = multimodal); the first is the default.
+        training_view: ``(draft, vocab, stage) -> Drafter`` whose ``model`` is run on training batches.
+        param_groups: ``(draft, stage, cfg) -> [{"params": ..., "lr": ...}]`` trained in that stage.
+        build: ``(target, language_model, cfg, target_name) -> draft`` makes this kind around a fresh or
+            loaded causal LM, or None when the kind cannot be built that way.
+    """
+
+    name: str
+    title: str
+    drafter: type["Drafter"]
+    claims: Callable[[Any], bool]
+    priority: int
+    loads: Callable[[Any], "type | None"]
+    training_view: Callable[[Any, "VocabMap", int], "Drafter"]
+    param_groups: Callable[[Any, int, Any], list[dict]]
+    stages: tuple[int, ...] = (1,)
+    language_model: Callable[[Any], Any] = _itself
+    card_rows: Callable[[Any], str] = _no_rows
+    build: Callable[..., Any] | None = None
+
+
+_KINDS: dict[str, DraftKind] = {}
+
+
+def register_draft_kind(kind: DraftKind) -> DraftKind:
+    """Register ``kind`` (once, from the kind's own ``__init__``)."""
+    if kind.name in _KINDS and _KINDS[kind.name] != kind:
+        raise ValueError(f"draft kind {kind.name!r} is already registered")
+    _KINDS[kind.name] = kind
+    return kind
+
+
+def unregister_draft_kind(name: str) -> None:
+    """Undo :func:`register_draft_kind` (for plugins loaded and unloaded at run time, and tests)."""
+    _KINDS.pop(name, None)
+
+
+def draft_kinds() -> tuple[str, ...]:
+    """Names of the registered kinds, highest priority first."""
+    return tuple(k.name for k in sorted(_KINDS.values(), key=lambda k: -k.priority))
+
+
+def get_kind(name: str) -> DraftKind:
+    if name not in _KINDS:
+        raise ValueError(f"unknown draft kind {name!r}; registered kinds: {', '.join(draft_kinds())}")
+    return _KINDS[name]
+
+
+def kind_of(draft: Any) -> DraftKind:
+    """The kind of a draft object: the highest-priority kind that claims it."""
+    for name in draft_kinds():
+        if _KINDS[name].claims(draft):
+            return _KINDS[name]
+    raise ValueError(f"no registered draft kind claims a {type(draft).__name__}")
+
+
+def loading_class(config: Any) -> type:
+    """The class that loads a saved draft with this config (highest-priority kind that claims it)."""
+    for name in draft_kinds():
+        cls = _KINDS[name].loads(config)
+        if cls is not None:
+            return cls
+    raise ValueError(f"no registered draft kind loads a {type(config).__name__}")

@@ -1,0 +1,70 @@
+"""Text-only drafting (2404.08856): any causal LM sharing the target's text ids reads the conversation
+with the image/video placeholders (and vision span markers) removed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ...drafter import Prompt
+from ...errors import IncompatibleDraftError
+from ...vocab import VocabMap
+from ..chain import ChainDrafter
+
+
+class TextOnly(torch.nn.Module):
+    """Use ``model`` as a text-only draft even where hf_specmm would pick another kind for it (e.g. a
+    small VLM whose image layout differs from the target's): ``assistant_model=hf_specmm.TextOnly(vlm)``.
+
+    Example::
+
+        >>> import hf_specmm
+        >>> from hf_specmm import testing
+        >>> hf_specmm.TextOnly(testing.tiny_target("llava")).model.__class__.__name__
+        'LlavaForConditionalGeneration'
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        if isinstance(model, TextOnly):
+            model = model.model
+        self.model = model
+
+    def __getattr__(self, name: str) -> Any:  # config, device, generation_config, ... of the wrapped model
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["model"], name)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.model(*args, **kwargs)
+
+
+def text_only_view(vocab: VocabMap, input_ids: torch.Tensor,
+                   attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A text-only draft's prompt: each row's visible tokens (placeholders removed), left-padded.
+    Returns ``(ids, valid)``, both [B, width]."""
+    visible = vocab.visible_prompt(input_ids, attention_mask)
+    width = max(int(visible.sum(-1).max()), 1)
+    order = torch.sort(visible.long(), dim=1, stable=True).indices  # hidden slots first, order kept
+    ids = input_ids.gather(1, order)[:, -width:]
+    valid = visible.gather(1, order)[:, -width:]
+    return ids.masked_fill(~valid, 0), valid
+
+
+class TextOnlyDrafter(ChainDrafter):
+    """Drafts with a causal LM that never sees the image."""
+
+    def __init__(self, draft: Any, vocab: VocabMap):
+        super().__init__(draft, vocab, model=draft.model if isinstance(draft, TextOnly) else draft)
+
+    @classmethod
+    def check(cls, target: Any, draft: Any) -> None:
+        model = draft.model if isinstance(draft, TextOnly) else draft
+        if not callable(getattr(model, "forward", None)) or not hasattr(model, "get_output_embeddings"):
+            raise IncompatibleDraftError(f"a text-only draft must be a causal LM; got {type(model).__name__}")
+
+    def draft_inputs(self, prompt: Prompt) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+        ids, valid = text_only_view(self.vocab, prompt.input_ids, prompt.attention_mask)
+        return ids, valid, {}

@@ -1,0 +1,134 @@
+"""Target families: a registry of the multimodal architectures hf_specmm speculates for.
+
+A family owns everything the loop, the drafts and training must know about a target's token stream:
+its placeholder ids (image, video), the vision span markers a text-only view drops with them, where
+its text vocabulary ends, the extra per-call inputs its forward takes (``pixel_values``, ...), the
+config fields that fix how many placeholders an image expands to, and the position rule for a block
+of new tokens. Each family module calls :func:`register_target_family` once (see ``llava.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import UnsupportedTargetError
+from .positions import ROPE_1D, Rope1D
+
+
+@dataclass(frozen=True)
+class TargetFamily:
+    """A multimodal architecture whose text stream can be drafted.
+
+    ``placeholder_attrs`` / ``span_attrs``: config attributes naming token ids, first found wins per tuple.
+    ``image_layout_attrs``: dotted config attributes that decide how many placeholder tokens an image
+    (or video) expands to; two models with equal values read the same prompt the same way.
+    """
+
+    name: str
+    class_name: str
+    placeholder_attrs: tuple[tuple[str, ...], ...]
+    per_call_inputs: tuple[str, ...] = ("pixel_values",)
+    image_layout_attrs: tuple[str, ...] = ()
+    span_attrs: tuple[tuple[str, ...], ...] = ()  # vision start/end markers (dropped from a text-only view)
+    positions: Rope1D = field(default=ROPE_1D)
+
+    def model_class(self) -> type:
+        import transformers
+
+        return getattr(transformers, self.class_name)
+
+    def image_layout(self, config: Any) -> dict[str, Any]:
+        """The values of ``image_layout_attrs`` on ``config`` (missing ones as None)."""
+        out = {}
+        for path in self.image_layout_attrs:
+            value: Any = config
+            for part in path.split("."):
+                value = getattr(value, part, None)
+            out[path] = value
+        return out
+
+    def model_inputs(self, model_kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The per-call multimodal inputs present in ``model_kwargs`` (what a VLM draft receives too)."""
+        return {k: model_kwargs[k] for k in self.per_call_inputs if model_kwargs.get(k) is not None}
+
+
+SUPPORTED_TARGETS: dict[str, TargetFamily] = {}  # class name -> family
+
+
+def register_target_family(family: TargetFamily) -> TargetFamily:
+    """Add ``family`` (called once by the family's module). Registering a class twice is an error."""
+    if family.class_name in SUPPORTED_TARGETS and SUPPORTED_TARGETS[family.class_name] != family:
+        raise ValueError(f"target class {family.class_name} is already registered")
+    SUPPORTED_TARGETS[family.class_name] = family
+    return family
+
+
+def family_of(model: Any) -> TargetFamily | None:
+    """The family of ``model`` (its class or a base class registered), or None."""
+    for cls in type(model).__mro__:
+        family = SUPPORTED_TARGETS.get(cls.__name__)
+        if family is not None:
+            return family
+    return None
+
+
+def family_by_model_type(model_type: str) -> TargetFamily | None:
+    return next((f for f in SUPPORTED_TARGETS.values() if f.name == model_type), None)
+
+
+def target_family(model: Any) -> TargetFamily:
+    """Return the family of ``model`` or raise listing the supported classes."""
+    family = family_of(model)
+    if family is None:
+        supported = ", ".join(sorted(SUPPORTED_TARGETS))
+        raise UnsupportedTargetError(
+            f"hf_specmm cannot speculate for a {type(model).__name__}. Supported targets: {supported}. "
+            "Load the model with one of these classes (e.g. LlavaForConditionalGeneration.from_pretrained)."
+        )
+    return family
+
+
+def _first_ids(config: Any, groups: tuple[tuple[str, ...], ...]) -> set[int]:
+    ids: set[int] = set()
+    for attrs in groups:
+        for attr in attrs:
+            value = getattr(config, attr, None)
+            if value is not None:
+                ids.add(int(value))
+                break
+    return ids
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """What the decoding loop needs to know about one target's vocabulary."""
+
+    family: TargetFamily
+    vocab_size: int  # rows of the target's LM head
+    placeholder_ids: frozenset[int]  # image/video placeholders
+    dropped_ids: frozenset[int]  # removed from a text-only draft's view (placeholders + vision span markers)
+    reserved_ids: frozenset[int]  # never proposed by a draft (dropped ids and an appended pad id)
+
+    @property
+    def text_vocab_end(self) -> int:
+        """Ids below this are the target's ordinary text ids (placeholders are appended after them)."""
+        appended = [i for i in self.reserved_ids if i >= min(self.placeholder_ids, default=self.vocab_size)]
+        return min(appended + [self.vocab_size])
+
+
+def target_spec(model: Any) -> TargetSpec:
+    family = target_family(model)
+    config = model.config
+    placeholders = _first_ids(config, family.placeholder_attrs)
+    dropped = placeholders | _first_ids(config, family.span_attrs)
+    text_config = config.get_text_config()
+    reserved = set(dropped)
+    pad = getattr(config, "pad_token_id", None)
+    if pad is None:
+        pad = getattr(text_config, "pad_token_id", None)
+    # a pad id appended after the placeholders (LLaVA-1.5: <image>=32000, <pad>=32001) is not text
+    if pad is not None and placeholders and int(pad) > min(placeholders):
+        reserved.add(int(pad))
+    return TargetSpec(family, int(text_config.vocab_size), frozenset(placeholders), frozenset(dropped),
+                      frozenset(reserved))
