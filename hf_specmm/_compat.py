@@ -89,3 +89,34 @@ def resolve_generation_config(model: Any, generation_config: Any, kwargs: dict) 
     """The generation config ``generate`` would use (model defaults < ``generation_config`` < kwargs)."""
     config, _ = model._prepare_generation_config(generation_config, **dict(kwargs))
     return config
+
+
+def compact_cache(cache: Any, mask: torch.Tensor | None, prompt_len: int, length: int) -> Any:
+    """The loop's holed cache as plain generate returns it: per row the prompt's slots and its valid
+    generated slots, ``length`` slots in all (rows that finished early are zero-padded). Reads the
+    per-layer ``keys`` / ``values`` tensors of a DynamicCache."""
+    if mask is None or cache is None:
+        return cache
+    from transformers import DynamicCache
+
+    slots = torch.arange(mask.shape[1], device=mask.device)
+    keep = (slots[None] < prompt_len) | mask.bool()
+    order = torch.sort((~keep).long(), dim=1, stable=True).indices[:, :length]  # kept slots first, in order
+    valid = keep.gather(1, order)
+    out = DynamicCache()
+    for index, layer in enumerate(cache.layers):
+        keys, values = layer.keys, layer.values  # [B, H, L, D]
+        idx = order.to(keys.device)[:, None, :, None]
+        zero = ~valid.to(keys.device)[:, None, :, None]
+        keys = keys.gather(2, idx.expand(-1, keys.shape[1], -1, keys.shape[-1])).masked_fill(zero, 0)
+        values = values.gather(2, idx.expand(-1, values.shape[1], -1, values.shape[-1])).masked_fill(zero, 0)
+        out.update(keys, values, index)
+    return out
+
+
+def hub_file(repo_id: str, filename: str, **hub_kwargs: Any) -> str | None:
+    """Local path of ``filename`` of a Hub repo (downloaded or from the cache), or None if the repo has no
+    such file (``cached_file``'s private flag for "missing is not an error")."""
+    from transformers.utils import cached_file
+
+    return cached_file(repo_id, filename, _raise_exceptions_for_missing_entries=False, **hub_kwargs)

@@ -88,35 +88,13 @@ def _speculative_generate(self: Any, inputs: torch.Tensor | None = None, generat
 
     def decode(model: Any, input_ids: torch.Tensor, logits_processor: Any, stopping_criteria: Any,
                generation_config: Any, **model_kwargs: Any) -> Any:
-        sequences, row_scores = speculative_decode(
-            model, drafter, input_ids, logits_processor, stopping_criteria, generation_config,
-            model_kwargs, plan.schedule, stats, streamer, image_inputs)
-        if not generation_config.return_dict_in_generate:
-            return sequences
-        return _dict_output(sequences, row_scores, input_ids.shape[1], generation_config)
+        return speculative_decode(model, drafter, input_ids, logits_processor, stopping_criteria, generation_config,
+                                  model_kwargs, plan.schedule, stats, streamer, image_inputs)
 
     result = _compat.generate_with_decoding_fn(
         self, decode, inputs=inputs, generation_config=generation_config, streamer=streamer, **plan.kwargs)
+    if plan.schedule.kind == "heuristic" and getattr(assistant_model, "generation_config", None) is not None:
+        assistant_model.generation_config.num_assistant_tokens = plan.schedule.gamma  # persists, as stock's
     stats.wall_time_s = time.perf_counter() - start
     getattr(self, _STATE).last_stats = stats
     return result
-
-
-def _dict_output(sequences: torch.Tensor, row_scores: list, prompt_len: int, generation_config: Any) -> Any:
-    from transformers.generation import GenerateDecoderOnlyOutput
-
-    steps = sequences.shape[1] - prompt_len
-    scores = logits = None
-    if generation_config.output_scores or generation_config.output_logits:
-        # rows that finished early have zeros after their end (plain generate would score pad tokens)
-        per_row = [torch.cat(chunks, dim=1) if chunks else None for chunks in row_scores]
-        width = next(r.shape[-1] for r in per_row if r is not None)
-        stacked = sequences.new_zeros((2, len(per_row), steps, width), dtype=torch.float32)
-        for i, r in enumerate(per_row):
-            if r is not None:
-                stacked[:, i, : r.shape[1]] = r
-        if generation_config.output_scores:
-            scores = tuple(stacked[0, :, t] for t in range(steps))
-        if generation_config.output_logits:
-            logits = tuple(stacked[1, :, t] for t in range(steps))
-    return GenerateDecoderOnlyOutput(sequences=sequences, scores=scores, logits=logits, past_key_values=None)

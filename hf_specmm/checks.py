@@ -12,6 +12,7 @@ from . import _compat
 from .errors import IncompatibleDraftError, UnsupportedGenerationError
 from .drafts import DraftKind, kind_of
 from .loop import GammaSchedule
+from .prompt_checks import check_left_padded, check_placeholders
 from .targets import target_spec
 from .vocab import VocabMap, check_vocab_compatible, draft_vocab_size
 
@@ -21,8 +22,7 @@ With a draft ~1 % of the target (c ≈ 0.01–0.05) and acceptance α ≈ 0.6–
 τ/(1 + γc), τ = (1 - α^(γ+1))/(1 - α), is nearly flat between γ = 4 and 7; 5 is also one of the
 two block sizes of 2404.08856."""
 
-SCHEDULES = ("constant", "heuristic")
-_STATIC_CACHES = {"static", "offloaded_static", "hybrid", "sliding_window", "hybrid_chunked", "offloaded_hybrid"}
+SCHEDULES = ("constant", "heuristic", "heuristic_transient")
 
 
 @dataclass
@@ -68,7 +68,14 @@ def _resolve_gamma(target: Any, draft: Any, generation_config: Any, kwargs: dict
     if kind not in SCHEDULES:
         _fail(UnsupportedGenerationError, f"num_assistant_tokens_schedule={kind!r} is not supported with "
               f"hf_specmm; use one of {SCHEDULES}.")
-    return GammaSchedule(gamma, kind)
+    # stock reads it from the assistant's generation config (generate kwargs win)
+    threshold = _explicit("assistant_confidence_threshold", kwargs, generation_config,
+                          getattr(draft, "generation_config", None))
+    if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
+                                  or not 0 <= threshold <= 1):
+        _fail(UnsupportedGenerationError, f"assistant_confidence_threshold must be a number in [0, 1], "
+              f"got {threshold!r}.")
+    return GammaSchedule(gamma, kind, None if threshold is None else float(threshold))
 
 
 def _check_config(config: Any, kwargs: dict, batch: int, streamer: Any) -> None:
@@ -80,16 +87,18 @@ def _check_config(config: Any, kwargs: dict, batch: int, streamer: Any) -> None:
                "(each row is drafted and verified on its own)")
     elif config.use_cache is False:
         bad = "use_cache=False: the draft and the target must keep KV caches; remove use_cache=False"
-    elif config.cache_implementation in _STATIC_CACHES or _compat.is_static_cache(kwargs.get("past_key_values")):
-        bad = (f"a static cache ({config.cache_implementation or type(kwargs.get('past_key_values')).__name__}): "
-               "rejected drafts are rolled back by cropping, which needs the default dynamic cache; remove "
+    elif (config.cache_implementation not in (None, "dynamic")
+          or _compat.is_static_cache(kwargs.get("past_key_values"))):
+        bad = (f"cache_implementation={config.cache_implementation or type(kwargs.get('past_key_values')).__name__!r}: "
+               "rejected drafts are rolled back by cropping the default dynamic cache; remove "
                "cache_implementation / past_key_values")
     elif kwargs.get("past_key_values") is not None:
         bad = "past_key_values: a speculative call starts from the prompt; do not pass a cache"
-    elif config.prompt_lookup_num_tokens is not None:
-        bad = "prompt_lookup_num_tokens together with assistant_model: choose one kind of drafting"
-    elif config.output_attentions or config.output_hidden_states:
-        bad = "output_attentions / output_hidden_states: not recorded by speculative decoding; drop them"
+    elif config.prompt_lookup_num_tokens is not None or config.assistant_early_exit is not None:
+        bad = ("prompt_lookup_num_tokens / assistant_early_exit together with assistant_model: choose one kind "
+               "of drafting")
+    elif config.penalty_alpha is not None or config.dola_layers is not None:
+        bad = "penalty_alpha (contrastive search) / dola_layers (DoLa): other decoding methods; drop them"
     elif kwargs.get("prefix_allowed_tokens_fn") is not None or kwargs.get("negative_prompt_ids") is not None:
         bad = "prefix_allowed_tokens_fn / negative_prompt_ids: not supported with a draft"
     elif (config.guidance_scale or 1) != 1:
@@ -133,6 +142,10 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
     ids = _input_ids(inputs, kwargs)
     config = _compat.resolve_generation_config(target, generation_config, kwargs)
     _check_config(config, kwargs, ids.shape[0], streamer)
+    mask = kwargs.get("attention_mask")
+    mask = mask if isinstance(mask, torch.Tensor) and mask.shape == ids.shape else None
+    check_left_padded(mask)
+    check_placeholders(spec, target.config, ids, mask, spec.family.model_inputs(kwargs))
     vocab = VocabMap(spec, draft_vocab_size(draft), ids.device)
     _check_draft(draft, kind, ids, config, vocab, kwargs)
     if config.stop_strings is not None:
@@ -145,6 +158,6 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
         criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=config.stop_strings))
         kwargs["stopping_criteria"], kwargs["stop_strings"] = criteria, None
     schedule = _resolve_gamma(target, draft, generation_config, kwargs)
-    for key in ("num_assistant_tokens", "num_assistant_tokens_schedule"):
+    for key in ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold"):
         kwargs.pop(key, None)  # consumed here; stock generate must not see an assisted-mode option
     return Plan(kind, vocab, schedule, kwargs)

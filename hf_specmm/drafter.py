@@ -30,7 +30,9 @@ import torch
 
 from .vocab import VocabMap
 
-# picks d_j from target-vocabulary draft logits [B, V]; returns (tokens [B], probabilities [B, V] or None)
+# picks d_{j+1} from target-vocabulary draft logits [B, V] of step j; returns (tokens [B], probabilities
+# [B, V] or None). The loop's selector also has a ``stop`` attribute: True once every row has stopped
+# drafting this round (assistant_confidence_threshold); a drafter should then return the tokens so far.
 SelectFn = Callable[[torch.Tensor, int], tuple[torch.Tensor, "torch.Tensor | None"]]
 
 

@@ -21,6 +21,10 @@ class UnsupportedGenerationError(SpecMMError):
     """A generate() option that speculative decoding with a draft cannot honour."""
 
 
+class DraftLoadError(SpecMMError):
+    """A draft checkpoint that cannot be loaded: missing, corrupt, or not in safetensors."""
+
+
 def check_strict_load(info: dict[str, Any], what: str) -> None:
     """Raise if ``from_pretrained(..., output_loading_info=True)`` reported missing, unexpected or mis-shaped
     weights: transformers only warns, and a partly random model would make every measurement meaningless."""

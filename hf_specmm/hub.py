@@ -18,8 +18,9 @@ from typing import Any
 
 from transformers import AutoConfig, PreTrainedModel
 
+from . import _compat
 from .drafts.registry import kind_of, loading_class
-from .errors import check_strict_load
+from .errors import DraftLoadError, check_strict_load
 
 
 def draft_kind(draft: PreTrainedModel) -> str:
@@ -72,8 +73,18 @@ def _results_table(results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def card_template(name: str) -> str:
+    """A template from the top-level ``model_cards/`` folder: installed (wheel) as the package data of
+    ``hf_specmm.model_cards``; in a source checkout read from the folder itself."""
+    source = Path(__file__).resolve().parent.parent / "model_cards" / name
+    if source.is_file():
+        return source.read_text()
+    return resources.files("hf_specmm.model_cards").joinpath(name).read_text()
+
+
 def render_model_card(draft: PreTrainedModel, repo_id: str | None = None) -> str:
-    """The README.md of a draft, rendered from ``model_cards/draft_card.md``."""
+    """The README.md of a draft, rendered from the top-level ``model_cards/draft_card.md`` (installed as
+    ``hf_specmm.model_cards``)."""
     from huggingface_hub import ModelCardData
 
     meta = draft_metadata(draft)
@@ -86,7 +97,7 @@ def render_model_card(draft: PreTrainedModel, repo_id: str | None = None) -> str
                          tags=tags, pipeline_tag="text-generation",
                          hf_specmm={"draft_kind": kind.name, "target": target, "results": meta["results"]})
     front = data.to_yaml()
-    template = resources.files("hf_specmm").joinpath("model_cards/draft_card.md").read_text()
+    template = card_template("draft_card.md")
     return string.Template(template).substitute(
         front_matter=front.strip(),
         title=repo_id or f"{kind.title} draft",
@@ -130,14 +141,70 @@ def push_draft_to_hub(draft: PreTrainedModel, repo_id: str, target: str | None =
                                  revision=revision, create_pr=create_pr)
 
 
+_WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
+_CONVERT = ("hf_specmm loads drafts from safetensors only (a pickle checkpoint can run code when loaded). "
+            "Convert it once, where you trust the file: "
+            "`AutoModelForCausalLM.from_pretrained(path, use_safetensors=False).save_pretrained(new_path)` "
+            "(save_pretrained writes model.safetensors), then load new_path.")
+
+
+def _looks_local(name: str) -> bool:
+    """A path rather than an ``org/name`` Hub id: exists, is absolute or relative, or has more than one '/'."""
+    return Path(name).exists() or name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name
+
+
+def _check_safetensors_file(path: Path) -> None:
+    """Parse the file's header: a truncated or corrupt file is named here, not deep inside loading."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            f.keys()
+    except (SafetensorError, OSError) as err:
+        raise DraftLoadError(f"weight file {path} is corrupt or truncated ({err}); re-download or re-save "
+                             "the draft.") from err
+
+
+def _check_weight_files(folder: Path, where: str) -> None:
+    """Safetensors present and readable (each file's header parsed); pickle-only checkpoints refused."""
+    files = sorted(p for p in folder.iterdir() if p.name.endswith(_WEIGHTS))
+    tensors = [p for p in files if p.name.endswith(".safetensors")]
+    if not tensors:
+        found = ", ".join(p.name for p in files) or "no weight files"
+        raise DraftLoadError(f"{where} has no .safetensors weights ({found}). {_CONVERT}")
+    for path in tensors:
+        _check_safetensors_file(path)
+
+
 def load_draft(repo_or_path: str | Path, **kwargs: Any) -> PreTrainedModel:
-    """Load a draft of any registered kind (strict: missing or unexpected weights are an error).
+    """Load a draft of any registered kind (strict: missing or unexpected weights are an error; safetensors
+    only). A local path that does not exist, a Hub id that cannot be found, a corrupt weight file or a
+    pickle-only checkpoint is a :class:`~hf_specmm.errors.DraftLoadError` naming what was looked for.
 
     >>> draft = hf_specmm.load_draft("org/my-llava-draft")  # doctest: +SKIP
     """
-    config = AutoConfig.from_pretrained(repo_or_path, **{k: v for k, v in kwargs.items()
-                                                         if k in ("revision", "token", "cache_dir", "local_files_only")})
+    name = str(repo_or_path)
+    hub_kwargs = {k: v for k, v in kwargs.items() if k in ("revision", "token", "cache_dir", "local_files_only")}
+    if _looks_local(name):
+        folder = Path(name).expanduser()
+        if not (folder / "config.json").is_file():
+            what = "is not a folder" if not folder.is_dir() else "has no config.json"
+            raise DraftLoadError(f"No draft at local path {name!r}: {folder.resolve()} {what} (a saved draft is a "
+                                 "folder with config.json and model.safetensors). For a Hub repo pass 'org/name'.")
+        _check_weight_files(folder, f"local draft folder {folder.resolve()}")
+    try:
+        config = AutoConfig.from_pretrained(name, **hub_kwargs)
+    except OSError as err:
+        raise DraftLoadError(f"Could not find the draft {name!r} as a local folder (no such path) nor on the Hub "
+                             f"or in its local cache: {err}") from err
+    if not _looks_local(name):
+        weights = _compat.hub_file(name, "model.safetensors", **hub_kwargs)
+        if weights is None and _compat.hub_file(name, "model.safetensors.index.json", **hub_kwargs) is None:
+            raise DraftLoadError(f"The Hub repo {name!r} has no model.safetensors. {_CONVERT}")
+        if weights is not None:
+            _check_safetensors_file(Path(weights))
     cls = loading_class(config)  # the registered kind that loads this config (AutoModelForCausalLM last)
-    model, info = cls.from_pretrained(repo_or_path, output_loading_info=True, **kwargs)
-    check_strict_load(info, f"draft checkpoint {repo_or_path}")
+    model, info = cls.from_pretrained(name, output_loading_info=True, use_safetensors=True, **kwargs)
+    check_strict_load(info, f"draft checkpoint {name}")
     return model.eval()
+

@@ -18,6 +18,7 @@ from . import _compat
 from .cache_state import SlottedCache
 from .drafter import Drafter, Prompt, Proposal
 from .history import apply_processors
+from .outputs import GenerateOutputs
 from .rows import Rows
 from .stats import SpecStats
 from .targets import target_family
@@ -26,14 +27,17 @@ from .verify import greedy_verify, rejection_sample
 
 @dataclass
 class GammaSchedule:
-    """``constant``: γ fixed. ``heuristic`` (as stock transformers): +2 after a round where every row
-    accepted all drafts, else -1 (never below 1). Starts from the configured γ on every call."""
+    """``constant``: γ fixed. ``heuristic`` / ``heuristic_transient`` (as stock transformers): +2 after a
+    round where every row accepted all drafts, else -1 (never below 1). ``heuristic`` also writes the
+    final γ back to the draft's ``generation_config`` after the call, as stock does, so the next call
+    starts from it; ``heuristic_transient`` starts from the configured γ on every call."""
 
     gamma: int
     kind: str = "constant"
+    confidence: float | None = None  # assistant_confidence_threshold: a row stops drafting below it
 
     def update(self, accepted: list[int], gamma_used: int) -> None:
-        if self.kind == "heuristic" and accepted:
+        if self.kind.startswith("heuristic") and accepted:
             self.gamma = self.gamma + 2 if min(accepted) == gamma_used else max(1, self.gamma - 1)
 
 
@@ -42,6 +46,34 @@ def _choose(scores: torch.Tensor, do_sample: bool) -> tuple[torch.Tensor, torch.
         return scores.argmax(-1), None
     probs = scores.softmax(-1)
     return torch.multinomial(probs, 1).squeeze(-1), probs
+
+
+class DraftSelector:
+    """Turns the draft's logits at step j into d_{j+1}, through the processors the target's tokens go
+    through (q_j is then the processed draft distribution), and applies ``assistant_confidence_threshold``
+    per row as stock does for its one row: a row whose chosen draft token has probability below the
+    threshold keeps that token and drafts no more this round (``lengths``); ``stop`` once every row has."""
+
+    def __init__(self, processors: Any, rows: Rows, do_sample: bool, threshold: float | None):
+        self.processors, self.rows, self.do_sample, self.threshold = processors, rows, do_sample, threshold
+        self.lengths: torch.Tensor | None = None  # [B] drafts each row proposes this round
+        self.stop = False
+
+    def start_round(self, batch: int, gamma: int, device: torch.device) -> None:
+        self.lengths = torch.full((batch,), gamma, device=device) if self.threshold is not None else None
+        self.stop = False
+
+    def __call__(self, draft_logits: torch.Tensor, j: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        draft_scores = apply_processors(self.processors, self.rows.history, draft_logits[:, None], offset=j)[:, 0]
+        token, q_j = _choose(draft_scores, self.do_sample)
+        self.rows.history.write(token[:, None], offset=j)  # d_{j+1} is history for the next positions
+        if self.lengths is not None:
+            probs = q_j if q_j is not None else draft_scores.softmax(-1)
+            unsure = probs.gather(1, token[:, None]).squeeze(1) < self.threshold
+            drafting = self.lengths > j
+            self.lengths = torch.where(drafting & unsure, torch.full_like(self.lengths, j + 1), self.lengths)
+            self.stop = not bool((self.lengths > j + 1).any())
+        return token, q_j
 
 
 def speculative_decode(
@@ -56,25 +88,20 @@ def speculative_decode(
     stats: SpecStats,
     streamer: Any = None,
     image_inputs: dict[str, Any] | None = None,
-) -> tuple[torch.Tensor, list[list[torch.Tensor]]]:
-    """Returns ``sequences`` [B, P0 + new] laid out as plain generate's, and per-row processed scores.
+) -> Any:
+    """Returns ``sequences`` [B, P0 + new] laid out as plain generate's (or, with ``return_dict_in_generate``,
+    a ``GenerateDecoderOnlyOutput`` with the scores / logits / attentions / hidden states asked for).
     ``image_inputs``: the call's multimodal inputs as the user passed them (``pixel_values``, ...; stock
     ``generate`` may have encoded and dropped them from ``model_kwargs`` already), for drafts that see images."""
     batch, prompt_len = input_ids.shape
     device, do_sample = input_ids.device, bool(generation_config.do_sample)
     pad = _compat.pad_token_tensor(generation_config)
-    keep_scores = bool(generation_config.return_dict_in_generate and
-                       (generation_config.output_scores or generation_config.output_logits))
     rows = Rows(input_ids, generation_config.max_length, int(pad) if pad is not None else 0, stopping_criteria,
-                keep_scores, streamer)
+                streamer)
+    outputs = GenerateOutputs(generation_config, batch, prompt_len)
     stats.batch_size, stats.gamma = batch, schedule.gamma
 
-    def select(draft_logits: torch.Tensor, j: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """d_{j+1} from the draft's logits, through the same processors the target's tokens go through."""
-        draft_scores = apply_processors(logits_processor, rows.history, draft_logits[:, None], offset=j)[:, 0]
-        token, q_j = _choose(draft_scores, do_sample)
-        rows.history.write(token[:, None], offset=j)  # d_{j+1} is history for the next positions
-        return token, q_j
+    select = DraftSelector(logits_processor, rows, do_sample, schedule.confidence)
 
     # prefill: the target exactly as plain generate (images included), then the draft reads the prompt
     attention_mask = model_kwargs.get("attention_mask")
@@ -86,10 +113,12 @@ def speculative_decode(
     target_kv = SlottedCache(out.past_key_values, None if attention_mask is None else attention_mask.long(),
                              prompt_len, batch, device, family.positions)
     logits = out.logits[:, -1:].to(dtype=torch.float32, device=device)
-    del out
     scores = apply_processors(logits_processor, rows.history, logits)
     cur, _ = _choose(scores[:, 0], do_sample)  # the first new token, as plain generate picks it
-    stats.record_prefill(rows.emit(cur[:, None], torch.ones_like(cur), scores, logits))
+    kept = rows.emit(cur[:, None], torch.ones_like(cur))
+    outputs.record(out, kept, scores, logits, None, 0)
+    stats.record_prefill(kept)
+    del out
     if rows.any_unfinished():
         drafter.prefill(prompt, cur)
 
@@ -98,33 +127,38 @@ def speculative_decode(
         live = rows.live(device)
         gamma = min(schedule.gamma, max(b for b, u in zip(budget, rows.unfinished) if u) - 1)
 
-        # 1. draft d_1..d_γ (with one token left for every row, a plain target step ends the call)
+        # 1. draft d_1..d_γ (with one token left for every row, a plain target step ends the call);
+        #    a confidence threshold may end a row's drafts early (select.lengths) or the whole round
+        select.start_round(batch, gamma, device)
         if gamma > 0:
             proposal = drafter.propose(gamma, select)
         else:
             proposal = Proposal(cur.new_zeros(batch, 0), logits.new_zeros(batch, 0, logits.shape[-1]))
-        drafts = proposal.tokens
+        drafts, gamma = proposal.tokens, proposal.gamma
+        lengths = None if select.lengths is None or gamma == 0 else select.lengths.clamp_max(gamma)
 
         # 2. verify: one target forward over [cur, d_1..d_γ] gives p_0..p_γ
         block = torch.cat([cur[:, None], drafts], dim=1)
         inputs = target_kv.block_inputs(None, gamma + 1)
         with drafter.watch(target) if drafter.observes_verification else contextlib.nullcontext():
             out = target(input_ids=block, past_key_values=target_kv.cache, use_cache=True,
-                         logits_to_keep=gamma + 1, **inputs)
+                         logits_to_keep=gamma + 1, **inputs, **outputs.forward_kwargs())
         drafter.observe_verification(out)
         target_kv.commit(inputs["attention_mask"], gamma + 1)
         logits = out.logits[:, -(gamma + 1):].to(dtype=torch.float32, device=device)
-        del out
         scores = apply_processors(logits_processor, rows.history, logits)  # p_0..p_γ (processed)
 
         # 3. accept n drafts + one target token per row; a row keeps what plain generate would (EOS, max_length)
         if do_sample:
-            n, emitted = rejection_sample(drafts, proposal.probs, scores.softmax(-1))
+            n, emitted = rejection_sample(drafts, proposal.probs, scores.softmax(-1), lengths=lengths)
         else:
-            n, emitted = greedy_verify(drafts, scores)
-        kept = rows.emit(emitted, torch.where(live, n + 1, torch.zeros_like(n)), scores, logits)
+            n, emitted = greedy_verify(drafts, scores, lengths=lengths)
+        kept = rows.emit(emitted, torch.where(live, n + 1, torch.zeros_like(n)))
+        outputs.record(out, kept, scores, logits, target_kv.mask, target_kv.length - (gamma + 1))
+        del out
         # a draft counts as drafted only if its row could have kept it (not past max_length)
-        drafted = [min(gamma, b - 1) if u else 0 for b, u in zip(budget, live.tolist())]
+        per_row = [gamma] * batch if lengths is None else lengths.tolist()
+        drafted = [min(g, b - 1) if u else 0 for g, b, u in zip(per_row, budget, live.tolist())]
         accepted = [min(a, k, d) for a, k, d in zip(n.tolist(), kept, drafted)]  # drafts among the kept tokens
         stats.record_round(gamma, kept, accepted, drafted)
         schedule.update([k - 1 for k in kept if k], gamma)
@@ -139,4 +173,6 @@ def speculative_decode(
 
     if streamer is not None:
         streamer.end()
-    return rows.sequences(), rows.scores
+    if outputs.return_dict:
+        return outputs.build(rows.sequences(), target_kv.cache, target_kv.mask)
+    return rows.sequences()

@@ -14,13 +14,11 @@ class Rows:
     """Rows advance by different amounts per round; each keeps exactly the tokens plain generate would."""
 
     def __init__(self, input_ids: torch.Tensor, max_length: int, pad_id: int, stopping_criteria: Any,
-                 keep_scores: bool, streamer: Any = None):
+                 streamer: Any = None):
         self.history = RowHistory(input_ids, max_length + 2, pad_id)
         self.max_length, self.pad_id = max_length, pad_id
         self.stopping_criteria, self.streamer = stopping_criteria, streamer
         self.unfinished = [True] * input_ids.shape[0]
-        self.keep_scores = keep_scores
-        self.scores: list[list[torch.Tensor]] = [[] for _ in self.unfinished]  # per row, [2, k, V] chunks
 
     def any_unfinished(self) -> bool:
         return any(self.unfinished)
@@ -32,14 +30,12 @@ class Rows:
         """Tokens each row may still add before ``max_length``."""
         return [self.max_length - length for length in self.history.lengths]
 
-    def emit(self, block: torch.Tensor, counts: torch.Tensor, scores: torch.Tensor, logits: torch.Tensor) -> list[int]:
+    def emit(self, block: torch.Tensor, counts: torch.Tensor) -> list[int]:
         """Offer ``counts`` [B] tokens of ``block`` [B, m] per row; returns how many each row kept."""
         self.history.write(block)
         kept, stopped = stop_counts(self.stopping_criteria, self.history, block, counts)
         self.history.advance(kept)
-        for i, k in enumerate(kept):
-            if self.keep_scores and k:
-                self.scores[i].append(torch.stack([scores[i, :k], logits[i, :k]]))
+        for i in range(len(kept)):
             if stopped[i]:
                 self.unfinished[i] = False
         if self.streamer is not None and kept[0]:

@@ -11,27 +11,39 @@ from __future__ import annotations
 import torch
 
 
-def greedy_verify(drafts: torch.Tensor, target_scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Accept the longest prefix of ``drafts`` [B, γ] equal to the target's argmax; ``target_scores`` [B, γ+1, V]."""
+def greedy_verify(drafts: torch.Tensor, target_scores: torch.Tensor,
+                  lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Accept the longest prefix of ``drafts`` [B, γ] equal to the target's argmax; ``target_scores`` [B, γ+1, V].
+    ``lengths`` [B]: row i proposed only its first ``lengths[i]`` drafts (None: all γ)."""
     target_tokens = target_scores.argmax(-1)  # a_0..a_γ
     gamma = drafts.shape[1]
     n = (drafts == target_tokens[:, :gamma]).long().cumprod(-1).sum(-1)
+    if lengths is not None:
+        n = torch.minimum(n, lengths)
     return n, target_tokens  # accepted drafts equal the target's tokens, so emitted = a_0..a_n
 
 
 def rejection_sample(
-    drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None = None
+    drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None = None,
+    lengths: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Speculative sampling: d_j kept with probability min(1, p_j(d_j)/q_j(d_j)); at the first rejection
     sample from norm(max(0, p_j - q_j)); if all γ are kept, sample the bonus token from p_γ.
 
     ``drafts`` [B, γ], ``q`` [B, γ, V] draft probabilities, ``p`` [B, γ+1, V] target probabilities.
+    ``lengths`` [B]: row i proposed only its first ``lengths[i]`` drafts; past them it has no draft (q = 0),
+    so a row that keeps all of its own drafts takes its next token from p exactly (the bonus rule).
     """
     batch, gamma = drafts.shape
     p_d = p[:, :gamma].gather(-1, drafts[..., None]).squeeze(-1)
     q_d = q.gather(-1, drafts[..., None]).squeeze(-1)
     u = torch.rand(batch, gamma, device=p.device, dtype=p.dtype, generator=generator)
-    n = (u * q_d < p_d).long().cumprod(-1).sum(-1)
+    accept = u * q_d < p_d
+    if lengths is not None:
+        proposed = torch.arange(gamma, device=p.device)[None] < lengths[:, None]
+        accept &= proposed
+        q = q * proposed[..., None]
+    n = accept.long().cumprod(-1).sum(-1)
     # treating the bonus position as a draft with q = 0 makes its residual exactly p_γ
     q_ext = torch.cat([q, q.new_zeros(batch, 1, q.shape[-1])], dim=1)
     idx = n[:, None, None].expand(batch, 1, p.shape[-1])

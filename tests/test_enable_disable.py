@@ -214,9 +214,14 @@ def test_heuristic_schedule(family):
     assert s.gamma == 2 and s.acceptance_rate == 1.0
     assert s.gammas[:3] == [2, 4, 6], s.gammas
     assert len(set(s.gammas)) > 1
-    out = model.generate(**inputs, assistant_model=d, **kw)  # the schedule restarts from γ on every call
+    # as stock: "heuristic" writes the final γ back to the draft's generation_config ...
+    assert d.generation_config.num_assistant_tokens == 2 + 2 * len(s.gammas)  # +2 after each (full) round
+    out = model.generate(**inputs, assistant_model=d, **kw)  # ... a generate kwarg still wins next call
     assert torch.equal(out, plain) and hf_specmm.last_stats(model).gammas == s.gammas
-    assert d.generation_config.num_assistant_tokens is None, "the draft's generation_config was modified"
+    fresh = testing.text_draft_from_target(model)  # ... "heuristic_transient" restarts and writes nothing
+    out = model.generate(**inputs, assistant_model=fresh, **{**kw, "num_assistant_tokens_schedule": "heuristic_transient"})
+    assert torch.equal(out, plain) and hf_specmm.last_stats(model).gammas == s.gammas
+    assert fresh.generation_config.num_assistant_tokens is None, "heuristic_transient modified the draft's config"
 
     bad = testing.random_text_draft(model)  # always wrong: -1 per round, never below 1
     kw["num_assistant_tokens"] = 4

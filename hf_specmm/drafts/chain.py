@@ -79,6 +79,8 @@ class ChainDrafter(Drafter):
             token, prob = select(logits, j)
             tokens.append(token)
             probs.append(prob)
+            if getattr(select, "stop", False):  # every row is below the confidence threshold: end the round
+                break
             if j + 1 < gamma:  # d_γ is read next round, only if accepted
                 logits = self.forward(token[:, None], None)
         return Proposal(torch.stack(tokens, 1), torch.stack(probs, 1) if probs[0] is not None else None, restore)

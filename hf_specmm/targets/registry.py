@@ -32,6 +32,9 @@ class TargetFamily:
     image_layout_attrs: tuple[str, ...] = ()
     span_attrs: tuple[tuple[str, ...], ...] = ()  # vision start/end markers (dropped from a text-only view)
     positions: Rope1D = field(default=ROPE_1D)
+    # config attribute giving the placeholders of every image when that number is fixed (LLaVA-1.5:
+    # image_seq_length); None where it depends on the image (anyres tiling)
+    tokens_per_image_attr: str | None = None
 
     def model_class(self) -> type:
         import transformers

@@ -1,0 +1,84 @@
+"""Right padding and placeholder/image mismatches are refused before any forward, naming the rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hf_specmm
+from hf_specmm import testing
+from conftest import PROMPTS, batch_inputs, processor, target
+
+
+def _no_forward(*models):
+    def boom(module, args, kwargs):
+        raise AssertionError("a forward ran before the error")
+    return [m.register_forward_pre_hook(boom, with_kwargs=True) for m in models]
+
+
+def _refused(model, inputs, match):
+    draft = testing.random_text_draft(model)
+    hooks = _no_forward(model, draft)
+    hf_specmm.enable(model)
+    try:
+        with pytest.raises(hf_specmm.UnsupportedGenerationError, match=match):
+            model.generate(**inputs, assistant_model=draft, max_new_tokens=4)
+    finally:
+        for h in hooks:
+            h.remove()
+        hf_specmm.disable(model)
+
+
+@pytest.mark.parametrize("family", testing.FAMILIES)
+def test_right_padding_is_refused_with_the_fix(family):
+    images = [testing.tiny_image(0), None, testing.tiny_image(2, (64, 32))]
+    inputs = testing.make_inputs(family, processor(family), PROMPTS, images, padding_side="right")
+    processor(family).tokenizer.padding_side = "left"
+    _refused(target(family), inputs, r"Rows \[.*\].*padding_side = 'left'")
+
+
+def test_left_padding_and_no_mask_pass():
+    model = target("llava")
+    inputs = batch_inputs("llava", 3)
+    hf_specmm.enable(model)
+    try:
+        model.generate(**inputs, assistant_model=testing.random_text_draft(model), max_new_tokens=3)
+        one = batch_inputs("llava", 1)
+        model.generate(input_ids=one["input_ids"], pixel_values=one["pixel_values"],
+                       assistant_model=testing.random_text_draft(model), max_new_tokens=3)
+    finally:
+        hf_specmm.disable(model)
+
+
+@pytest.mark.parametrize("family", testing.FAMILIES)
+def test_placeholders_without_images(family):
+    inputs = dict(batch_inputs(family, 3))
+    inputs.pop("pixel_values")
+    inputs.pop("image_sizes", None)
+    _refused(target(family), inputs, r"placeholders \(row 0: \d+, row 2: \d+\) but no images")
+
+
+@pytest.mark.parametrize("family", testing.FAMILIES)
+def test_images_without_placeholders(family):
+    with_images = batch_inputs(family, 3)
+    text_only = dict(batch_inputs(family, 3, with_images=False))
+    text_only.update({k: v for k, v in with_images.items() if k not in ("input_ids", "attention_mask")})
+    _refused(target(family), text_only, r"2 image\(s\) were passed but no row")
+
+
+def test_fixed_size_images_counted_per_row():
+    inputs = dict(batch_inputs("llava", 3))
+    inputs["pixel_values"] = inputs["pixel_values"][:1]
+    inputs["pixel_values"] = torch.cat([inputs["pixel_values"]] * 3)  # 3 images for 2 images' placeholders
+    _refused(target("llava"), inputs, r"row 0: 16, row 1: 0, row 2: 16 placeholders \(32 in all\) for 3 image")
+    ids = batch_inputs("llava", 3)["input_ids"].clone()
+    ids[1, -2] = testing.special_ids()["image"]
+    _refused(target("llava"), {**batch_inputs("llava", 3), "input_ids": ids}, r"rows \[0, 1, 2\] cannot hold")
+
+
+@pytest.mark.parametrize("family", ("llava_next", "llava_onevision"))
+def test_anyres_more_placeholder_groups_than_images(family):
+    inputs = dict(batch_inputs(family, 3))
+    inputs["pixel_values"] = inputs["pixel_values"][:1]
+    inputs["image_sizes"] = inputs["image_sizes"][:1]
+    _refused(target(family), inputs, r"2 separate image placeholder groups \(row 0: 1 group\(s\)")
