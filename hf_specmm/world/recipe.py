@@ -100,6 +100,18 @@ def _distil(kind: str, target_dir: Path, world: Path, work: Path, distil_data: P
             "summary": result.summary()}
 
 
+def _card_home(ship: Path, folder: str) -> None:
+    """Shipping into the package: the card's one home is the repository's top-level ``model_cards/world/``;
+    the checkpoint folder's README.md is a link to it (a work folder keeps plain files)."""
+    home = Path(__file__).resolve().parents[2] / "model_cards" / "world"
+    card = ship / folder / "README.md"
+    if ship.resolve() != (Path(__file__).resolve().parent / "checkpoints") or not home.is_dir():
+        return
+    (home / f"{folder}.md").write_text(card.read_text())
+    card.unlink()
+    card.symlink_to(Path("../../../../model_cards/world") / f"{folder}.md")
+
+
 def build_world_checkpoints(work_dir: str | Path, ship_dir: str | Path) -> dict[str, Any]:
     """Run the whole recipe; returns (and writes as ``ship_dir/recipe.json``) settings and measurements."""
     work, ship = Path(work_dir), Path(ship_dir)
@@ -117,6 +129,8 @@ def build_world_checkpoints(work_dir: str | Path, ship_dir: str | Path) -> dict[
         drafts[kind] = _distil(kind, target_dir, world, work, distil_data, heldout)
         shutil.rmtree(ship / folder, ignore_errors=True)
         shutil.copytree(Path(drafts[kind]["summary"]["draft_dir"]), ship / folder)
+    for folder in (TARGET_NAME, *DRAFT_DIRS.values()):
+        _card_home(ship, folder)
     summary = {"world": WORLD, "target": {k: v for k, v in report.items() if k != "losses"}, "drafts": drafts}
     (ship / "recipe.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
     return summary
