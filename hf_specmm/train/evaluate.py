@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from .. import api
+from ..devices import execution_device
 from .data import Example, encode_prompts
 
 
@@ -28,7 +29,7 @@ def measure_tau(target: Any, processor: Any, draft: Any, examples: list[Example]
     was_training = draft.training
     draft.eval()
     totals = dict(generated_tokens=0, target_forwards=0, drafted_tokens=0, accepted_tokens=0)
-    device = next(target.parameters()).device
+    device = execution_device(target)  # a dispatched target (device_map=...) may hold offloaded weights on meta
     try:
         for start in range(0, len(examples), batch_size):
             inputs = encode_prompts(processor, examples[start : start + batch_size], prompt_format, device)

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from ..devices import execution_device
 from .config import TrainConfig, TrainingInputError
 from .data import Example, encode_prompts, format_prompt
 
@@ -105,7 +106,7 @@ def fill_responses(target: Any, processor: Any, examples: list[Example], cfg: Tr
     gen_kwargs = dict(max_new_tokens=cfg.max_new_tokens, do_sample=cfg.do_sample)
     if cfg.do_sample:
         gen_kwargs.update(temperature=cfg.temperature, top_p=cfg.top_p, top_k=0)
-    device = next(target.parameters()).device
+    device = execution_device(target)  # a dispatched target (device_map=...) may hold offloaded weights on meta
     bar = tqdm(total=len(todo), desc="target answers", unit="prompt", disable=not cfg.progress)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(cfg.seed)  # sampled answers: reproducible for a seed, and training RNG untouched
