@@ -68,7 +68,7 @@ class TrainConfig:
     stages: tuple[int, ...] | None = None  # (1,) text-only drafts; (1, 2) adapter drafts by default
     steps: int = 1000  # optimizer steps of stage 1
     stage2_steps: int | None = None  # optimizer steps of stage 2 (default: `steps`)
-    batch_size: int = 8  # examples per micro-batch
+    batch_size: int = 8  # examples per micro-batch and process (the global batch is this × processes)
     grad_accum: int = 1  # micro-batches per optimizer step
     lr: float = 1e-3
     stage2_lr: float | None = None  # adapter learning rate in stage 2 (default: lr)
@@ -146,14 +146,17 @@ class TrainConfig:
         if problems:
             raise TrainingInputError("invalid training config: " + "; ".join(problems))
 
-    def hashed_fields(self, fingerprints: dict[str, str]) -> dict[str, Any]:
-        """The fields that define the training trajectory; paths replaced by content ``fingerprints``."""
+    def hashed_fields(self, fingerprints: dict[str, str], processes: int = 1) -> dict[str, Any]:
+        """The fields that define the training trajectory; paths replaced by content ``fingerprints``.
+        ``batch_size`` is per process: what defines the trajectory is the global batch, batch_size × processes
+        (a run may resume on another number of processes with the same global batch)."""
         out = {}
         for f in dataclasses.fields(self):
             if f.name in _NOT_HASHED:
                 continue
             value = getattr(self, f.name)
             out[f.name] = list(value) if isinstance(value, tuple) else value
+        out["global_batch_size"] = out.pop("batch_size") * processes
         # defaults spelled out, so that leaving a flag out and passing its default hash the same
         out["stage2_steps"] = self.stage_steps(2)
         out["stage2_lr"] = self.stage2_lr if self.stage2_lr is not None else self.lr

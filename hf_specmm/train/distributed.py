@@ -1,0 +1,102 @@
+"""Training across processes: ``hf-specmm train`` started by ``accelerate launch`` or ``torchrun`` (one process
+per GPU, or ``--cpu`` processes on the gloo backend). accelerate's ``Accelerator`` sets up the process group
+from the launcher's environment and gives the collectives; a plain ``python`` run is one process and every
+method here is then a no-op (the single-process trainer is unchanged, bit for bit).
+
+The split is the data-parallel one, exact by construction:
+
+- every process draws the same global batch (the sampler is deterministic) and trains its own contiguous
+  slice of each micro-batch, so ``--batch-size b`` on ``n`` processes trains the same examples in the same
+  order as ``--batch-size n·b`` on one;
+- each process divides its summed loss by the answer tokens of the WHOLE optimizer step (known to every
+  process: it drew the whole batch), and gradients are summed over processes: exactly the single-process
+  gradient, so clipping, AdamW and the scheduler see the same numbers and the drafts stay identical;
+- the frozen target is replicated (one copy per process) and only ever runs forward.
+
+Why gradients are summed here rather than by wrapping the draft in ``DistributedDataParallel``: the training
+views run parts of the draft (the adapter draft's LM in stage 1, a VLM draft's language model with the images),
+not the wrapper's ``forward``, and DDP only syncs gradients of forwards that went through the wrapper. One
+flat all-reduce per optimizer step (the draft is small) costs what DDP's would.
+
+    >>> procs = Processes("cpu")
+    >>> procs.world, procs.rank, procs.is_main
+    (1, 0, True)
+    >>> procs.local_slice(list(range(8)), 0, 8)
+    [0, 1, 2, 3, 4, 5, 6, 7]
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+
+class Processes:
+    """The processes of one training run (``accelerate.Accelerator`` underneath), as the trainer uses them."""
+
+    def __init__(self, device: str):
+        from accelerate import Accelerator
+
+        # cpu=True: gloo processes even on a machine with GPUs (--device cpu); otherwise one GPU per process
+        self.accelerator = Accelerator(cpu=torch.device(device).type == "cpu")
+        self.world = self.accelerator.num_processes
+        self.rank = self.accelerator.process_index
+        self.is_main = self.accelerator.is_main_process
+        # one process: the device asked for (e.g. cuda:1); several: the one the launcher gave this process
+        self.device = torch.device(device) if self.world == 1 else self.accelerator.device
+
+    def local_slice(self, items: list[T], start: int, size: int) -> list[T]:
+        """This process's contiguous share of ``items[start : start + size]`` (``size`` = per-process × world)."""
+        per = size // self.world
+        return items[start + self.rank * per : start + (self.rank + 1) * per]
+
+    def barrier(self) -> None:
+        self.accelerator.wait_for_everyone()
+
+    def gather(self, items: list[T]) -> list[T]:
+        """Every process's list, concatenated in rank order, on every process."""
+        if self.world == 1:
+            return list(items)
+        from accelerate.utils import gather_object
+
+        return list(gather_object(list(items)))
+
+    def sum(self, values: dict[str, float]) -> dict[str, float]:
+        """Per-key sums over processes (metrics, τ counts); keys must be the same on every process."""
+        if self.world == 1 or not values:
+            return dict(values)
+        keys = sorted(values)
+        total = self.accelerator.reduce(torch.tensor([float(values[k]) for k in keys], dtype=torch.float64,
+                                                     device=self.device), reduction="sum")
+        return dict(zip(keys, total.tolist()))
+
+    def broadcast_parameters(self, module: torch.nn.Module) -> None:
+        """Start every process from the main process's weights (as DDP does at construction)."""
+        if self.world == 1:
+            return
+        from accelerate.utils import broadcast
+
+        with torch.no_grad():
+            for tensor in list(module.parameters()) + list(module.buffers()):
+                tensor.copy_(broadcast(tensor.detach().clone(), from_process=0))
+
+    def sum_gradients(self, params: list[torch.nn.Parameter]) -> None:
+        """Sum every trained parameter's gradient over processes, in one flat all-reduce. A parameter no
+        process touched keeps ``grad=None`` (AdamW then skips it, as in one process); one that only some
+        processes touched (e.g. the adapter when a process's share had no image) gets the sum of theirs."""
+        if self.world == 1 or not params:
+            return
+        flat = [torch.cat([p.grad.reshape(-1).float() if p.grad is not None else p.new_zeros(p.numel(), dtype=torch.float32)
+                           for p in params]),
+                torch.tensor([float(p.grad is not None) for p in params], device=params[0].device)]
+        sizes = [flat[0].numel(), len(params)]
+        total = self.accelerator.reduce(torch.cat(flat).to(self.device), reduction="sum").to(params[0].device)
+        grads, touched = total.split(sizes)
+        offset = 0
+        for p, used in zip(params, touched.tolist()):
+            n = p.numel()
+            p.grad = grads[offset : offset + n].view_as(p).to(p.dtype).clone() if used else None
+            offset += n
