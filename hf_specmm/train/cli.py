@@ -73,8 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    "(default: the draft kind's own, e.g. 1 for text-only, 1,2 for image-adapter drafts)")
     g.add_argument("--steps", type=positive, default=1000, help="optimizer steps of stage 1")
     g.add_argument("--stage2-steps", type=positive, help="optimizer steps of stage 2 (default: --steps)")
-    g.add_argument("--batch-size", type=positive, default=8, help="examples per micro-batch PER PROCESS (accelerate's per-device "
-                   "convention): under accelerate launch / torchrun the global batch is this × processes × --grad-accum")
+    g.add_argument("--batch-size", type=positive, default=8,
+                   help="examples per micro-batch PER PROCESS (accelerate's per-device convention): under accelerate "
+                        "launch / torchrun an optimizer step trains this × processes × --grad-accum examples")
     g.add_argument("--grad-accum", type=positive, default=1, help="micro-batches per optimizer step")
     g.add_argument("--lr", type=number_in(0.0, low_open=True), default=1e-3, help="peak learning rate (> 0)")
     g.add_argument("--stage2-lr", type=number_in(0.0, low_open=True),

@@ -89,11 +89,12 @@ class Processes:
         processes touched (e.g. the adapter when a process's share had no image) gets the sum of theirs."""
         if self.world == 1 or not params:
             return
-        flat = [torch.cat([p.grad.reshape(-1).float() if p.grad is not None else p.new_zeros(p.numel(), dtype=torch.float32)
-                           for p in params]),
-                torch.tensor([float(p.grad is not None) for p in params], device=params[0].device)]
-        sizes = [flat[0].numel(), len(params)]
-        total = self.accelerator.reduce(torch.cat(flat).to(self.device), reduction="sum").to(params[0].device)
+        grads = [p.grad.reshape(-1).float() if p.grad is not None else p.new_zeros(p.numel(), dtype=torch.float32)
+                 for p in params]
+        touched = torch.tensor([float(p.grad is not None) for p in params], device=params[0].device)
+        sizes = [sum(g.numel() for g in grads), len(params)]
+        flat = torch.cat([*grads, touched]).to(self.device)
+        total = self.accelerator.reduce(flat, reduction="sum").to(params[0].device)
         grads, touched = total.split(sizes)
         offset = 0
         for p, used in zip(params, touched.tolist()):

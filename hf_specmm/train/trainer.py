@@ -167,7 +167,8 @@ class Trainer:
                     load_checkpoint(resume_from, self.draft, optimizer, scheduler)
                 load_rng(resume_from)  # the RNG exactly as the uninterrupted run had it here
                 resume_from = None
-            bar = tqdm(total=n_steps, initial=start, desc=f"stage {stage}", unit="step", disable=not (cfg.progress and self.procs.is_main))
+            bar = tqdm(total=n_steps, initial=start, desc=f"stage {stage}", unit="step",
+                       disable=not (cfg.progress and self.procs.is_main))  # one bar: the main process's
             for stage_step in range(start, n_steps):
                 began = time.perf_counter()
                 optimizer.zero_grad(set_to_none=True)
@@ -197,7 +198,8 @@ class Trainer:
         self.state.update(sampler=self.sampler.state_dict(), train_tokens=self.train_tokens,
                           train_time_s=round(self.train_time_s, 3), target_forward_s=round(self.target_forward_s, 3))
         if self.procs.is_main:  # the processes hold identical drafts: written once
-            save_checkpoint(self.cfg.output_dir, self.draft, optimizer, scheduler, self.state, self.cfg.keep_checkpoints)
+            save_checkpoint(self.cfg.output_dir, self.draft, optimizer, scheduler, self.state,
+                            self.cfg.keep_checkpoints)
         self.procs.barrier()  # no process runs ahead of a checkpoint that is still being written
         self.last_checkpoint = checkpoint_path(self.cfg.output_dir, self.state["global_step"])
         return self.last_checkpoint
