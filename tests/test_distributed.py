@@ -2,7 +2,7 @@
 user would: the same weights as one process at the same global batch (2 × batch b == 1 × batch 2b, gradient
 accumulation and both adapter stages included, a process whose share has no image line included), the shared
 answer cache written once per answer, checkpoints resumable on another number of processes in both directions,
-the held-out τ of the whole held-out set."""
+the held-out τ of the whole held-out set; and training on a target dispatched by accelerate (disk/CPU offload)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import torch
 import hf_specmm
 from hf_specmm import testing
 from hf_specmm.train import TrainConfig, TrainingInputError, train_draft
+from test_dispatch import DEVICE_MAP
 
 REPO = Path(__file__).resolve().parents[1]
 GLOBAL_BATCH = 4  # per micro-batch; × grad_accum 2 = 8 lines per optimizer step
@@ -129,6 +130,12 @@ def test_two_processes_train_the_same_draft_as_one_and_resume_across_process_cou
                           str(root / "single" / "checkpoints" / "step-000003"))
     assert_same_weights(single.draft, hf_specmm.load_draft(forth / "draft"), "1 process, resumed on 2 (torchrun)")
     assert json.loads((forth / "train_summary.json").read_text())["responses_generated"] == 0
+
+    # the target dispatched by accelerate (layers offloaded to disk and CPU, --target-device-map): same draft
+    dispatched = one_process(root, "dispatched", "answers-1.jsonl", target_device_map=DEVICE_MAP)
+    assert dispatched.responses_generated == 0 and (root / "dispatched" / "target-offload").is_dir()
+    assert_same_weights(single.draft, dispatched.draft, "dispatched target")
+    assert dispatched.tau_after == single.tau_after
 
     # another global batch is another trajectory: refused, naming it, before any work
     with pytest.raises(TrainingInputError, match=r"global_batch_size: 4 -> 2"):

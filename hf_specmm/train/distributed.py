@@ -27,6 +27,7 @@ flat all-reduce per optimizer step (the draft is small) costs what DDP's would.
 
 from __future__ import annotations
 
+import os
 from typing import Any, TypeVar
 
 import torch
@@ -47,6 +48,47 @@ class Processes:
         self.is_main = self.accelerator.is_main_process
         # one process: the device asked for (e.g. cuda:1); several: the one the launcher gave this process
         self.device = torch.device(device) if self.world == 1 else self.accelerator.device
+
+    def check_supported(self) -> None:
+        """FSDP / DeepSpeed launch configs shard what ``prepare`` is given; this trainer prepares nothing (see
+        the module docstring) and would silently replicate the target: refuse before any work."""
+        kind = str(self.accelerator.distributed_type).split(".")[-1]
+        if kind in ("FSDP", "DEEPSPEED", "MEGATRON_LM"):
+            from .config import TrainingInputError
+
+            raise TrainingInputError(
+                f"hf-specmm train was launched with a {kind} accelerate config; it trains data-parallel (the draft "
+                "is small, the frozen target only runs forward). For a target larger than one GPU use "
+                "--target-device-map auto: each process spreads the target over its share of the GPUs "
+                "(launch with a MULTI_GPU config and fewer processes than GPUs).")
+
+    def gpu_share(self) -> list[int]:
+        """This process's GPUs for a target spread over several: the machine's visible GPUs split evenly
+        among its processes (e.g. 8 GPUs, 2 processes: 0-3 and 4-7)."""
+        count = torch.cuda.device_count()
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", self.world))
+        per = count // max(local_world, 1)
+        if per < 1:
+            from .config import TrainingInputError
+
+            raise TrainingInputError(f"{local_world} processes on this machine but {count} GPUs: "
+                                     "--target-device-map auto needs at least one GPU per process")
+        local = self.accelerator.local_process_index
+        return list(range(local * per, (local + 1) * per))
+
+    def target_placement(self, device_map: str | dict | None) -> dict[str, Any]:
+        """``from_pretrained`` keyword arguments that place the target (``{}``: whole on :attr:`device`). With
+        ``"auto"`` on several GPU processes, each process gets its share of the GPUs, and its draft and
+        collectives move to the share's first GPU."""
+        if device_map is None:
+            return {}
+        if device_map != "auto" or self.world == 1 or self.device.type != "cuda":
+            return {"device_map": device_map}
+        share = self.gpu_share()
+        self.device = torch.device("cuda", share[0])
+        torch.cuda.set_device(self.device)
+        memory = {i: int(0.9 * torch.cuda.get_device_properties(i).total_memory) for i in share}
+        return {"device_map": "auto", "max_memory": memory}
 
     def local_slice(self, items: list[T], start: int, size: int) -> list[T]:
         """This process's contiguous share of ``items[start : start + size]`` (``size`` = per-process × world)."""

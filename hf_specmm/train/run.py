@@ -15,6 +15,7 @@ from typing import Any
 
 from transformers import PreTrainedModel
 
+from ..devices import execution_device
 from ..drafts import get_kind
 from ..hub import annotate_draft, push_draft_to_hub, save_draft
 from ..targets import target_spec
@@ -126,6 +127,10 @@ def train_draft(cfg: TrainConfig) -> TrainResult:
     """
     cfg.validate()
     procs = Processes(cfg.device)  # under accelerate launch / torchrun: this process of several
+    procs.check_supported()
+    placement = procs.target_placement(cfg.target_device_map)  # may move this process to its GPU share
+    if isinstance(placement.get("device_map"), dict) and "disk" in placement["device_map"].values():
+        placement["offload_folder"] = Path(cfg.output_dir) / "target-offload" / f"process-{procs.rank}"
     cfg = dataclasses.replace(cfg, device=str(procs.device))
     out = Path(cfg.output_dir)
     # 1. data (every line and image checked), held-out split
@@ -145,7 +150,7 @@ def train_draft(cfg: TrainConfig) -> TrainResult:
         check_compatible(saved, fields, chash, resume)
         state.update({k: v for k, v in saved.items() if k not in ("config", "config_fields")})
     # 3. models (no forward pass), the draft checked against the target
-    target, processor = load_target(cfg.target, cfg.device, cfg.dtype)
+    target, processor = load_target(cfg.target, cfg.device, cfg.dtype, **placement)
     if cfg.prompt_format == "chat" and not getattr(processor, "chat_template", None):
         raise TrainingInputError(f"prompt_format='chat' but the processor of {cfg.target} has no chat template; "
                                  "use prompt_format='raw' (prompts as written, image token prepended)")
@@ -161,7 +166,7 @@ def train_draft(cfg: TrainConfig) -> TrainResult:
         raise TrainingInputError(f"stage 2 (multimodal) needs lines with an image; {cfg.data} has none")
     _check_context(cfg, processor, draft, train + held)
     spec = target_spec(target)
-    vocab = VocabMap(spec, draft_vocab_size(draft), target.device)
+    vocab = VocabMap(spec, draft_vocab_size(draft), execution_device(target))
     # 4. the target's answers (first forward passes), cached next to the output folder
     cache = Path(cfg.response_cache) if cfg.response_cache else out.resolve().parent / "hf_specmm_responses.jsonl"
     generated, cached = fill_responses(target, processor, train, cfg, cache, fields["target"], spec.placeholder_ids,

@@ -81,7 +81,8 @@ class Trainer:
                               position_ids=self.positions.prompt_positions(batch.full_mask), use_cache=False,
                               logits_to_keep=width + 1, **batch.inputs)
         self.target_forward_s += time.perf_counter() - start
-        return out.logits[:, :width]  # column P-1+r predicts response token r
+        # column P-1+r predicts response token r; a dispatched target's last layer may be on another device
+        return out.logits[:, :width].to(self.device)
 
     def _draft_logits(self, batch: Batch, view: Drafter) -> torch.Tensor:
         ids, valid, extra = view.draft_inputs(Prompt(batch.prompt_ids, batch.prompt_mask, batch.inputs))
