@@ -41,8 +41,10 @@ class Processes:
     def __init__(self, device: str):
         from accelerate import Accelerator
 
-        # cpu=True: gloo processes even on a machine with GPUs (--device cpu); otherwise one GPU per process
-        self.accelerator = Accelerator(cpu=torch.device(device).type == "cpu")
+        # launched with --device cpu: gloo processes even on a machine with GPUs; otherwise one GPU per process.
+        # One process: accelerate's device is not used (so no clash with an Accelerator made earlier in it)
+        launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
+        self.accelerator = Accelerator(cpu=launched and torch.device(device).type == "cpu")
         self.world = self.accelerator.num_processes
         self.rank = self.accelerator.process_index
         self.is_main = self.accelerator.is_main_process
