@@ -143,3 +143,26 @@ def test_two_processes_train_the_same_draft_as_one_and_resume_across_process_cou
                                 output_dir=str(root / "other"), batch_size=GLOBAL_BATCH // 2,
                                 response_cache=str(root / "answers-1.jsonl"),
                                 resume=str(root / "single" / "checkpoints" / "step-000003"), **COMMON))
+
+
+def test_fsdp_or_deepspeed_launch_and_bad_device_maps_are_refused_before_any_work(tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    from hf_specmm import cli
+    from hf_specmm.train.distributed import Processes
+
+    procs = Processes("cpu")
+    procs.check_supported()  # one process: fine
+    for kind in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+        procs.accelerator = SimpleNamespace(distributed_type=kind)  # as a launch with such a config makes it
+        with pytest.raises(TrainingInputError, match=f"{kind.value}.*--target-device-map auto"):
+            procs.check_supported()
+    with pytest.raises(SystemExit) as exc:  # one line, exit code 2, before any file or model is read
+        cli.main(["train", "--target", "t", "--data", "d", "--output-dir", str(tmp_path), "--draft-config", "tiny",
+                  "--target-device-map", "everywhere"])
+    assert exc.value.code == 2 and "--target-device-map" in capsys.readouterr().err
+    with pytest.raises(TrainingInputError, match="target_device_map='everywhere'"):
+        TrainConfig(target="t", data="d", output_dir=str(tmp_path), draft_config="tiny",
+                    target_device_map="everywhere").validate()
