@@ -33,8 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-tokens", type=int_at_least(1), default=32, help="text tokens per synthetic prompt")
     parser.add_argument("--no-image", action="store_true", help="text-only synthetic prompts")
     parser.add_argument("--device", default="cpu",
-                        help="torch device (cpu, cuda, cuda:1, ...) of the target, and of the draft with --device-map "
-                             "(default: cpu)")
+                        help="torch device (cpu, cuda, cuda:1, ...) of the target and the draft; with --device-map "
+                             "of the draft only (default: cpu)")
     parser.add_argument("--device-map", choices=DEVICE_MAPS, default=None,
                         help="auto: spread the target's layers over the visible GPUs (then CPU RAM) with accelerate, "
                              "as from_pretrained(device_map='auto') does, to time a target larger than one GPU; the "
