@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from . import _compat
+from .devices import execution_device
 from .errors import IncompatibleDraftError, UnsupportedGenerationError
 from .drafts import DraftKind, kind_of
 from .loop import GammaSchedule
@@ -112,7 +113,7 @@ def _check_config(config: Any, kwargs: dict, batch: int, streamer: Any) -> None:
 
 
 def _check_draft(draft: Any, kind: DraftKind, ids: torch.Tensor, config: Any, vocab: VocabMap, kwargs: dict) -> None:
-    if draft.device.type == "meta":
+    if execution_device(draft).type == "meta":  # offloaded weights of a dispatched draft are fine
         _fail(IncompatibleDraftError, "The draft's weights are on the meta device (not loaded); load it on a real "
               "device, e.g. AutoModelForCausalLM.from_pretrained(repo, device_map='cpu').")
     context = getattr(draft.config.get_text_config(), "max_position_embeddings", None)

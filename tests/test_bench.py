@@ -66,3 +66,20 @@ def test_sampling_mode_runs_and_bad_flags_are_refused(tmp_path, capsys):
     assert exc.value.code == 2 and "greedy" in capsys.readouterr().err
     with pytest.raises(ValueError, match="unknown preset"):
         run_benchmark(BenchConfig(preset="nope"), progress=False)
+
+
+def test_device_map_auto_dispatches_the_target_and_stays_lossless(tmp_path, capsys):
+    """``--device-map auto``: the target goes through accelerate's dispatch (here: every layer on the CPU, the
+    only device; on a GPU machine over the GPUs) and the run stays token-identical to plain generate."""
+    out = tmp_path / "bench"
+    code = cli.main(["bench", "--preset", "tiny", "--device-map", "auto", "--gammas", "3", "--acceptance", "0.8",
+                     "--max-new-tokens", "12", "--repeats", "1", "--warmup", "0", "--no-stock", "--out", str(out)])
+    assert code == 0
+    data = json.loads((out / "bench.json").read_text())
+    assert data["env"]["config"]["device_map"] == "auto" and data["env"]["target_device_map"]  # really dispatched
+    assert data["rows"][0]["lossless"] is True
+    with pytest.raises(SystemExit) as exc:  # argparse: one line, exit code 2, before any model is built
+        cli.main(["bench", "--preset", "tiny", "--device-map", "everywhere", "--out", str(tmp_path)])
+    assert exc.value.code == 2 and "--device-map" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="device_map='everywhere'"):
+        run_benchmark(BenchConfig(preset="tiny", device_map="everywhere"), progress=False)

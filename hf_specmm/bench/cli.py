@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .presets import PRESETS
+from .presets import DEVICE_MAPS, PRESETS
 
 if TYPE_CHECKING:  # argparse is used only when the dispatcher builds the parser
     import argparse
@@ -32,7 +32,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int_at_least(1), default=64, help="tokens generated per row")
     parser.add_argument("--prompt-tokens", type=int_at_least(1), default=32, help="text tokens per synthetic prompt")
     parser.add_argument("--no-image", action="store_true", help="text-only synthetic prompts")
-    parser.add_argument("--device", default="cpu", help="torch device (cpu, cuda, cuda:1, ...)")
+    parser.add_argument("--device", default="cpu",
+                        help="torch device (cpu, cuda, cuda:1, ...) of the target and the draft; with --device-map "
+                             "of the draft only (default: cpu)")
+    parser.add_argument("--device-map", choices=DEVICE_MAPS, default=None,
+                        help="auto: spread the target's layers over the visible GPUs (then CPU RAM) with accelerate, "
+                             "as from_pretrained(device_map='auto') does, to time a target larger than one GPU; the "
+                             "draft and inputs stay on --device (default: off, the whole target on --device)")
     parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                         help="weights' dtype (default: the preset's own, float32 for cpu-proxy and tiny, "
                              "bfloat16 for llava-1.5-7b-shape)")
@@ -62,6 +68,9 @@ def run(args: argparse.Namespace) -> int:
         raise _refuse("--acceptance is for greedy decoding; drop --do-sample")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise _refuse(f"--device {args.device} but CUDA is not available")
+    if args.device_map is not None and torch.cuda.is_available() and not args.device.startswith("cuda"):
+        raise _refuse(f"--device-map {args.device_map} spreads the target over the GPUs: put the draft on one too "
+                      "(--device cuda)")
     if args.out.exists() and not args.out.is_dir():
         raise _refuse(f"--out {args.out} is a file, not a folder")
     if importlib.util.find_spec("matplotlib") is None:
@@ -69,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     config = BenchConfig(preset=args.preset, gammas=args.gammas, batch_sizes=args.batch_sizes,
                          acceptance=args.acceptance, do_sample=args.do_sample, max_new_tokens=args.max_new_tokens,
                          prompt_tokens=args.prompt_tokens, with_image=not args.no_image, device=args.device,
+                         device_map=args.device_map,
                          dtype=args.dtype, warmup=args.warmup, repeats=args.repeats, stock=not args.no_stock,
                          seed=args.seed)
     result = run_benchmark(config)

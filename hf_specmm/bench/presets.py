@@ -6,6 +6,10 @@
 - ``llava-1.5-7b-shape``: the exact LLaVA-1.5-7B configuration (CLIP ViT-L/14-336, Vicuna-7B, 576
   image tokens), bf16, with a llama-68m-shaped draft (32000 ids, as double7/vicuna-68m).
 - ``tiny``: the test fixtures' tiny LLaVA with a same-vocabulary random draft, for smoke tests.
+
+``device_map="auto"`` spreads the target's layers as ``from_pretrained(..., device_map="auto")`` does
+(accelerate: balanced over the visible GPUs, then CPU RAM), for targets larger than one GPU; the draft
+stays on ``device``.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from typing import Any
 
 import torch
 from transformers import CLIPVisionConfig, LlamaConfig, LlamaForCausalLM, LlavaConfig, LlavaForConditionalGeneration
+
+from ..devices import execution_device
 
 
 @dataclass
@@ -48,7 +54,35 @@ def _draft(hidden: int, layers: int, heads: int, intermediate: int, vocab: int, 
     return draft
 
 
-def build_preset(name: str, device: str = "cpu", dtype: str | None = None, seed: int = 0) -> Preset:
+DEVICE_MAPS = ("auto",)
+
+
+def dispatch(model: Any, device_map: str) -> Any:
+    """``model`` (built on the CPU) spread over the devices by accelerate's dispatch hooks, the way
+    ``from_pretrained(..., device_map="auto")`` places a checkpoint (no layer split across devices)."""
+    from accelerate import dispatch_model, infer_auto_device_map
+    from accelerate.utils import get_balanced_memory
+
+    if device_map not in DEVICE_MAPS:
+        raise ValueError(f"unknown device_map {device_map!r}; choose one of {DEVICE_MAPS}")
+    no_split = sorted(getattr(model, "_no_split_modules", None) or [])
+    memory = get_balanced_memory(model, no_split_module_classes=no_split)
+    placement = infer_auto_device_map(model, max_memory=memory, no_split_module_classes=no_split)
+    return dispatch_model(model, placement)
+
+
+def build_preset(name: str, device: str = "cpu", dtype: str | None = None, seed: int = 0,
+                 device_map: str | None = None) -> Preset:
+    """Build ``name``'s target and draft (seeded). ``device_map="auto"``: the target is built on the CPU and
+    dispatched over the visible devices (see :func:`dispatch`); the draft goes to ``device``."""
+    preset = _build(name, device if device_map is None else "cpu", dtype, seed)
+    if device_map is not None:
+        preset.target = dispatch(preset.target, device_map)
+        preset.draft = preset.draft.to(device)
+    return preset
+
+
+def _build(name: str, device: str, dtype: str | None, seed: int) -> Preset:
     torch.manual_seed(seed)
     if name == "cpu-proxy":
         dt = getattr(torch, dtype or "float32")
@@ -99,5 +133,5 @@ def synthetic_inputs(preset: Preset, batch: int, prompt_tokens: int, seed: int =
     inputs = {"input_ids": ids, "attention_mask": mask}
     if with_image:
         inputs["pixel_values"] = torch.randn(batch, 3, vision.image_size, vision.image_size, generator=gen)
-    device, dtype = target.device, next(target.parameters()).dtype
+    device, dtype = execution_device(target), next(target.parameters()).dtype
     return {k: v.to(device=device, dtype=dtype if v.is_floating_point() else v.dtype) for k, v in inputs.items()}

@@ -27,7 +27,8 @@ from ..drafts.text_only import text_only_view
 from ..targets import target_spec
 from ..vocab import VocabMap, draft_vocab_size
 from .controlled import controlled_acceptance, set_reference
-from .presets import build_preset, synthetic_inputs
+from ..devices import execution_device
+from .presets import DEVICE_MAPS, build_preset, synthetic_inputs
 from .timing import interleaved_medians, step_costs
 
 
@@ -42,6 +43,7 @@ class BenchConfig:
     prompt_tokens: int = 32
     with_image: bool = True
     device: str = "cpu"
+    device_map: str | None = None  # "auto": the target spread over the visible devices (accelerate); draft on device
     dtype: str | None = None
     warmup: int = 1
     repeats: int = 3
@@ -60,6 +62,8 @@ class BenchConfig:
                 problems.append(f"{name}={getattr(self, name)} (must be >= {low})")
         if self.acceptance is not None and not 0.0 <= self.acceptance <= 1.0:
             problems.append(f"acceptance={self.acceptance} (in [0, 1])")
+        if self.device_map is not None and self.device_map not in DEVICE_MAPS:
+            problems.append(f"device_map={self.device_map!r} (None or one of {DEVICE_MAPS})")
         if self.acceptance is not None and self.do_sample:
             problems.append("acceptance (controlled acceptance) is defined for greedy decoding; drop do_sample")
         if problems:
@@ -78,11 +82,12 @@ def _draft_prompt_positions(vocab: VocabMap, inputs: dict) -> torch.Tensor:
 def run_benchmark(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
     """Run every (batch, γ) configuration of ``config``; returns ``{"env": ..., "rows": [...]}``."""
     config.validate()  # before the preset is built: a bad value must not cost a model build
-    preset = build_preset(config.preset, config.device, config.dtype, config.seed)
+    preset = build_preset(config.preset, config.device, config.dtype, config.seed, config.device_map)
     target, draft = preset.target, preset.draft
+    device = execution_device(target)  # where its inputs go (a dispatched target's first layer)
     api.disable(target)
     spec = target_spec(target)
-    vocab = VocabMap(spec, draft_vocab_size(draft), target.device)
+    vocab = VocabMap(spec, draft_vocab_size(draft), device)
     same_vocab = draft_vocab_size(draft) == spec.vocab_size
     n_target, n_draft = _n_params(target), _n_params(draft)
     # presets have no EOS (random weights): every method generates exactly max_new_tokens per row
@@ -154,7 +159,7 @@ def run_benchmark(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
         methods = {"plain": run_plain, "ours": run_ours}
         if stock_runs:
             methods |= {"stock": run_stock, "stock_as_called": run_stock_as_called}
-        timed = interleaved_medians(methods, target.device, config.warmup, config.repeats)
+        timed = interleaved_medians(methods, device, config.warmup, config.repeats)
         t_plain, t_ours = timed["plain"][0], timed["ours"][0]
         ours = timed["ours"][1]
         row: dict[str, Any] = {"batch": batch, "gamma": gamma, "plain_tok_s": new_tokens / t_plain,
@@ -187,7 +192,9 @@ def run_benchmark(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
         rows.append(row)
         bar.set_postfix(speedup=f"{row['speedup']:.2f}x", tau=f"{tau:.2f}")
     env = {
-        "device": torch.cuda.get_device_name(target.device) if target.device.type == "cuda" else platform.processor() or "cpu",
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        # where the target's layers went under --device-map (module -> device), else None
+        "target_device_map": {k: str(v) for k, v in getattr(target, "hf_device_map", {}).items()} or None,
         "cpu_threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers.__version__,
         "target_params": n_target, "draft_params": n_draft, "config": asdict(config),
         "note": "controlled acceptance: systems benchmark (random weights)" if config.acceptance is not None else None,

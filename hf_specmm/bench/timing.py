@@ -9,11 +9,13 @@ from typing import Any, Callable
 import torch
 
 from .. import _compat
+from ..devices import execution_device
 
 
 def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    if device.type == "cuda":  # every GPU: a dispatched target (--device-map) runs on several
+        for index in range(torch.cuda.device_count()):
+            torch.cuda.synchronize(index)
 
 
 def median_time(fn: Callable[[], Any], device: torch.device, warmup: int, repeats: int) -> tuple[float, Any]:
@@ -71,7 +73,7 @@ def _step_time(model: Any, cache: Any, length: int, mask: torch.Tensor | None, i
 def step_costs(target: Any, draft: Any, inputs: dict, draft_ids: torch.Tensor, draft_mask: torch.Tensor,
                gamma: int, warmup: int = 2, repeats: int = 5) -> dict[str, float]:
     """T1 (target, 1 token), Tv (target, γ+1 tokens), Td (draft, 1 token), after a real prefill of each."""
-    device = target.device
+    device = execution_device(target)  # a dispatched target's first layer, not its (maybe offloaded) first weight
     cache = _compat.new_dynamic_cache()
     target(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=1)
     length, mask = cache.get_seq_length(), inputs.get("attention_mask")
@@ -81,6 +83,7 @@ def step_costs(target: Any, draft: Any, inputs: dict, draft_ids: torch.Tensor, d
     tv = _step_time(target, cache, length, mask, token.expand(batch, gamma + 1).contiguous(), device, warmup, repeats)
     dcache = _compat.new_dynamic_cache()
     draft(input_ids=draft_ids, attention_mask=draft_mask, past_key_values=dcache, use_cache=True, logits_to_keep=1)
-    td = _step_time(draft, dcache, dcache.get_seq_length(), draft_mask, token.to(draft.device), draft.device,
+    draft_device = execution_device(draft)
+    td = _step_time(draft, dcache, dcache.get_seq_length(), draft_mask, token.to(draft_device), draft_device,
                     warmup, repeats)
     return {"T1": t1, "Tv": tv, "Td": td}

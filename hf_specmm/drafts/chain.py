@@ -17,6 +17,7 @@ import torch
 
 from .. import _compat
 from ..cache_state import SlottedCache
+from ..devices import execution_device
 from ..drafter import Drafter, Prompt, Proposal, SelectFn
 from ..targets.positions import ROPE_1D, Rope1D
 from ..vocab import VocabMap
@@ -28,7 +29,7 @@ class ChainDrafter(Drafter):
     def __init__(self, draft: Any, vocab: VocabMap, model: Any = None, positions: Rope1D = ROPE_1D):
         super().__init__(draft, vocab)
         self.model = draft if model is None else model
-        self.device = self.model.device
+        self.device = execution_device(self.model)  # a dispatched draft's weights may sit on meta (offloaded)
         self.positions = positions
         self._keeps_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
         self.state: SlottedCache | None = None

@@ -32,6 +32,10 @@ def checkpoint_root(output_dir: str | Path) -> Path:
     return Path(output_dir) / "checkpoints"
 
 
+def checkpoint_path(output_dir: str | Path, global_step: int) -> Path:
+    return checkpoint_root(output_dir) / f"step-{global_step:06d}"
+
+
 def latest_checkpoint(output_dir: str | Path) -> Path | None:
     """The complete checkpoint with the highest step (unfinished temporary folders are ignored)."""
     root = checkpoint_root(output_dir)
@@ -67,7 +71,7 @@ def save_checkpoint(output_dir: str | Path, model: torch.nn.Module, optimizer: A
     """Write ``step-<global_step>`` atomically, then keep only the ``keep`` newest checkpoints."""
     root = checkpoint_root(output_dir)
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step-{state['global_step']:06d}"
+    final = checkpoint_path(output_dir, state["global_step"])
     tmp = root / f".tmp-{final.name}-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)

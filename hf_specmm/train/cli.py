@@ -29,6 +29,22 @@ def _stages(text: str) -> tuple[int, ...]:
     return stages
 
 
+def _device_map(text: str) -> str | dict:
+    """``--target-device-map``: ``auto``, a JSON object ``{"module": device}`` or a JSON file holding one."""
+    import argparse
+    from pathlib import Path
+
+    if text == "auto":
+        return text
+    try:
+        value = json.loads(Path(text).read_text() if Path(text).is_file() else text)
+    except json.JSONDecodeError:
+        value = None
+    if not isinstance(value, dict) or not value:
+        raise argparse.ArgumentTypeError(f"takes auto, a JSON object {{module: device}} or a JSON file (got {text!r})")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the train flags on ``parser`` (called by ``hf_specmm.cli``). Numbers are range-checked by their
     ``type=`` with the bounds of :meth:`TrainConfig.validate`, so a bad value is a one-line usage error before
@@ -73,7 +89,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    "(default: the draft kind's own, e.g. 1 for text-only, 1,2 for image-adapter drafts)")
     g.add_argument("--steps", type=positive, default=1000, help="optimizer steps of stage 1")
     g.add_argument("--stage2-steps", type=positive, help="optimizer steps of stage 2 (default: --steps)")
-    g.add_argument("--batch-size", type=positive, default=8, help="examples per micro-batch")
+    g.add_argument("--batch-size", type=positive, default=8,
+                   help="examples per micro-batch PER PROCESS (accelerate's per-device convention): under accelerate "
+                        "launch / torchrun an optimizer step trains this × processes × --grad-accum examples")
     g.add_argument("--grad-accum", type=positive, default=1, help="micro-batches per optimizer step")
     g.add_argument("--lr", type=number_in(0.0, low_open=True), default=1e-3, help="peak learning rate (> 0)")
     g.add_argument("--stage2-lr", type=number_in(0.0, low_open=True),
@@ -89,7 +107,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=at_least_0, default=0, help="seed of initialisation, data order and sampling")
     g.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
                    help="bf16: autocast (draft weights stay fp32, the frozen target is loaded in bf16)")
-    g.add_argument("--device", default="cpu", help="cpu or cuda")
+    g.add_argument("--device", default="cpu", help="cpu or cuda (under a launcher: each process's own GPU)")
+    g.add_argument("--target-device-map", type=_device_map,
+                   help="dispatch the frozen target with accelerate instead of loading it whole on --device: auto "
+                        "(over the GPUs; under a launcher each process takes an equal share of them) or a JSON "
+                        "{module: device|cpu|disk} map (default: off)")
     g = parser.add_argument_group("checkpoints")
     g.add_argument("--checkpoint-every", type=at_least_0, default=0,
                    help="optimizer steps between checkpoints (0: end of each stage)")

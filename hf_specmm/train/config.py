@@ -39,6 +39,7 @@ _NOT_HASHED = frozenset({
     "output_dir", "resume", "stop_at_step", "checkpoint_every", "keep_checkpoints", "progress", "device",
     "response_cache", "gen_batch_size", "eval_gamma", "eval_max_new_tokens", "eval_batch_size",
     "eval_before", "task_name", "target_name", "push_to_hub", "hub_private", "hub_token", "images",
+    "target_device_map",  # where the target's layers run: the same logits
 })
 
 
@@ -68,7 +69,7 @@ class TrainConfig:
     stages: tuple[int, ...] | None = None  # (1,) text-only drafts; (1, 2) adapter drafts by default
     steps: int = 1000  # optimizer steps of stage 1
     stage2_steps: int | None = None  # optimizer steps of stage 2 (default: `steps`)
-    batch_size: int = 8  # examples per micro-batch
+    batch_size: int = 8  # examples per micro-batch and process (the global batch is this × processes)
     grad_accum: int = 1  # micro-batches per optimizer step
     lr: float = 1e-3
     stage2_lr: float | None = None  # adapter learning rate in stage 2 (default: lr)
@@ -83,6 +84,9 @@ class TrainConfig:
     seed: int = 0
     dtype: str = "fp32"  # fp32 | bf16 (autocast; draft weights stay fp32, the frozen target is loaded in bf16)
     device: str = "cpu"
+    # the target dispatched by accelerate instead of whole on `device`: "auto" (over this process's share of the
+    # GPUs, then CPU RAM) or a {module: device | "cpu" | "disk"} map (disk: offloaded under output_dir)
+    target_device_map: str | dict | None = None
     # -- checkpoints
     checkpoint_every: int = 0  # optimizer steps; 0: only at the end of each stage
     keep_checkpoints: int = 2
@@ -141,19 +145,24 @@ class TrainConfig:
             problems.append(f"eval_fraction={self.eval_fraction} (in [0, 1))")
         if self.lr <= 0 or (self.stage2_lm_lr or 0) < 0 or (self.stage2_lr is not None and self.stage2_lr <= 0):
             problems.append("learning rates must be positive (stage2_lm_lr may be 0: frozen)")
+        if isinstance(self.target_device_map, str) and self.target_device_map != "auto":
+            problems.append(f"target_device_map={self.target_device_map!r} (\"auto\" or a {{module: device}} map)")
         if self.checkpoint_every < 0:
             problems.append(f"checkpoint_every={self.checkpoint_every} (0 = end of each stage only)")
         if problems:
             raise TrainingInputError("invalid training config: " + "; ".join(problems))
 
-    def hashed_fields(self, fingerprints: dict[str, str]) -> dict[str, Any]:
-        """The fields that define the training trajectory; paths replaced by content ``fingerprints``."""
+    def hashed_fields(self, fingerprints: dict[str, str], processes: int = 1) -> dict[str, Any]:
+        """The fields that define the training trajectory; paths replaced by content ``fingerprints``.
+        ``batch_size`` is per process: what defines the trajectory is the global batch, batch_size × processes
+        (a run may resume on another number of processes with the same global batch)."""
         out = {}
         for f in dataclasses.fields(self):
             if f.name in _NOT_HASHED:
                 continue
             value = getattr(self, f.name)
             out[f.name] = list(value) if isinstance(value, tuple) else value
+        out["global_batch_size"] = out.pop("batch_size") * processes
         # defaults spelled out, so that leaving a flag out and passing its default hash the same
         out["stage2_steps"] = self.stage_steps(2)
         out["stage2_lr"] = self.stage2_lr if self.stage2_lr is not None else self.lr

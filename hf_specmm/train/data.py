@@ -161,7 +161,9 @@ def make_batch(processor: Any, examples: list[Example], prompt_format: str, pad_
 
 class Sampler:
     """Deterministic draws: the k-th draw from a pool is element ``perm_epoch[k mod N]`` of a permutation
-    seeded by (seed, pool, epoch = k div N). Its whole state is a counter per pool (saved in checkpoints)."""
+    seeded by (seed, pool, epoch = k div N). Its whole state is a counter per pool (saved in checkpoints).
+    Under several processes every process draws the whole global batch (and trains its slice of it), so the
+    counters count global draws: a checkpoint resumes on any number of processes with the same global batch."""
 
     def __init__(self, pools: dict[str, list[Example]], seed: int):
         self.pools, self.seed = pools, seed

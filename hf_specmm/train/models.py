@@ -74,11 +74,18 @@ def target_class(name: str) -> type:
                                  f"the registered target families ({supported}).")
 
 
-def load_target(name: str, device: str, dtype: str) -> tuple[PreTrainedModel, Any]:
-    """Frozen target in eval mode (bf16 when training in bf16: it is only ever run forward) + its processor."""
+def load_target(name: str, device: str, dtype: str, device_map: str | dict | None = None,
+                max_memory: dict | None = None, offload_folder: str | Path | None = None) -> tuple[PreTrainedModel, Any]:
+    """Frozen target in eval mode (bf16 when training in bf16: it is only ever run forward) + its processor.
+    ``device_map`` (with ``max_memory`` / ``offload_folder``): dispatched by accelerate as ``from_pretrained``
+    does, for a target larger than one device; otherwise the whole target on ``device``."""
     cls = target_class(name)
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
-    model = cls.from_pretrained(name, dtype=torch_dtype).to(device).eval()
+    if device_map is None:
+        model = cls.from_pretrained(name, dtype=torch_dtype).to(device).eval()
+    else:
+        model = cls.from_pretrained(name, dtype=torch_dtype, device_map=device_map, max_memory=max_memory,
+                                    offload_folder=offload_folder).eval()
     model.requires_grad_(False)
     processor = AutoProcessor.from_pretrained(name)
     return model, processor

@@ -5,6 +5,10 @@ Cache: a JSONL file, one ``{"key", "response_ids", "text"}`` per answer, appende
 interrupted generation keeps what it finished). The key hashes the target's content fingerprint, the
 formatted prompt, the image file's sha256 and the generation settings (sampling seed included).
 
+Several processes (``accelerate launch``): each generates its share of every round of batches; the answers
+are gathered and the main process alone appends them, so the one cache holds each answer once (a prompt
+repeated in the data is generated once too). Sampled answers are reproducible for a seed and process count.
+
     >>> fill_responses(target, processor, examples, cfg, "answers.jsonl", "local:ab12", ids)  # doctest: +SKIP
     (120, 0)
 """
@@ -19,8 +23,10 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from ..devices import execution_device
 from .config import TrainConfig, TrainingInputError
 from .data import Example, encode_prompts, format_prompt
+from .distributed import Processes
 
 
 def generation_settings(cfg: TrainConfig) -> dict[str, Any]:
@@ -85,11 +91,14 @@ def _trim(row: list[int], eos: set[int]) -> list[int]:
 
 @torch.no_grad()
 def fill_responses(target: Any, processor: Any, examples: list[Example], cfg: TrainConfig, cache_path: str | Path,
-                   target_fp: str, placeholder_ids: frozenset[int]) -> tuple[int, int]:
+                   target_fp: str, placeholder_ids: frozenset[int],
+                   procs: Processes | None = None) -> tuple[int, int]:
     """Set ``response_ids`` on every example; returns (answers generated now, answers read from the cache)."""
-    cache = ResponseCache(cache_path)
+    procs = procs if procs is not None else Processes(cfg.device)
+    cache = ResponseCache(cache_path)  # every process reads it before any writes (the first gather waits)
     settings = generation_settings(cfg)
-    todo, hits = [], 0
+    todo: dict[str, list[Example]] = {}  # key -> the lines asking it (one generation per distinct key)
+    hits = 0
     for e in examples:
         if e.response is not None:
             e.response_ids = tokenize_given(processor, e, target, placeholder_ids)
@@ -98,28 +107,37 @@ def fill_responses(target: Any, processor: Any, examples: list[Example], cfg: Tr
         if key in cache.entries:
             e.response_ids, hits = list(cache.entries[key]), hits + 1
         else:
-            todo.append((key, e))
+            todo.setdefault(key, []).append(e)
     if not todo:
         return 0, hits
+    keys = list(todo)
     eos = _eos_ids(target)
     gen_kwargs = dict(max_new_tokens=cfg.max_new_tokens, do_sample=cfg.do_sample)
     if cfg.do_sample:
         gen_kwargs.update(temperature=cfg.temperature, top_p=cfg.top_p, top_k=0)
-    device = next(target.parameters()).device
-    bar = tqdm(total=len(todo), desc="target answers", unit="prompt", disable=not cfg.progress)
+    device = execution_device(target)  # a dispatched target (device_map=...) may hold offloaded weights on meta
+    bar = tqdm(total=len(keys), desc="target answers", unit="prompt", disable=not (cfg.progress and procs.is_main))
+    round_size = cfg.gen_batch_size * procs.world  # one batch per process per round
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(cfg.seed)  # sampled answers: reproducible for a seed, and training RNG untouched
-        for start in range(0, len(todo), cfg.gen_batch_size):
-            chunk = todo[start : start + cfg.gen_batch_size]
-            inputs = encode_prompts(processor, [e for _, e in chunk], cfg.prompt_format, device)
-            # type(...).generate: stock generate even when hf_specmm.enable() patched this instance
-            out = type(target).generate(target, **inputs, **gen_kwargs)
-            new = out[:, inputs["input_ids"].shape[1]:].tolist()
+        for start in range(0, len(keys), round_size):
+            chunk = procs.local_slice(keys[start : start + round_size] + [None] * round_size, 0, round_size)
+            chunk = [key for key in chunk if key is not None]  # the last round: some processes have less or none
             items = []
-            for (key, e), row in zip(chunk, new):
-                e.response_ids = _trim(row, eos)
-                items.append((key, e.response_ids, processor.tokenizer.decode(e.response_ids)))
-            cache.add(items)
-            bar.update(len(chunk))
+            if chunk:
+                inputs = encode_prompts(processor, [todo[key][0] for key in chunk], cfg.prompt_format, device)
+                # type(...).generate: stock generate even when hf_specmm.enable() patched this instance
+                out = type(target).generate(target, **inputs, **gen_kwargs)
+                for key, row in zip(chunk, out[:, inputs["input_ids"].shape[1]:].tolist()):
+                    ids = _trim(row, eos)
+                    items.append((key, ids, processor.tokenizer.decode(ids)))
+            items = procs.gather(items)  # every process's answers of this round, on every process
+            if procs.is_main:
+                cache.add(items)
+            for key, ids, _ in items:
+                for e in todo[key]:
+                    e.response_ids = list(ids)
+            bar.update(len(items))
     bar.close()
-    return len(todo), hits
+    procs.barrier()  # the cache is complete on disk before any process goes on
+    return len(keys), hits

@@ -7,6 +7,7 @@ the resume checkpoint's config hash) runs before the first forward pass (the tar
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 
 from transformers import PreTrainedModel
 
+from ..devices import execution_device
 from ..drafts import get_kind
 from ..hub import annotate_draft, push_draft_to_hub, save_draft
 from ..targets import target_spec
@@ -21,6 +23,7 @@ from ..vocab import VocabMap, draft_vocab_size
 from .checkpoint import check_compatible, latest_checkpoint, read_state
 from .config import TrainConfig, TrainingInputError, config_hash, resolve_draft_config
 from .data import format_prompt, load_examples, split_heldout
+from .distributed import Processes
 from .evaluate import card_results, measure_tau
 from .models import default_target_name, file_sha256, fingerprint, load_target, make_draft
 from .responses import fill_responses
@@ -123,6 +126,12 @@ def train_draft(cfg: TrainConfig) -> TrainResult:
         >>> result.tau_before["block_efficiency"], result.tau_after["block_efficiency"]  # doctest: +SKIP
     """
     cfg.validate()
+    procs = Processes(cfg.device)  # under accelerate launch / torchrun: this process of several
+    procs.check_supported()
+    placement = procs.target_placement(cfg.target_device_map)  # may move this process to its GPU share
+    if isinstance(placement.get("device_map"), dict) and "disk" in placement["device_map"].values():
+        placement["offload_folder"] = Path(cfg.output_dir) / "target-offload" / f"process-{procs.rank}"
+    cfg = dataclasses.replace(cfg, device=str(procs.device))
     out = Path(cfg.output_dir)
     # 1. data (every line and image checked), held-out split
     examples = load_examples(cfg.data, cfg.images)
@@ -131,7 +140,7 @@ def train_draft(cfg: TrainConfig) -> TrainResult:
     else:
         train, held = split_heldout(examples, cfg.eval_fraction, cfg.seed)
     # 2. the resume checkpoint must come from this very configuration
-    fields = cfg.hashed_fields(_fingerprints(cfg))
+    fields = cfg.hashed_fields(_fingerprints(cfg), processes=procs.world)
     chash = config_hash(fields)
     resume = _resume_path(cfg)
     state = {"config_hash": chash, "config_fields": fields, "config": cfg.to_dict(), "global_step": 0, "stage": 0,
@@ -141,12 +150,13 @@ def train_draft(cfg: TrainConfig) -> TrainResult:
         check_compatible(saved, fields, chash, resume)
         state.update({k: v for k, v in saved.items() if k not in ("config", "config_fields")})
     # 3. models (no forward pass), the draft checked against the target
-    target, processor = load_target(cfg.target, cfg.device, cfg.dtype)
+    target, processor = load_target(cfg.target, cfg.device, cfg.dtype, **placement)
     if cfg.prompt_format == "chat" and not getattr(processor, "chat_template", None):
         raise TrainingInputError(f"prompt_format='chat' but the processor of {cfg.target} has no chat template; "
                                  "use prompt_format='raw' (prompts as written, image token prepended)")
     target_name = cfg.target_name or default_target_name(cfg.target)
     draft, kind = make_draft(cfg, target, processor.tokenizer, target_name)
+    procs.broadcast_parameters(draft)
     stages = cfg.resolved_stages(kind)
     kind_stages = get_kind(kind).stages
     if not set(stages) <= set(kind_stages):
@@ -156,16 +166,17 @@ def train_draft(cfg: TrainConfig) -> TrainResult:
         raise TrainingInputError(f"stage 2 (multimodal) needs lines with an image; {cfg.data} has none")
     _check_context(cfg, processor, draft, train + held)
     spec = target_spec(target)
-    vocab = VocabMap(spec, draft_vocab_size(draft), target.device)
+    vocab = VocabMap(spec, draft_vocab_size(draft), execution_device(target))
     # 4. the target's answers (first forward passes), cached next to the output folder
     cache = Path(cfg.response_cache) if cfg.response_cache else out.resolve().parent / "hf_specmm_responses.jsonl"
-    generated, cached = fill_responses(target, processor, train, cfg, cache, fields["target"], spec.placeholder_ids)
+    generated, cached = fill_responses(target, processor, train, cfg, cache, fields["target"], spec.placeholder_ids,
+                                       procs)
     # 5. τ of the untrained draft, training, τ after
     eval_tokens = cfg.eval_max_new_tokens or cfg.max_new_tokens
     if resume is None and held and cfg.eval_before:
         state["tau_before"] = measure_tau(target, processor, draft, held, cfg.eval_gamma, eval_tokens,
-                                          cfg.eval_batch_size, cfg.prompt_format)
-    trainer = Trainer(cfg, target, processor, draft, vocab, train, state)
+                                          cfg.eval_batch_size, cfg.prompt_format, procs)
+    trainer = Trainer(cfg, target, processor, draft, vocab, train, state, procs)
     completed = trainer.run(stages, resume)
     result = TrainResult(out, draft.eval(), kind, completed, state["global_step"], chash,
                          last_checkpoint=trainer.last_checkpoint, tau_before=state.get("tau_before"),
@@ -175,15 +186,20 @@ def train_draft(cfg: TrainConfig) -> TrainResult:
     if completed:
         if held:
             result.tau_after = measure_tau(target, processor, draft, held, cfg.eval_gamma, eval_tokens,
-                                           cfg.eval_batch_size, cfg.prompt_format)
+                                           cfg.eval_batch_size, cfg.prompt_format, procs)
         task = cfg.task_name or f"held-out {Path(cfg.eval_data or cfg.data).stem}"
         annotate_draft(draft, target=target_name, results={task: card_results(result.tau_after)} if held else None,
                        training_data=_describe_data(cfg, train, held, result))
-        result.draft_dir = save_draft(draft, out / "draft", target=target_name)
-        if cfg.push_to_hub:
-            push_draft_to_hub(draft, cfg.push_to_hub, target=target_name, token=cfg.hub_token,
-                              private=cfg.hub_private or None)
-            result.pushed_to = cfg.push_to_hub
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "train_summary.json").write_text(json.dumps(result.summary(), indent=1, default=str))
+        result.draft_dir = out / "draft"
+        if procs.is_main:  # the processes hold identical drafts: saved and pushed once
+            save_draft(draft, result.draft_dir, target=target_name)
+            if cfg.push_to_hub:
+                push_draft_to_hub(draft, cfg.push_to_hub, target=target_name, token=cfg.hub_token,
+                                  private=cfg.hub_private or None)
+        result.pushed_to = cfg.push_to_hub
+    if procs.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        summary = {**result.summary(), "processes": procs.world}
+        (out / "train_summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    procs.barrier()  # every process returns once the draft and the summary are on disk
     return result

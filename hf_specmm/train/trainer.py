@@ -35,9 +35,10 @@ from ..drafter import Drafter, Prompt
 from ..drafts import kind_of
 from ..targets import target_family
 from ..vocab import VocabMap
-from .checkpoint import load_checkpoint, load_rng, save_checkpoint
+from .checkpoint import checkpoint_path, load_checkpoint, load_rng, save_checkpoint
 from .config import TrainConfig
 from .data import Batch, Example, Sampler, make_batch
+from .distributed import Processes
 from .losses import distill_loss, proposable_columns
 
 
@@ -45,7 +46,8 @@ class Trainer:
     """Runs the stages of one training run on an already checked draft (see :func:`train_draft`)."""
 
     def __init__(self, cfg: TrainConfig, target: Any, processor: Any, draft: Any, vocab: VocabMap,
-                 examples: list[Example], state: dict[str, Any]):
+                 examples: list[Example], state: dict[str, Any], procs: Processes | None = None):
+        self.procs = procs if procs is not None else Processes(cfg.device)  # one process unless launched
         self.cfg, self.target, self.processor, self.draft, self.vocab = cfg, target, processor, draft, vocab
         self.state = state  # written into every checkpoint (config hash, counters, τ before, ...)
         self.kind = kind_of(draft)
@@ -79,7 +81,8 @@ class Trainer:
                               position_ids=self.positions.prompt_positions(batch.full_mask), use_cache=False,
                               logits_to_keep=width + 1, **batch.inputs)
         self.target_forward_s += time.perf_counter() - start
-        return out.logits[:, :width]  # column P-1+r predicts response token r
+        # column P-1+r predicts response token r; a dispatched target's last layer may be on another device
+        return out.logits[:, :width].to(self.device)
 
     def _draft_logits(self, batch: Batch, view: Drafter) -> torch.Tensor:
         ids, valid, extra = view.draft_inputs(Prompt(batch.prompt_ids, batch.prompt_mask, batch.inputs))
@@ -107,22 +110,25 @@ class Trainer:
         return metrics
 
     def _step(self, stage: int, stage_step: int, n_steps: int, params: list) -> tuple[dict[str, float], int]:
-        cfg = self.cfg
-        n = cfg.batch_size * cfg.grad_accum
+        cfg, procs = self.cfg, self.procs
+        # every process draws the whole global batch (same sampler) and trains its slice of each micro-batch
+        micro = cfg.batch_size * procs.world
+        n = micro * cfg.grad_accum
         if stage == 1:
             examples = self.sampler.draw("all", n)
         else:
             share = 1.0 if n_steps == 1 else cfg.mm_share_start + (1 - cfg.mm_share_start) * stage_step / (n_steps - 1)
             m = n if not self.sampler.pools["text"] else round(share * n)
             examples = self.sampler.draw("image", m) + self.sampler.draw("text", n - m)
-        total = sum(len(e.response_ids or ()) for e in examples)
+        total = sum(len(e.response_ids or ()) for e in examples)  # the whole step's answer tokens, all processes
         sums: dict[str, float] = {}
         view = self.view(stage)
-        for i in range(0, n, cfg.batch_size):
-            for key, value in self._micro_step(examples[i : i + cfg.batch_size], view, total).items():
+        for i in range(0, n, micro):
+            for key, value in self._micro_step(procs.local_slice(examples, i, micro), view, total).items():
                 sums[key] = sums.get(key, 0.0) + value
+        procs.sum_gradients(params)  # = the gradient of one process training the whole global batch
         torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-        return {k: v / total for k, v in sums.items()}, total
+        return {k: v / total for k, v in procs.sum(sums).items()}, total
 
     # ---- stages ------------------------------------------------------------------------------------
     def _optimizer(self, stage: int, n_steps: int) -> tuple[torch.optim.Optimizer, Any, list]:
@@ -162,7 +168,8 @@ class Trainer:
                     load_checkpoint(resume_from, self.draft, optimizer, scheduler)
                 load_rng(resume_from)  # the RNG exactly as the uninterrupted run had it here
                 resume_from = None
-            bar = tqdm(total=n_steps, initial=start, desc=f"stage {stage}", unit="step", disable=not cfg.progress)
+            bar = tqdm(total=n_steps, initial=start, desc=f"stage {stage}", unit="step",
+                       disable=not (cfg.progress and self.procs.is_main))  # one bar: the main process's
             for stage_step in range(start, n_steps):
                 began = time.perf_counter()
                 optimizer.zero_grad(set_to_none=True)
@@ -191,6 +198,9 @@ class Trainer:
     def checkpoint(self, optimizer: Any, scheduler: Any) -> Path:
         self.state.update(sampler=self.sampler.state_dict(), train_tokens=self.train_tokens,
                           train_time_s=round(self.train_time_s, 3), target_forward_s=round(self.target_forward_s, 3))
-        self.last_checkpoint = save_checkpoint(self.cfg.output_dir, self.draft, optimizer, scheduler, self.state,
-                                               self.cfg.keep_checkpoints)
+        if self.procs.is_main:  # the processes hold identical drafts: written once
+            save_checkpoint(self.cfg.output_dir, self.draft, optimizer, scheduler, self.state,
+                            self.cfg.keep_checkpoints)
+        self.procs.barrier()  # no process runs ahead of a checkpoint that is still being written
+        self.last_checkpoint = checkpoint_path(self.cfg.output_dir, self.state["global_step"])
         return self.last_checkpoint
