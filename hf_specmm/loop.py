@@ -83,8 +83,10 @@ def speculative_decode(
     with drafter.watch(target):
         out = _compat.prefill(target, input_ids, generation_config, model_kwargs)
     drafter.observe_prefill(out)
+    # the family's position rule bound to this prompt (M-RoPE: the positions stock generate gave it)
+    positions = family.positions.bind(target, input_ids, attention_mask, model_kwargs)
     target_kv = SlottedCache(out.past_key_values, None if attention_mask is None else attention_mask.long(),
-                             prompt_len, batch, device, family.positions)
+                             prompt_len, batch, device, positions)
     logits = out.logits[:, -1:].to(dtype=torch.float32, device=device)
     del out
     scores = apply_processors(logits_processor, rows.history, logits)

@@ -32,6 +32,9 @@ class TargetFamily:
     image_layout_attrs: tuple[str, ...] = ()
     span_attrs: tuple[tuple[str, ...], ...] = ()  # vision start/end markers (dropped from a text-only view)
     positions: Rope1D = field(default=ROPE_1D)
+    # model_type of a plain causal LM that reads this family's text stream (a fresh text-only draft), when
+    # the target's text config is not one itself (Qwen2-VL's "qwen2_vl_text" -> "qwen2"); None: the text config's
+    text_model_type: str | None = None
 
     def model_class(self) -> type:
         import transformers
