@@ -4,7 +4,8 @@ scaled down, built from configs with random weights (used through :mod:`hf_specm
 Id layout, as upstream (Qwen2.5-VL-7B: 151,643 BPE ids, the specials from 151,643, a 151,665-token
 tokenizer, a 151,936-row Qwen2.5-0.5B draft and a 152,064-row target), scaled down:
 
-* ``0 .. 99`` words (``0`` is the word-level ``<unk>``);
+* ``0 .. 99`` words (``0 .. 2`` as Qwen's ``!"#``, ``0`` the word-level unknown; ``3 ..`` the LLaVA
+  fixtures' words at the LLaVA fixtures' ids);
 * ``100`` ``<|endoftext|>`` (pad), ``101`` ``<|im_start|>``, ``102`` ``<|im_end|>`` (EOS), ``103 .. 108``
   object/box/quad markers, ``109`` ``<|vision_start|>``, ``110`` ``<|vision_end|>``, ``111``
   ``<|vision_pad|>``, ``112`` ``<|image_pad|>``, ``113`` ``<|video_pad|>``, ``114 .. 119`` tool markers;
@@ -43,9 +44,10 @@ VISION_START_ID, VISION_END_ID = IDS["<|vision_start|>"], IDS["<|vision_end|>"]
 TOKENIZER_SIZE = N_WORDS + len(_SPECIALS)  # 120
 DRAFT_VOCAB = 128  # the natural text draft's rows (Qwen2.5-0.5B: 151936)
 TARGET_VOCAB = {"qwen2_vl": 136, "qwen2_5_vl": 136, "qwen3_vl": 128}  # 152064 / 152064 / 151936 upstream
-PATCH, MERGE, TEMPORAL = 8, 2, 2  # 32x32 image -> 4x4 patches -> 2x2 = 4 placeholder tokens
+PATCH, MERGE, TEMPORAL = 4, 2, 2  # 32x32 image -> 8x8 patches -> 4x4 = 16 placeholder tokens
 HIDDEN, HEADS, HEAD_DIM = 64, 4, 16
 MROPE_SECTION = [2, 3, 3]  # sums to HEAD_DIM / 2 (upstream [16, 24, 24] of 64; Qwen3-VL [24, 20, 20])
+EOS_OFFSET = 2.0  # added to tiny_target's eos_bias: eos_bias=2 stops most rows early, as for the LLaVA fixtures
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }} "
     "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for c in m['content'] %}"
@@ -99,13 +101,18 @@ def build_target(family: str, seed: int, eos_bias: float | None, shape_lm, finis
             last.weight[0] = 0.0
             last.bias[0] = 0.0
     gen = torch.Generator().manual_seed(seed + 1000)
-    shape_lm(model.model.language_model, model.lm_head, vocab, reserved_ids(vocab), eos_bias, gen, eos_id=EOS_ID)
+    shape_lm(model.model.language_model, model.lm_head, vocab, reserved_ids(vocab),
+             None if eos_bias is None else eos_bias + EOS_OFFSET, gen, eos_id=EOS_ID)
+    if eos_bias is not None:  # EOS's logit is the bias alone (a random part can keep it low for a whole run)
+        with torch.no_grad():
+            keep = model.lm_head.weight[EOS_ID, 0].clone()
+            model.lm_head.weight[EOS_ID] = 0.0
+            model.lm_head.weight[EOS_ID, 0] = keep
     return finish(model, PAD_ID, EOS_ID)
 
 
-def text_config(family_or_config, vocab: int | None = None) -> PretrainedConfig:
-    """The plain causal-LM config (Qwen2 / Qwen3) equal to a Qwen-VL target's text model."""
-    text = copy.deepcopy(family_or_config)
+def text_config(text: PretrainedConfig, vocab: int | None = None, **overrides) -> PretrainedConfig:
+    """The plain causal-LM config (Qwen2 / Qwen3) equal to a Qwen-VL target's text config ``text``."""
     fields = {k: getattr(text, k) for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
                                             "num_attention_heads", "num_key_value_heads", "max_position_embeddings",
                                             "rms_norm_eps", "hidden_act", "initializer_range", "bos_token_id",
@@ -114,8 +121,9 @@ def text_config(family_or_config, vocab: int | None = None) -> PretrainedConfig:
     fields["rope_parameters"] = {"rope_type": "default", "rope_theta": text.rope_parameters["rope_theta"]}
     fields["tie_word_embeddings"] = False
     if text.model_type.startswith("qwen3"):
-        return Qwen3Config(head_dim=text.head_dim, attention_bias=text.attention_bias, **fields)
-    return Qwen2Config(use_sliding_window=False, **fields)
+        fields.update(head_dim=text.head_dim, attention_bias=text.attention_bias)
+        return Qwen3Config(**{**fields, **overrides})
+    return Qwen2Config(use_sliding_window=False, **{**fields, **overrides})
 
 
 def text_draft_from_target(target: PreTrainedModel) -> PreTrainedModel:
@@ -133,13 +141,12 @@ def text_draft_from_target(target: PreTrainedModel) -> PreTrainedModel:
 def random_text_draft(target: PreTrainedModel, seed: int, vocab_size: int | None, eos_bias: float | None,
                       shape_lm, finish) -> PreTrainedModel:
     """A different random 1-layer / hidden-32 Qwen2 / Qwen3 LM (default: :data:`DRAFT_VOCAB` rows)."""
-    base = text_config(target.config.text_config, vocab_size or DRAFT_VOCAB)
+    text = target.config.text_config
     fields = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
                   num_key_value_heads=2)
-    if base.model_type == "qwen3":
+    if text.model_type.startswith("qwen3"):
         fields.update(head_dim=8, attention_bias=True)
-    for k, v in fields.items():
-        setattr(base, k, v)
+    base = text_config(text, vocab_size or DRAFT_VOCAB, **fields)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         draft = AutoModelForCausalLM.from_config(base, attn_implementation="sdpa")

@@ -125,8 +125,10 @@ def speculative_decode(
         else:
             n, emitted = greedy_verify(drafts, scores)
         kept = rows.emit(emitted, torch.where(live, n + 1, torch.zeros_like(n)), scores, logits)
-        # a draft counts as drafted only if its row could have kept it (not past max_length)
-        drafted = [min(gamma, b - 1) if u else 0 for b, u in zip(budget, live.tolist())]
+        # a draft counts as drafted only if its row could have kept it (not past max_length, nor past the
+        # token that ended the row this round: an accepted EOS leaves the drafts after it unused)
+        drafted = [(min(gamma, b - 1) if still else min(gamma, b - 1, k)) if u else 0
+                   for b, u, k, still in zip(budget, live.tolist(), kept, rows.unfinished)]
         accepted = [min(a, k, d) for a, k, d in zip(n.tolist(), kept, drafted)]  # drafts among the kept tokens
         stats.record_round(gamma, kept, accepted, drafted)
         schedule.update([k - 1 for k in kept if k], gamma)

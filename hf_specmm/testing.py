@@ -68,6 +68,8 @@ __all__ = [
     "make_inputs",
     "text_draft_from_target",
     "random_text_draft",
+    "causal_lm_config",
+    "vision_tower",
 ]
 
 LLAVA_FAMILIES = ("llava", "llava_next", "llava_onevision")
@@ -288,7 +290,7 @@ def tiny_processor(family: str, vocab_size: int = 128) -> ProcessorMixin:
     """
     _check(family, vocab_size)
     if family in _qwen.QWEN_FAMILIES:
-        return _qwen.processor(family, ["<unk>"] + list(_WORDS) + [f"w{i}" for i in range(_qwen.N_WORDS)])
+        return _qwen.processor(family, ["!", '"', "#"] + list(_WORDS) + [f"w{i}" for i in range(_qwen.N_WORDS)])
     tok = _tokenizer(family, vocab_size)
     img_kw = dict(size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
     if family == "llava":
@@ -379,3 +381,17 @@ def random_text_draft(target: PreTrainedModel, seed: int = 1, vocab_size: int | 
         _shape_lm(draft.model, draft.lm_head, vocab, reserved, eos_bias, gen)
     param = next(target.parameters())
     return _finish(draft, pad).to(device=param.device, dtype=param.dtype)
+
+
+def causal_lm_config(target: PreTrainedModel) -> PretrainedConfig:
+    """A copy of the config of ``target``'s language model as a plain ``*ForCausalLM`` config (Qwen-VL text
+    configs have no causal-LM class of their own: Qwen2 / Qwen3)."""
+    if target.config.model_type in _qwen.QWEN_FAMILIES:
+        return _qwen.text_config(target.config.text_config)
+    return copy.deepcopy(target.config.text_config)
+
+
+def vision_tower(model: PreTrainedModel) -> torch.nn.Module:
+    """The vision encoder of a tiny target (``vision_tower``; Qwen-VL: ``visual``)."""
+    inner = model.model
+    return inner.vision_tower if hasattr(inner, "vision_tower") else inner.visual
