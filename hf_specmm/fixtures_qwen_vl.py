@@ -235,8 +235,16 @@ def make_inputs(family: str, proc: ProcessorMixin, prompts: list[str], images: l
         texts.append(prompt if "<|im_start|>" in prompt else
                      f"<|im_start|>user {spans}{prompt} <|im_end|> <|im_start|>assistant")
     proc.tokenizer.padding_side = padding_side
-    out = proc(images=flat or None, text=texts, padding=True, return_tensors="pt")
-    if pixel_videos:
-        out["pixel_values_videos"] = torch.cat(pixel_videos)
-        out["video_grid_thw"] = torch.cat(grids)
+    if not pixel_videos:
+        return proc(images=flat or None, text=texts, padding=True, return_tensors="pt")
+    # with videos (no video processor): expand the image spans as the processor does, tokenize, mark types
+    out = BatchFeature(dict(proc.image_processor(images=flat, return_tensors="pt"))) if flat else BatchFeature({})
+    counts = iter((out["image_grid_thw"].prod(-1) // MERGE ** 2).tolist() if flat else [])
+    texts = ["".join(part + ("<|image_pad|>" * next(counts) if i < text.count("<|image_pad|>") else "")
+                     for i, part in enumerate(text.split("<|image_pad|>"))) for text in texts]
+    out.update(proc.tokenizer(texts, padding=True, return_tensors="pt"))
+    ids = out["input_ids"]
+    out["mm_token_type_ids"] = (ids == IMAGE_ID).long() + 2 * (ids == VIDEO_ID).long()
+    out["pixel_values_videos"] = torch.cat(pixel_videos)
+    out["video_grid_thw"] = torch.cat(grids)
     return out

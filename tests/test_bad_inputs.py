@@ -226,7 +226,9 @@ def test_unsupported_target_lists_supported_classes():
     for name in hf_specmm.SUPPORTED_TARGETS:
         assert name in message
     assert set(hf_specmm.SUPPORTED_TARGETS) == {"LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration",
-                                                "LlavaOnevisionForConditionalGeneration"}
+                                                "LlavaOnevisionForConditionalGeneration",
+                                                "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
+                                                "Qwen3VLForConditionalGeneration"}
     assert calls["n"] == 0
     assert not hf_specmm.is_enabled(llama) and "generate" not in vars(llama)
 
