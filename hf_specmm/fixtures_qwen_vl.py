@@ -220,12 +220,15 @@ def video_inputs(family: str, frames: int, size: tuple[int, int], seed: int) -> 
 def make_inputs(family: str, proc: ProcessorMixin, prompts: list[str], images: list, videos: list | None = None,
                 padding_side: str = "left") -> BatchFeature:
     """Row ``i``: ``images[i]`` (None, an image or a list of images) and ``videos[i]`` (None or
-    ``(frames, (w, h), seed)``) before the prompt, in a one-turn chat (unless the prompt is one already)."""
+    ``(frames, (w, h), seed)``) before the prompt, in a one-turn chat (unless the prompt is one already;
+    a prompt that places its images itself, with ``<|image_pad|>`` or LLaVA's ``<image>``, keeps them there)."""
     videos = videos or [None] * len(prompts)
     texts, flat, pixel_videos, grids = [], [], [], []
     for prompt, imgs, video in zip(prompts, images, videos):
         imgs = [] if imgs is None else [imgs] if isinstance(imgs, Image.Image) else list(imgs)
         flat.extend(imgs)
+        # a LLaVA-style "<image>" in the prompt is where that image's vision span goes
+        prompt = prompt.replace("<image>", "<|vision_start|><|image_pad|><|vision_end|>")
         spans = "<|vision_start|><|image_pad|><|vision_end|>" * len(imgs) if "<|image_pad|>" not in prompt else ""
         if video is not None:
             pixels, grid, span = video_inputs(family, video[0], video[1], video[2])
