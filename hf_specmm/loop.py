@@ -110,8 +110,10 @@ def speculative_decode(
     with drafter.watch(target):
         out = _compat.prefill(target, input_ids, generation_config, model_kwargs)
     drafter.observe_prefill(out)
+    # the family's position rule bound to this prompt (M-RoPE: the positions stock generate gave it)
+    positions = family.positions.bind(target, input_ids, attention_mask, model_kwargs)
     target_kv = SlottedCache(out.past_key_values, None if attention_mask is None else attention_mask.long(),
-                             prompt_len, batch, device, family.positions)
+                             prompt_len, batch, device, positions)
     logits = out.logits[:, -1:].to(dtype=torch.float32, device=device)
     scores = apply_processors(logits_processor, rows.history, logits)
     cur, _ = _choose(scores[:, 0], do_sample)  # the first new token, as plain generate picks it
@@ -156,9 +158,11 @@ def speculative_decode(
         kept = rows.emit(emitted, torch.where(live, n + 1, torch.zeros_like(n)))
         outputs.record(out, kept, scores, logits, target_kv.mask, target_kv.length - (gamma + 1))
         del out
-        # a draft counts as drafted only if its row could have kept it (not past max_length)
+        # a draft counts as drafted only if its row could have kept it (not past max_length, nor past the
+        # token that ended the row this round: an accepted EOS leaves the drafts after it unused)
         per_row = [gamma] * batch if lengths is None else lengths.tolist()
-        drafted = [min(g, b - 1) if u else 0 for g, b, u in zip(per_row, budget, live.tolist())]
+        drafted = [(min(g, b - 1) if still else min(g, b - 1, k)) if u else 0
+                   for g, b, u, k, still in zip(per_row, budget, live.tolist(), kept, rows.unfinished)]
         accepted = [min(a, k, d) for a, k, d in zip(n.tolist(), kept, drafted)]  # drafts among the kept tokens
         stats.record_round(gamma, kept, accepted, drafted)
         schedule.update([k - 1 for k in kept if k], gamma)

@@ -1,7 +1,8 @@
 """Tiny, fast, deterministic offline fixtures for tests (no Hub access needed).
 
-Three target families are covered: LLaVA-1.5 style (``llava``), LLaVA-NeXT anyres
-(``llava_next``) and LLaVA-OneVision (``llava_onevision``).  Every model is built
+Six target families are covered: LLaVA-1.5 style (``llava``), LLaVA-NeXT anyres
+(``llava_next``), LLaVA-OneVision (``llava_onevision``) and Qwen2-VL / Qwen2.5-VL / Qwen3-VL
+(``qwen2_vl``, ``qwen2_5_vl``, ``qwen3_vl``; their own id layout, see :mod:`hf_specmm.fixtures_qwen_vl`).  Every model is built
 from configs with random weights; every processor is built from an in-memory
 ``tokenizers`` WordLevel vocabulary and a PIL/numpy image processor (no
 torchvision).
@@ -52,6 +53,8 @@ from transformers.models.llava_onevision.image_processing_pil_llava_onevision im
     LlavaOnevisionImageProcessorPil,
 )
 
+from . import fixtures_qwen_vl as _qwen
+
 __all__ = [
     "FAMILIES",
     "BOS_ID",
@@ -65,9 +68,12 @@ __all__ = [
     "make_inputs",
     "text_draft_from_target",
     "random_text_draft",
+    "causal_lm_config",
+    "vision_tower",
 ]
 
-FAMILIES = ("llava", "llava_next", "llava_onevision")
+LLAVA_FAMILIES = ("llava", "llava_next", "llava_onevision")
+FAMILIES = LLAVA_FAMILIES + _qwen.QWEN_FAMILIES
 UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
 IMAGE_SIZE = 32
 PATCH_SIZE = 8
@@ -100,8 +106,11 @@ def _check(family: str, vocab_size: int) -> None:
         raise ValueError("vocab_size must be >= 16")
 
 
-def special_ids(vocab_size: int = 128) -> dict[str, int]:
-    """Return the reserved/special id layout for ``vocab_size``."""
+def special_ids(vocab_size: int = 128, family: str = "llava") -> dict[str, int]:
+    """Return the reserved/special id layout for ``vocab_size`` (a Qwen-VL family: its fixed layout)."""
+    if family in _qwen.QWEN_FAMILIES:
+        return {"eos": _qwen.EOS_ID, "pad": _qwen.PAD_ID, "image": _qwen.IMAGE_ID, "video": _qwen.VIDEO_ID,
+                "vision_start": _qwen.VISION_START_ID, "vision_end": _qwen.VISION_END_ID}
     v = vocab_size
     return {"unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID, "image": v - 4, "video": v - 3, "pad": v - 2}
 
@@ -125,7 +134,7 @@ def _text_config(family: str, vocab_size: int, hidden: int = 64, layers: int = 2
 
 @torch.no_grad()
 def _shape_lm(decoder: torch.nn.Module, lm_head: torch.nn.Linear, vocab_size: int, reserved: list[int],
-              eos_bias: float | None, gen: torch.Generator) -> None:
+              eos_bias: float | None, gen: torch.Generator, eos_id: int = EOS_ID) -> None:
     """Give ``lm_head`` a per-token logit bias, without adding parameters.
 
     Hidden channel ``_BIAS_DIM`` is zeroed everywhere except for a constant ``c``
@@ -162,8 +171,8 @@ def _shape_lm(decoder: torch.nn.Module, lm_head: torch.nn.Linear, vocab_size: in
         if 0 <= r < w.shape[0]:
             w[r] = 0.0
             w[r, d] = _RESERVED_LOGIT / h0
-    if eos_bias is not None and EOS_ID < w.shape[0]:
-        w[EOS_ID, d] = eos_bias / h0
+    if eos_bias is not None and eos_id < w.shape[0]:
+        w[eos_id, d] = eos_bias / h0
 
 
 def _language_model(model: PreTrainedModel) -> torch.nn.Module:
@@ -172,9 +181,9 @@ def _language_model(model: PreTrainedModel) -> torch.nn.Module:
     return lm if lm is not None else model.get_decoder()
 
 
-def _finish(model: PreTrainedModel, pad_id: int) -> PreTrainedModel:
+def _finish(model: PreTrainedModel, pad_id: int, eos_id: int = EOS_ID) -> PreTrainedModel:
     gc = model.generation_config
-    gc.bos_token_id, gc.eos_token_id, gc.pad_token_id = BOS_ID, EOS_ID, pad_id
+    gc.bos_token_id, gc.eos_token_id, gc.pad_token_id = (BOS_ID if eos_id == EOS_ID else None), eos_id, pad_id
     return model.to(torch.float32).eval()
 
 
@@ -202,6 +211,8 @@ def tiny_target(family: str, seed: int = 0, vocab_size: int = 128, eos_bias: flo
 
 
 def _build_target(family: str, seed: int, vocab_size: int, eos_bias: float | None) -> PreTrainedModel:
+    if family in _qwen.QWEN_FAMILIES:  # their own fixed id layout (vocab_size is ignored)
+        return _qwen.build_target(family, seed, eos_bias, _shape_lm, _finish)
     ids = special_ids(vocab_size)
     text = _text_config(family, vocab_size)
     common = dict(text_config=text, image_token_index=ids["image"], projector_hidden_act="gelu",
@@ -278,6 +289,8 @@ def tiny_processor(family: str, vocab_size: int = 128) -> ProcessorMixin:
     (``patch_size``, ``vision_feature_select_strategy``, ...) match the tiny model.
     """
     _check(family, vocab_size)
+    if family in _qwen.QWEN_FAMILIES:
+        return _qwen.processor(family, ["!", '"', "#"] + list(_WORDS) + [f"w{i}" for i in range(_qwen.N_WORDS)])
     tok = _tokenizer(family, vocab_size)
     img_kw = dict(size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
     if family == "llava":
@@ -305,16 +318,21 @@ def tiny_image(seed: int, size: tuple[int, int] = (32, 32)) -> Image.Image:
 
 
 def make_inputs(family: str, processor: ProcessorMixin, prompts: list[str], images: list[Image.Image | None],
-                padding_side: str = "left") -> BatchFeature:
+                padding_side: str = "left", videos: list | None = None) -> BatchFeature:
     """Process a batch where row ``i`` has ``images[i]`` (or no image when ``None``).
 
     A row with an image whose prompt lacks ``<image>`` gets ``"<image> "`` prepended.
     Rows are padded on ``padding_side`` (left by default, as needed for generate).
+    Qwen-VL families: each row is a one-turn chat with ``<|vision_start|><|image_pad|><|vision_end|>``
+    per image before the prompt; ``images[i]`` may be a list (several images), ``videos[i]`` a
+    ``(frames, (w, h), seed)`` video built as tensors (see :func:`hf_specmm.fixtures_qwen_vl.make_inputs`).
     """
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}")
     if len(prompts) != len(images):
         raise ValueError("prompts and images must have the same length")
+    if family in _qwen.QWEN_FAMILIES:
+        return _qwen.make_inputs(family, processor, prompts, images, videos, padding_side)
     texts = [p if img is None or "<image>" in p else f"<image> {p}" for p, img in zip(prompts, images)]
     present = [img for img in images if img is not None]
     processor.tokenizer.padding_side = padding_side
@@ -323,6 +341,8 @@ def make_inputs(family: str, processor: ProcessorMixin, prompts: list[str], imag
 
 def text_draft_from_target(target: PreTrainedModel) -> PreTrainedModel:
     """Exact standalone copy of ``target``'s language model + lm_head as a ``*ForCausalLM``."""
+    if target.config.model_type in _qwen.QWEN_FAMILIES:  # Qwen2/Qwen3ForCausalLM (their text configs have none)
+        return _qwen.text_draft_from_target(target)
     text_cfg = copy.deepcopy(target.config.text_config)
     text_cfg.tie_word_embeddings = False
     attn = getattr(target.config, "_attn_implementation", None) or "sdpa"
@@ -345,6 +365,8 @@ def random_text_draft(target: PreTrainedModel, seed: int = 1, vocab_size: int | 
     EOS).  Reserved ids of the target inside the draft vocab are suppressed as in
     :func:`tiny_target`; ``eos_bias`` likewise.  Float32 on the target's device.
     """
+    if target.config.model_type in _qwen.QWEN_FAMILIES:  # default: the natural draft's 128 rows (151936 upstream)
+        return _qwen.random_text_draft(target, seed, vocab_size, eos_bias, _shape_lm, _finish)
     text = target.config.text_config
     vocab = vocab_size or text.vocab_size
     family = "llava_onevision" if text.model_type == "qwen2" else "llava"
@@ -359,3 +381,17 @@ def random_text_draft(target: PreTrainedModel, seed: int = 1, vocab_size: int | 
         _shape_lm(draft.model, draft.lm_head, vocab, reserved, eos_bias, gen)
     param = next(target.parameters())
     return _finish(draft, pad).to(device=param.device, dtype=param.dtype)
+
+
+def causal_lm_config(target: PreTrainedModel) -> PretrainedConfig:
+    """A copy of the config of ``target``'s language model as a plain ``*ForCausalLM`` config (Qwen-VL text
+    configs have no causal-LM class of their own: Qwen2 / Qwen3)."""
+    if target.config.model_type in _qwen.QWEN_FAMILIES:
+        return _qwen.text_config(target.config.text_config)
+    return copy.deepcopy(target.config.text_config)
+
+
+def vision_tower(model: PreTrainedModel) -> torch.nn.Module:
+    """The vision encoder of a tiny target (``vision_tower``; Qwen-VL: ``visual``)."""
+    inner = model.model
+    return inner.vision_tower if hasattr(inner, "vision_tower") else inner.visual

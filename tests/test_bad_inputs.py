@@ -18,6 +18,7 @@ from transformers.generation.streamers import BaseStreamer
 
 import hf_specmm
 from hf_specmm import testing
+from hf_specmm.targets import target_spec
 from hf_specmm.errors import (
     IncompatibleDraftError,
     SpecMMError,
@@ -78,7 +79,7 @@ def _swapped_tokenizer(tokenizer, a: int, b: int):
 
 
 def _short_context_draft(model, context: int):
-    cfg = copy.deepcopy(model.config.text_config)
+    cfg = testing.causal_lm_config(model)
     cfg.max_position_embeddings, cfg.num_hidden_layers = context, 1
     torch.manual_seed(0)
     d = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
@@ -87,7 +88,7 @@ def _short_context_draft(model, context: int):
 
 
 def _meta_draft(model):
-    cfg = copy.deepcopy(model.config.text_config)
+    cfg = testing.causal_lm_config(model)
     cfg.num_hidden_layers = 1
     with torch.device("meta"):
         d = AutoModelForCausalLM.from_config(cfg)
@@ -96,18 +97,18 @@ def _meta_draft(model):
 
 
 def _text_len(family, inputs) -> int:
-    """Tokens of the prompt the draft reads: not padding, not an image placeholder."""
-    image = testing.special_ids()["image"]
+    """Tokens of the prompt the draft reads: not padding, not an image placeholder (nor a vision span marker)."""
+    dropped = torch.tensor(sorted(target_spec(testing.tiny_target(family)).dropped_ids))
     ids, mask = inputs["input_ids"], inputs["attention_mask"]
-    return int(((ids != image) & mask.bool()).sum(-1).max())
+    return int((~torch.isin(ids, dropped) & mask.bool()).sum(-1).max())
 
 
 # ---- the cases ----------------------------------------------------------------------------------------------
 # each builder gets (family, model) and returns (draft, generate kwargs, streamer or None)
 
 def _vocab_too_small(family, model):
-    v = model.config.text_config.vocab_size
-    return testing.random_text_draft(model, vocab_size=v - 10), {}, None
+    small = target_spec(model).text_vocab_end - 6  # LLaVA fixtures: 118 of 124 text ids (128 rows)
+    return testing.random_text_draft(model, vocab_size=small), {}, None
 
 
 def _different_tokenizers(family, model):
@@ -144,10 +145,10 @@ def _kw(**kw):
     return lambda family, model: (draft(family, "random"), dict(kw), None)
 
 
-V_MINUS_10 = r"\b118\b"  # 128 - 10
+V_MINUS_10 = r"\b{small}\b"  # the draft's rows: 6 short of the target's text ids (118 for the LLaVA fixtures)
 CASES = {
     # name: (builder, batch, error class, regexes the message must match)
-    "vocab_too_small": (_vocab_too_small, 1, IncompatibleDraftError, [V_MINUS_10, r"\b128\b", "vocab"]),
+    "vocab_too_small": (_vocab_too_small, 1, IncompatibleDraftError, [V_MINUS_10, r"\b{vocab}\b", "vocab"]),
     "different_tokenizers": (_different_tokenizers, 1, IncompatibleDraftError,
                              [r"tokenizer", r"\bid 5\b", r"'an'", r"'which'"]),
     "num_beams": (_kw(num_beams=2), 1, UnsupportedGenerationError, [r"num_beams=2"]),
@@ -199,7 +200,9 @@ def test_bad_input_raises_before_any_forward(family, case):
     got = type(info.value).__name__
     assert type(info.value) is error, f"{case}: expected {error.__name__}, got {got}: {info.value}"
     message = str(info.value)
-    for pattern in patterns:
+    spec = target_spec(model)
+    numbers = {"small": spec.text_vocab_end - 6, "vocab": spec.vocab_size}  # the family's own sizes
+    for pattern in (p.format(**numbers) if "{" in p else p for p in patterns):
         assert re.search(pattern, message), f"{case}: message does not match {pattern!r}: {message}"
     assert calls["n"] == 0, f"{case}: {calls['n']} forward calls before the error"
     if streamer is not None:
@@ -224,7 +227,9 @@ def test_unsupported_target_lists_supported_classes():
     for name in hf_specmm.SUPPORTED_TARGETS:
         assert name in message
     assert set(hf_specmm.SUPPORTED_TARGETS) == {"LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration",
-                                                "LlavaOnevisionForConditionalGeneration"}
+                                                "LlavaOnevisionForConditionalGeneration",
+                                                "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
+                                                "Qwen3VLForConditionalGeneration"}
     assert calls["n"] == 0
     assert not hf_specmm.is_enabled(llama) and "generate" not in vars(llama)
 

@@ -37,12 +37,16 @@ def test_adapter_greedy_parity(family, batch, kind, pool):
         assert torch.equal(out, plain), f"{family} batch={batch} {kind} pool={pool} γ={gamma}"
 
 
-@pytest.mark.parametrize("family", testing.FAMILIES)
+# LLaVA families: the adapter copy reads exactly what the target reads. Qwen-VL targets number image and
+# text tokens with 3-D M-RoPE and mark images with vision spans, which a 1-D causal-LM draft reading the
+# same embeddings does not reproduce exactly (their adapter parity is tested above; tests/test_qwen_vl.py
+# checks the captured embeddings)
+@pytest.mark.parametrize("family", testing.LLAVA_FAMILIES)
 @pytest.mark.parametrize("batch", (1, 3))
 def test_adapter_self_draft_with_images_accepts_everything(family, batch):
     model = _target(family)
     inputs = batch_inputs(family, batch)  # rows with images of different sizes (and one without)
-    assert (inputs["input_ids"] == testing.special_ids()["image"]).any()
+    assert (inputs["input_ids"] == testing.special_ids(family=family)["image"]).any()
     hf_specmm.enable(model)
     gamma = 4
     out = model.generate(**inputs, max_new_tokens=21, do_sample=False, assistant_model=adapter_draft(model, "self"),
@@ -71,7 +75,7 @@ def test_vision_tower_runs_once_per_generate_call(family, do_sample):
     model = _target(family)
     inputs = batch_inputs(family, 3)
     calls = []
-    handle = model.model.vision_tower.register_forward_hook(lambda *args: calls.append(1))
+    handle = testing.vision_tower(model).register_forward_hook(lambda *args: calls.append(1))
     hf_specmm.enable(model)
     for _ in range(2):
         calls.clear()

@@ -10,17 +10,20 @@
 ``device_map="auto"`` spreads the target's layers as ``from_pretrained(..., device_map="auto")`` does
 (accelerate: balanced over the visible GPUs, then CPU RAM), for targets larger than one GPU; the draft
 stays on ``device``.
+- ``qwen2.5-vl-7b-shape`` / ``tiny-qwen2.5-vl``: Qwen2.5-VL-7B with a Qwen2.5-0.5B-shaped draft, and its
+  tiny test version (``presets_qwen.py``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from transformers import CLIPVisionConfig, LlamaConfig, LlamaForCausalLM, LlavaConfig, LlavaForConditionalGeneration
 
 from ..devices import execution_device
+from .presets_qwen import QWEN_PRESETS, build_qwen_preset
 
 
 @dataclass
@@ -30,6 +33,7 @@ class Preset:
     image_size: int
     image_token_id: int
     text_vocab: int  # ordinary text ids are [0, text_vocab)
+    inputs: Callable[..., dict] | None = None  # the family's synthetic prompts (default: LLaVA's, below)
 
 
 def _llava(text: LlamaConfig, vision: CLIPVisionConfig, dtype: torch.dtype, device: str) -> Any:
@@ -107,14 +111,18 @@ def _build(name: str, device: str, dtype: str | None, seed: int) -> Preset:
         image = testing.special_ids(vocab)["image"]
         # same vocabulary as the target, so stock assisted generation can run it at batch 1
         return Preset(target, testing.random_text_draft(target).to(device), testing.IMAGE_SIZE, image, image)
+    if name in QWEN_PRESETS:
+        return build_qwen_preset(name, device, dtype, seed, Preset)
     raise ValueError(f"unknown preset {name!r}; choose one of {PRESETS}")
 
 
-PRESETS = ("cpu-proxy", "llava-1.5-7b-shape", "tiny")
+PRESETS = ("cpu-proxy", "llava-1.5-7b-shape", "tiny") + QWEN_PRESETS
 
 
 def synthetic_inputs(preset: Preset, batch: int, prompt_tokens: int, seed: int = 0, with_image: bool = True) -> dict:
     """Left-padded rows: [bos, <image>×n, text...] with row lengths differing by a few tokens."""
+    if preset.inputs is not None:
+        return preset.inputs(preset, batch, prompt_tokens, seed, with_image)
     gen = torch.Generator().manual_seed(seed)
     target = preset.target
     vision = target.config.vision_config

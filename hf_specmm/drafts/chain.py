@@ -41,10 +41,14 @@ class ChainDrafter(Drafter):
         """The draft's prompt: ids [B, W], which slots are valid [B, W] bool, extra forward kwargs.
         Training runs the same method on its teacher-forced batches, so what is trained is what runs."""
 
-    def forward(self, ids: torch.Tensor, valid: torch.Tensor | None, **extra: Any) -> torch.Tensor:
-        """Feed ``ids`` [B, k] into the draft cache and return target-vocabulary logits of the last position."""
+    def forward(self, ids: torch.Tensor, valid: torch.Tensor | None, position_ids: torch.Tensor | None = None,
+                **extra: Any) -> torch.Tensor:
+        """Feed ``ids`` [B, k] into the draft cache and return target-vocabulary logits of the last position
+        (``position_ids``: given for the prompt, else the position rule's block positions)."""
         assert self.state is not None
         inputs = self.state.block_inputs(valid, ids.shape[1])
+        if position_ids is not None:
+            inputs["position_ids"] = position_ids
         kwargs = {"logits_to_keep": 1} if self._keeps_logits else {}
         out = self.model(
             input_ids=ids.to(self.device),
@@ -60,9 +64,9 @@ class ChainDrafter(Drafter):
         return self.vocab.to_target(out.logits[:, -1].to(device=ids.device, dtype=torch.float32))
 
     def prefill(self, prompt: Prompt, first_tokens: torch.Tensor) -> None:
-        ids, valid, extra = self.draft_inputs(prompt)
+        ids, valid, extra = self.draft_inputs(prompt)  # may bind self.positions to this prompt (M-RoPE)
         self.state = SlottedCache(_compat.new_dynamic_cache(), None, 0, ids.shape[0], ids.device, self.positions)
-        self.forward(ids, None if bool(valid.all()) else valid, **extra)
+        self.forward(ids, None if bool(valid.all()) else valid, self.positions.prompt_positions(valid.long()), **extra)
         self._queue(first_tokens)
 
     def _queue(self, tokens: torch.Tensor) -> None:

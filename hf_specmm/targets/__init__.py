@@ -1,9 +1,10 @@
 """Supported target families (see ``registry``); importing this package registers the built-in ones."""
 
 from . import llava  # noqa: F401  (registers the LLaVA families)
-from .positions import ROPE_1D, Rope1D
+from . import qwen_vl  # noqa: F401  (registers the Qwen-VL families)
+from .positions import MROPE, ROPE_1D, MRope, Rope1D
 from .registry import (SUPPORTED_TARGETS, TargetFamily, TargetSpec, family_by_model_type, family_of,
                        register_target_family, target_family, target_spec)
 
-__all__ = ["ROPE_1D", "Rope1D", "SUPPORTED_TARGETS", "TargetFamily", "TargetSpec", "family_by_model_type",
+__all__ = ["MROPE", "MRope", "ROPE_1D", "Rope1D", "SUPPORTED_TARGETS", "TargetFamily", "TargetSpec", "family_by_model_type",
            "family_of", "register_target_family", "target_family", "target_spec"]

@@ -4,9 +4,16 @@ A rule is the one place that numbers tokens, for the target's verification block
 tokens after a rollback and for the teacher-forced training batches, so inference and training
 cannot drift apart. Slots marked invalid (left padding, holes left by a rollback) take the position of
 the next valid token; they are masked out of attention, so their own position is never read.
+
+Some rules need per-call state (Qwen-VL's 3-D M-RoPE: where text resumes after each image depends on
+the images' grids). :meth:`Rope1D.bind` turns a rule into the rule of one call's prompt: stateless
+rules return themselves, :class:`MRope` returns a :class:`BoundMRope` holding that prompt's positions.
 """
 
 from __future__ import annotations
+
+import inspect
+from typing import Any
 
 import torch
 
@@ -16,6 +23,12 @@ class Rope1D:
     slots before it, which is how plain ``generate`` numbers left-padded prompts (``cumsum(mask) - 1``)."""
 
     name = "1d"
+
+    def bind(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+             inputs: dict[str, Any] | None = None) -> "Rope1D":
+        """The rule for one call whose prompt is ``input_ids`` (with ``inputs``: the call's multimodal kwargs).
+        1-D positions need no per-call state."""
+        return self
 
     def block_positions(self, start: torch.Tensor, valid: torch.Tensor | None, width: int) -> torch.Tensor:
         """Positions [B, width] of ``width`` new slots after ``start`` [B] valid ones (``valid`` [B, width] or None = all)."""
@@ -30,3 +43,71 @@ class Rope1D:
 
 
 ROPE_1D = Rope1D()
+
+
+class MRope(Rope1D):
+    """Qwen-VL's multimodal RoPE: position ids [4, B, k], a text row (1-D, what the attention mask is built
+    from) and the temporal / height / width rows. Image and video tokens get grid positions; text after
+    them resumes at the image's largest position + 1, so each row's rows 1-3 run ahead of (or behind) its
+    text row by a per-row, per-dimension delta fixed by its prompt. Generated tokens keep that delta
+    (plain ``generate`` adds 1 per token to every row of the last prompt position), and holes (rejected
+    slots of shorter rows) do not count, exactly as for :class:`Rope1D`.
+    """
+
+    name = "mrope"
+
+    def bind(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+             inputs: dict[str, Any] | None = None) -> "BoundMRope":
+        """Positions of this prompt: the ones stock ``generate`` prepared (``inputs['position_ids']``,
+        [4, B, L]) when present, else the model's own ``get_rope_index`` on the call's grids."""
+        inputs = inputs or {}
+        given = inputs.get("position_ids")
+        if isinstance(given, torch.Tensor) and given.dim() == 3 and given.shape[0] == 4 \
+                and given.shape[-1] == input_ids.shape[1]:
+            return BoundMRope(given.to(input_ids.device))
+        mask = attention_mask
+        text = ROPE_1D.prompt_positions(mask.long()) if mask is not None else \
+            ROPE_1D.block_positions(input_ids.new_zeros(input_ids.shape[0]), None, input_ids.shape[1])
+        grids = {k: inputs.get(k) for k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts",
+                                            "mm_token_type_ids")}
+        if grids["image_grid_thw"] is None and grids["video_grid_thw"] is None:
+            rope = text[None].expand(3, -1, -1)
+        else:
+            get_rope_index = getattr(getattr(model, "model", model), "get_rope_index")
+            accepted = inspect.signature(get_rope_index).parameters
+            kwargs = {k: v for k, v in grids.items() if v is not None and k in accepted}
+            rope, _ = get_rope_index(input_ids, attention_mask=mask, **kwargs)
+            rope = rope.to(text.device)
+        return BoundMRope(torch.cat([text[None], rope], dim=0))
+
+
+class BoundMRope(Rope1D):
+    """:class:`MRope` bound to one prompt: ``prompt`` [4, B, L] its position ids."""
+
+    name = "mrope"
+
+    def __init__(self, prompt: torch.Tensor):
+        self.prompt = prompt
+        # per row and rope dimension: how far rows 1-3 run ahead of the text row after the prompt
+        self.deltas = prompt[1:, :, -1] - prompt[0:1, :, -1]  # [3, B]
+
+    def bind(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+             inputs: dict[str, Any] | None = None) -> "BoundMRope":
+        return MROPE.bind(model, input_ids, attention_mask, inputs)
+
+    def block_positions(self, start: torch.Tensor, valid: torch.Tensor | None, width: int) -> torch.Tensor:
+        text = super().block_positions(start, valid, width)  # [B, width]
+        return torch.cat([text[None], text[None] + self.deltas[:, :, None].to(text.device)], dim=0)
+
+    def prompt_positions(self, mask: torch.Tensor) -> torch.Tensor:
+        """The bound prompt's positions, then (a ``[prompt | answer]`` training row) the answer's."""
+        length = self.prompt.shape[-1]
+        tail = mask[:, length:]
+        if tail.shape[1] == 0:
+            return self.prompt.to(mask.device)
+        start = mask[:, :length].long().sum(-1)
+        rest = self.block_positions(start, tail, tail.shape[1])
+        return torch.cat([self.prompt.to(mask.device), rest], dim=-1)
+
+
+MROPE = MRope()

@@ -100,7 +100,8 @@ def fresh_language_model(target: PreTrainedModel, fields: dict[str, Any], seed: 
     """A randomly initialised causal LM of the target's text family with the target's full text vocabulary."""
     text = target.config.get_text_config()
     fields = dict(fields)
-    model_type = fields.pop("model_type", text.model_type)
+    family = family_by_model_type(target.config.model_type)
+    model_type = fields.pop("model_type", (family and family.text_model_type) or text.model_type)
     hidden, heads = int(fields["hidden_size"]), int(fields["num_attention_heads"])
     kwargs: dict[str, Any] = dict(
         vocab_size=text.vocab_size, intermediate_size=4 * hidden, num_key_value_heads=heads,

@@ -76,9 +76,10 @@ class Trainer:
         """The target's answer logits; the view watches the forward (an adapter view captures the image embeddings)."""
         width = batch.response_ids.shape[1]
         start = time.perf_counter()
+        positions = self.positions.bind(self.target, batch.prompt_ids, batch.prompt_mask, batch.inputs)
         with torch.no_grad(), self._autocast(), view.watch(self.target):
             out = self.target(input_ids=batch.full_ids, attention_mask=batch.full_mask,
-                              position_ids=self.positions.prompt_positions(batch.full_mask), use_cache=False,
+                              position_ids=positions.prompt_positions(batch.full_mask), use_cache=False,
                               logits_to_keep=width + 1, **batch.inputs)
         self.target_forward_s += time.perf_counter() - start
         # column P-1+r predicts response token r; a dispatched target's last layer may be on another device

@@ -62,6 +62,8 @@ class VLMDrafter(ChainDrafter):
         ids = prompt.input_ids
         mask = prompt.attention_mask
         valid = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
+        # the family's position rule bound to this prompt (M-RoPE: grid positions of its images)
+        self.positions = self.family.positions.bind(self.model, ids, mask, prompt.model_inputs)
         dtype = next(self.model.parameters()).dtype
         extra = {k: (v.to(device=self.device, dtype=dtype) if torch.is_floating_point(v) else v.to(self.device))
                  if isinstance(v, torch.Tensor) else v
