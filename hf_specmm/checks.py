@@ -13,7 +13,7 @@ from .devices import execution_device
 from .errors import IncompatibleDraftError, UnsupportedGenerationError
 from .drafts import DraftKind, kind_of
 from .loop import GammaSchedule
-from .prompt_checks import check_left_padded, check_placeholders
+from .prompt_checks import check_placeholders
 from .targets import target_spec
 from .vocab import VocabMap, check_vocab_compatible, draft_vocab_size
 
@@ -145,7 +145,6 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
     _check_config(config, kwargs, ids.shape[0], streamer)
     mask = kwargs.get("attention_mask")
     mask = mask if isinstance(mask, torch.Tensor) and mask.shape == ids.shape else None
-    check_left_padded(mask)
     check_placeholders(spec, target.config, ids, mask, spec.family.model_inputs(kwargs))
     vocab = VocabMap(spec, draft_vocab_size(draft), ids.device)
     _check_draft(draft, kind, ids, config, vocab, kwargs)

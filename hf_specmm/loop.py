@@ -19,6 +19,7 @@ from .cache_state import SlottedCache
 from .drafter import Drafter, Prompt, Proposal
 from .history import apply_processors
 from .outputs import GenerateOutputs
+from .prompt_checks import check_left_padded
 from .rows import Rows
 from .stats import SpecStats
 from .targets import target_family
@@ -107,11 +108,13 @@ def speculative_decode(
     attention_mask = model_kwargs.get("attention_mask")
     family = target_family(target)
     prompt = Prompt(input_ids, attention_mask, dict(image_inputs or {}))
+    # the family's position rule bound to this prompt (M-RoPE grids; where stock continues a right-padded row)
+    positions = family.positions.bind(target, input_ids, attention_mask, model_kwargs)
+    if positions.offset is None:  # stock's prompt positions unknown: only a left-padded prompt is safe
+        check_left_padded(attention_mask)
     with drafter.watch(target):
         out = _compat.prefill(target, input_ids, generation_config, model_kwargs)
     drafter.observe_prefill(out)
-    # the family's position rule bound to this prompt (M-RoPE: the positions stock generate gave it)
-    positions = family.positions.bind(target, input_ids, attention_mask, model_kwargs)
     target_kv = SlottedCache(out.past_key_values, None if attention_mask is None else attention_mask.long(),
                              prompt_len, batch, device, positions)
     logits = out.logits[:, -1:].to(dtype=torch.float32, device=device)

@@ -1,6 +1,7 @@
-"""Checks of the prompt itself, before any forward: left padding, and image placeholders that match the
-images passed. Without them a right-padded batch gives output that silently differs from plain
-``generate``, and a placeholder/image mismatch fails deep inside the target's forward."""
+"""Checks of the prompt itself, before any forward: image placeholders that match the images passed (a
+mismatch would fail deep inside the target's forward), and left padding where the loop cannot learn how
+stock ``generate`` numbers a right-padded prompt (it continues from the last column's position + 1,
+which the loop follows whenever stock's prompt ``position_ids`` are at hand)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from .targets import TargetSpec
 
 
 def check_left_padded(attention_mask: torch.Tensor | None) -> None:
-    """Every row's valid tokens must be one block at the right end (left padding, as generate needs)."""
+    """Every row's valid tokens must be one block at the right end (left padding). Called only where the
+    continuation positions of a right-padded row cannot be taken from stock ``generate``."""
     if attention_mask is None:
         return
     mask = attention_mask.bool()

@@ -1,4 +1,6 @@
-"""Right padding and placeholder/image mismatches are refused before any forward, naming the rows."""
+"""Right-padded prompts give plain generate's output (the loop continues each row where stock does) or, where
+stock's prompt positions are unknown, are refused before any forward; placeholder/image mismatches are
+refused before any forward, naming the rows."""
 
 from __future__ import annotations
 
@@ -30,11 +32,33 @@ def _refused(model, inputs, match):
 
 
 @pytest.mark.parametrize("family", testing.FAMILIES)
-def test_right_padding_is_refused_with_the_fix(family):
+def test_right_padding_gives_plain_generates_output(family):
+    """Stock resumes a right-padded row at its last column's position + 1; so does the loop."""
     images = [testing.tiny_image(0), None, testing.tiny_image(2, (64, 32))]
     inputs = testing.make_inputs(family, processor(family), PROMPTS, images, padding_side="right")
     processor(family).tokenizer.padding_side = "left"
-    _refused(target(family), inputs, r"Rows \[.*\].*padding_side = 'left'")
+    assert not bool(inputs["attention_mask"][:, -1].all()), "fixture should right-pad some row"
+    model = target(family)
+    plain = model.generate(**inputs, max_new_tokens=12, do_sample=False)
+    hf_specmm.enable(model)
+    try:
+        for draft in (testing.text_draft_from_target(model), testing.random_text_draft(model), model):
+            for gamma in (1, 4):
+                out = model.generate(**inputs, max_new_tokens=12, do_sample=False, assistant_model=draft,
+                                     num_assistant_tokens=gamma)
+                assert torch.equal(out, plain), (hf_specmm.kind_of(draft).name, gamma)
+    finally:
+        hf_specmm.disable(model)
+
+
+def test_right_padding_is_refused_where_stocks_positions_are_unknown(monkeypatch):
+    from hf_specmm.targets.positions import Rope1D
+
+    monkeypatch.setattr(Rope1D, "bind", lambda self, *args, **kwargs: self)  # as if stock gave no position_ids
+    inputs = testing.make_inputs("llava", processor("llava"), PROMPTS, [testing.tiny_image(0), None, None],
+                                 padding_side="right")
+    processor("llava").tokenizer.padding_side = "left"
+    _refused(target("llava"), inputs, r"Rows \[.*\].*padding_side = 'left'")
 
 
 def test_left_padding_and_no_mask_pass():

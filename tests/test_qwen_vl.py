@@ -75,8 +75,8 @@ def test_wrong_positions_would_be_caught(family, monkeypatch):
     plain = _plain(model, inputs)
     init = positions_module.BoundMRope.__init__
 
-    def no_deltas(self, prompt):
-        init(self, prompt)
+    def no_deltas(self, prompt, attention_mask=None):
+        init(self, prompt, attention_mask)
         self.deltas = torch.zeros_like(self.deltas)
 
     monkeypatch.setattr(positions_module.BoundMRope, "__init__", no_deltas)

@@ -23,15 +23,26 @@ class Rope1D:
     slots before it, which is how plain ``generate`` numbers left-padded prompts (``cumsum(mask) - 1``)."""
 
     name = "1d"
+    #: [B] added to every new slot's position: where plain generate continues a prompt whose last column is
+    #: not its last valid token (right padding: stock resumes at the last column's position + 1)
+    offset: torch.Tensor | None = None
 
     def bind(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
              inputs: dict[str, Any] | None = None) -> "Rope1D":
-        """The rule for one call whose prompt is ``input_ids`` (with ``inputs``: the call's multimodal kwargs).
-        1-D positions need no per-call state."""
-        return self
+        """The rule for one call whose prompt is ``input_ids`` (with ``inputs``: the call's prepared kwargs).
+        1-D positions need per-call state only where the prompt does not end on a valid token: then new
+        tokens continue from the ``position_ids`` stock ``generate`` gave the prompt's last column."""
+        given = (inputs or {}).get("position_ids")
+        if attention_mask is None or not isinstance(given, torch.Tensor) or given.shape != input_ids.shape:
+            return self
+        bound = Rope1D()  # zeros for a left-padded prompt; set, so the loop knows stock's positions are known
+        bound.offset = given[:, -1].to(attention_mask.device) + 1 - attention_mask.long().sum(-1)
+        return bound
 
     def block_positions(self, start: torch.Tensor, valid: torch.Tensor | None, width: int) -> torch.Tensor:
         """Positions [B, width] of ``width`` new slots after ``start`` [B] valid ones (``valid`` [B, width] or None = all)."""
+        if self.offset is not None:
+            start = start + self.offset.to(start.device)
         if valid is None:
             return start[:, None] + torch.arange(width, device=start.device)
         valid = valid.long()
@@ -64,7 +75,7 @@ class MRope(Rope1D):
         given = inputs.get("position_ids")
         if isinstance(given, torch.Tensor) and given.dim() == 3 and given.shape[0] == 4 \
                 and given.shape[-1] == input_ids.shape[1]:
-            return BoundMRope(given.to(input_ids.device))
+            return BoundMRope(given.to(input_ids.device), attention_mask)
         mask = attention_mask
         text = ROPE_1D.prompt_positions(mask.long()) if mask is not None else \
             ROPE_1D.block_positions(input_ids.new_zeros(input_ids.shape[0]), None, input_ids.shape[1])
@@ -78,7 +89,7 @@ class MRope(Rope1D):
             kwargs = {k: v for k, v in grids.items() if v is not None and k in accepted}
             rope, _ = get_rope_index(input_ids, attention_mask=mask, **kwargs)
             rope = rope.to(text.device)
-        return BoundMRope(torch.cat([text[None], rope], dim=0))
+        return BoundMRope(torch.cat([text[None], rope], dim=0), attention_mask)
 
 
 class BoundMRope(Rope1D):
@@ -86,10 +97,12 @@ class BoundMRope(Rope1D):
 
     name = "mrope"
 
-    def __init__(self, prompt: torch.Tensor):
+    def __init__(self, prompt: torch.Tensor, attention_mask: torch.Tensor | None = None):
         self.prompt = prompt
         # per row and rope dimension: how far rows 1-3 run ahead of the text row after the prompt
         self.deltas = prompt[1:, :, -1] - prompt[0:1, :, -1]  # [3, B]
+        if attention_mask is not None:  # a prompt not ending on a valid token (right padding), as Rope1D.bind
+            self.offset = prompt[0, :, -1].to(attention_mask.device) + 1 - attention_mask.long().sum(-1)
 
     def bind(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
              inputs: dict[str, Any] | None = None) -> "BoundMRope":
