@@ -59,6 +59,14 @@ def fingerprint_mismatch(saved: dict[str, Any], current: dict[str, Any]) -> str 
     return None
 
 
+class _TargetRef(dict):
+    """The target's embedding and LM head as the head references them: a plain dict (never registered as
+    submodules, so never saved or moved with the head) that ``copy.deepcopy(head)`` shares, not copies."""
+
+    def __deepcopy__(self, memo: dict) -> "_TargetRef":
+        return _TargetRef(self)
+
+
 @dataclass
 class FeatureHeadOutput(ModelOutput):
     """``hidden_states`` [B, k, H]: the predicted features g; ``logits`` [B, k', V] when asked
@@ -103,7 +111,7 @@ class FeatureHeadDraft(PreTrainedModel):
         body_config._attn_implementation = text._attn_implementation
         self.body = AutoModel.from_config(body_config)
         self.body.set_input_embeddings(None)
-        self._target: dict[str, nn.Module] = {}  # plain dict: the target's modules are never registered/saved
+        self._target = _TargetRef()  # the target's modules: referenced, never registered or saved
         self.post_init()
 
     # ---- the target's embedding and LM head (used, not stored) -------------------------------------
@@ -127,7 +135,7 @@ class FeatureHeadDraft(PreTrainedModel):
         """Reference ``target``'s embedding and LM head (checked against the fingerprint unless ``check=False``)."""
         if check:
             self.check_target(target)
-        self._target = {"embed": target.get_input_embeddings(), "lm_head": target.get_output_embeddings()}
+        self._target = _TargetRef(embed=target.get_input_embeddings(), lm_head=target.get_output_embeddings())
         return self
 
     @property
