@@ -172,7 +172,7 @@ class FeatureHeadDraft(PreTrainedModel):
         out = self.body(inputs_embeds=fused, attention_mask=attention_mask, position_ids=position_ids,
                         past_key_values=past_key_values, use_cache=use_cache, **kwargs)
         hidden = out.last_hidden_state
-        logits = self.lm_logits(hidden[:, -logits_to_keep:] if logits_to_keep else hidden) if logits_to_keep else None
+        logits = self.lm_logits(hidden[:, -logits_to_keep:]) if logits_to_keep else None
         return FeatureHeadOutput(hidden_states=hidden, logits=logits, past_key_values=out.past_key_values)
 
     # ---- construction, saving, loading -----------------------------------------------------------
