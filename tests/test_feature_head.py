@@ -14,7 +14,7 @@ from safetensors import safe_open
 import hf_specmm
 from hf_specmm import IncompatibleDraftError, testing
 from conftest import batch_inputs, target
-from test_train import base_config, count_forwards, image_task, target_dir  # noqa: F401 - pytest fixtures
+from test_train import base_config, count_forwards, image_task, mixed_data, target_dir  # noqa: F401 - pytest fixtures
 
 HEADS = ("random", "exact", "noisy")
 
@@ -136,3 +136,24 @@ def test_training_raises_heldout_tau(target_dir, image_task):  # noqa: F811
         after["block_efficiency"]
     summary = json.loads((root / "head" / "train_summary.json").read_text())
     assert summary["draft_kind"] == "feature_head"
+
+
+def test_resume_mid_stage_2_gives_the_same_head(target_dir, mixed_data):  # noqa: F811
+    """Checkpoints and resume as for the other kinds: 2N straight steps == N steps + resume + N steps, with the
+    kind's own loss and loss weights (a changed weight is a different run: refused on resume)."""
+    from hf_specmm.train import TrainingInputError, train_draft
+
+    root, data = mixed_data
+    kw = dict(data=data, draft_kind="feature_head", steps=2, stage2_steps=2, batch_size=4, checkpoint_every=1,
+              eval_fraction=0.25, eval_before=False, token_loss_weight=0.5, response_cache=str(root / "head.jsonl"))
+    straight = train_draft(base_config(target_dir, root, output_dir=str(root / "head-straight"), **kw))
+    first = train_draft(base_config(target_dir, root, output_dir=str(root / "head-split"), stop_at_step=3, **kw))
+    assert not first.completed and first.global_step == 3
+    torch.manual_seed(1234)
+    second = train_draft(base_config(target_dir, root, output_dir=str(root / "head-split"), resume="latest", **kw))
+    assert second.completed and second.global_step == 4 and straight.losses[3:] == second.losses
+    a, b = dict(straight.draft.named_parameters()), dict(second.draft.named_parameters())
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(TrainingInputError, match="token_loss_weight"):
+        train_draft(base_config(target_dir, root, output_dir=str(root / "head-split"), resume="latest",
+                                **{**kw, "token_loss_weight": 0.1}))
