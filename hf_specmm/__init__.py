@@ -10,7 +10,7 @@ from ._compat import TESTED_RANGE as TESTED_TRANSFORMERS
 from .api import disable, enable, is_enabled, last_stats
 from .checks import DEFAULT_GAMMA
 from .drafter import Drafter, Prompt, Proposal
-from .drafts import (DraftKind, ImageAdapterDraft, ImageAdapterDraftConfig, TextOnly, draft_kinds, get_kind, kind_of,
+from .drafts import (DraftKind, FeatureHeadDraft, FeatureHeadDraftConfig, ImageAdapterDraft, ImageAdapterDraftConfig, TextOnly, draft_kinds, get_kind, kind_of,
                      register_draft_kind)
 from .errors import IncompatibleDraftError, SpecMMError, UnsupportedGenerationError, UnsupportedTargetError
 from .hub import annotate_draft, draft_metadata, load_draft, push_draft_to_hub, render_model_card, save_draft
@@ -21,14 +21,16 @@ __version__ = "0.1.0"
 
 
 def _register_auto_classes() -> None:
-    """``AutoConfig`` / ``AutoModelForCausalLM.from_pretrained(repo)`` load an ImageAdapterDraft (no remote code)."""
+    """``AutoConfig`` / ``AutoModelForCausalLM.from_pretrained(repo)`` load an ImageAdapterDraft or a
+    FeatureHeadDraft (no remote code)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    try:
-        AutoConfig.register(ImageAdapterDraftConfig.model_type, ImageAdapterDraftConfig)
-        AutoModelForCausalLM.register(ImageAdapterDraftConfig, ImageAdapterDraft)
-    except ValueError:  # already registered (module reloaded)
-        pass
+    for config, model in ((ImageAdapterDraftConfig, ImageAdapterDraft), (FeatureHeadDraftConfig, FeatureHeadDraft)):
+        try:
+            AutoConfig.register(config.model_type, config)
+            AutoModelForCausalLM.register(config, model)
+        except ValueError:  # already registered (module reloaded)
+            pass
 
 
 _register_auto_classes()
@@ -43,6 +45,8 @@ __all__ = [
     "TargetFamily",
     "TextOnly",
     "TESTED_TRANSFORMERS",
+    "FeatureHeadDraft",
+    "FeatureHeadDraftConfig",
     "ImageAdapterDraft",
     "ImageAdapterDraftConfig",
     "IncompatibleDraftError",

@@ -82,6 +82,11 @@ def card_template(name: str) -> str:
     return resources.files("hf_specmm.model_cards").joinpath(name).read_text()
 
 
+def _vocab_rows(lm: Any, lm_config: Any) -> int:
+    head = lm.get_output_embeddings()  # None for a decoder without its own LM head (a feature head uses the target's)
+    return int(head.weight.shape[0]) if head is not None else int(lm_config.vocab_size)
+
+
 def render_model_card(draft: PreTrainedModel, repo_id: str | None = None) -> str:
     """The README.md of a draft, rendered from the top-level ``model_cards/draft_card.md`` (installed as
     ``hf_specmm.model_cards``)."""
@@ -107,7 +112,7 @@ def render_model_card(draft: PreTrainedModel, repo_id: str | None = None) -> str
         repo_id=repo_id or "path/to/this/draft",
         params=f"{sum(p.numel() for p in draft.parameters()):,}",
         lm_desc=(f"{lm_config.model_type}, {lm_config.num_hidden_layers} layers, hidden {lm_config.hidden_size}, "
-                 f"vocabulary {lm.get_output_embeddings().weight.shape[0]:,}"),
+                 f"vocabulary {_vocab_rows(lm, lm_config):,}"),
         adapter_rows=kind.card_rows(draft),
         results=_results_table(meta["results"]),
         training_data=meta["training_data"] or "Not recorded.",

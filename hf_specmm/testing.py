@@ -395,3 +395,27 @@ def vision_tower(model: PreTrainedModel) -> torch.nn.Module:
     """The vision encoder of a tiny target (``vision_tower``; Qwen-VL: ``visual``)."""
     inner = model.model
     return inner.vision_tower if hasattr(inner, "vision_tower") else inner.visual
+
+
+def feature_head_from_target(target: PreTrainedModel, noise: float = 0.0, seed: int = 0) -> PreTrainedModel:
+    """A :class:`~hf_specmm.FeatureHeadDraft` that reproduces ``target`` exactly: as many layers as its LM,
+    those layers and its final norm copied, ``fc`` reading the token embedding only (the feature half zero).
+    Drafting with it is drafting with the target itself (accepted 100 %). ``noise`` > 0 perturbs the copied
+    layers (relative to each weight's std), for heads that agree often but not always."""
+    from .drafts.feature_head import FeatureHeadDraft
+
+    lm = _language_model(target)
+    head = FeatureHeadDraft.for_target(target, num_layers=len(lm.layers))
+    hidden = head.config.text_config.hidden_size
+    with torch.no_grad():
+        head.fc.weight.zero_()
+        head.fc.weight[:, :hidden] = torch.eye(hidden)
+        head.fc.bias.zero_()
+        head.body.layers.load_state_dict(lm.layers.state_dict())
+        head.body.norm.load_state_dict(lm.norm.state_dict())
+        if noise > 0:
+            gen = torch.Generator().manual_seed(seed)
+            for p in head.body.layers.parameters():
+                if p.dim() > 1:
+                    p.add_(noise * p.std() * torch.randn(p.shape, generator=gen).to(p))
+    return head.eval()

@@ -24,7 +24,7 @@ PACKAGE = Path(hf_specmm.__file__).parent
 
 
 def test_every_kind_is_one_folder_with_one_registration():
-    assert set(hf_specmm.draft_kinds()) == {"text_only", "image_adapter", "vlm"}
+    assert set(hf_specmm.draft_kinds()) == {"text_only", "image_adapter", "vlm", "feature_head"}
     for name in hf_specmm.draft_kinds():
         init = PACKAGE / "drafts" / name / "__init__.py"
         assert init.is_file(), f"draft kind {name} must live in drafts/{name}/"
@@ -42,7 +42,7 @@ def test_nothing_outside_a_kinds_folder_tests_draft_classes():
         if rel.startswith("drafts/"):
             continue
         text = path.read_text()
-        if re.search(r"isinstance\([^)]*(ImageAdapterDraft|TextOnly|VLMDrafter)\b", text):
+        if re.search(r"isinstance\([^)]*(ImageAdapterDraft|TextOnly|VLMDrafter|FeatureHeadDraft)\b", text):
             offenders.append(rel)
         if re.search(r"(kind|draft_kind)\s*==\s*\"(text_only|vlm)\"", text):
             offenders.append(rel)

@@ -2,8 +2,8 @@
 
 Two-sample χ² test of homogeneity per generated position, N rows per method (one batched call each;
 identical rows are independent samples). Bins with fewer than 10 pooled counts are merged. Each
-comparison is run at level ALPHA = 1e-3; with the 40 comparisons below the family-wise false-alarm
-rate is at most 4 % (Bonferroni) for random seeds, and the seeds are fixed, so the test is
+comparison is run at level ALPHA = 1e-3; with the 48 comparisons below the family-wise false-alarm
+rate is at most 4.8 % (Bonferroni) for random seeds, and the seeds are fixed, so the test is
 deterministic. Power: the same test flags a verifier that accepts every draft (test below).
 """
 
@@ -77,11 +77,13 @@ def _draft(model, kind):
         from test_vlm_draft import noised_copy
 
         return noised_copy(model, scale=0.6)
+    if kind == "noisy_head":  # a feature head: the target's layers perturbed, reading its hidden states
+        return testing.feature_head_from_target(model, noise=0.3)
     torch.manual_seed(3)  # image-adapter draft over the noisy copy: reads the target's image embeddings
     return hf_specmm.ImageAdapterDraft.for_target(model, noisy_copy(model))
 
 
-@pytest.mark.parametrize("kind", ["random", "noisy_copy", "noisy_adapter", "noisy_vlm"])
+@pytest.mark.parametrize("kind", ["random", "noisy_copy", "noisy_adapter", "noisy_vlm", "noisy_head"])
 def test_speculative_sampling_matches_plain(setup, kind):
     family, model, plain = setup
     draft = _draft(model, kind)

@@ -1,11 +1,13 @@
 """Draft kinds, one folder each, registered in ``registry`` by their own ``__init__``:
 ``text_only`` (any causal LM), ``image_adapter`` (LM + adapter on the target's image embeddings),
-``vlm`` (a small VLM of a supported family that sees the images)."""
+``vlm`` (a small VLM of a supported family that sees the images), ``feature_head`` (an EAGLE-1 style head
+on the target's own last hidden states)."""
 
-from . import image_adapter, text_only, vlm  # noqa: F401  (each registers its kind)
+from . import feature_head, image_adapter, text_only, vlm  # noqa: F401  (each registers its kind)
+from .feature_head import FeatureHeadDraft, FeatureHeadDraftConfig
 from .image_adapter import ImageAdapterDraft, ImageAdapterDraftConfig
 from .registry import DraftKind, draft_kinds, get_kind, kind_of, loading_class, register_draft_kind
 from .text_only import TextOnly
 
-__all__ = ["DraftKind", "ImageAdapterDraft", "ImageAdapterDraftConfig", "TextOnly", "draft_kinds", "get_kind",
+__all__ = ["DraftKind", "FeatureHeadDraft", "FeatureHeadDraftConfig", "ImageAdapterDraft", "ImageAdapterDraftConfig", "TextOnly", "draft_kinds", "get_kind",
            "kind_of", "loading_class", "register_draft_kind"]

@@ -41,6 +41,11 @@ class DraftKind:
         param_groups: ``(draft, stage, cfg) -> [{"params": ..., "lr": ...}]`` trained in that stage.
         build: ``(target, language_model, cfg, target_name) -> draft`` makes this kind around a fresh or
             loaded causal LM, or None when the kind cannot be built that way.
+        loss: ``(view, batch, target_logits, cfg, columns) -> (summed loss, summed metrics)`` replacing the
+            trainer's token distillation of ``view.model``'s logits, for kinds whose loss needs more than
+            logits (e.g. the target's hidden states as regression targets, captured by the view's ``watch``
+            around the target's forward). ``target_logits`` [B, R, V]: column r predicts response token r;
+            ``columns``: the proposable ids. Metrics must include ``draft_top1``. None: the default loss.
     """
 
     name: str
@@ -55,6 +60,7 @@ class DraftKind:
     language_model: Callable[[Any], Any] = _itself
     card_rows: Callable[[Any], str] = _no_rows
     build: Callable[..., Any] | None = None
+    loss: Callable[..., tuple[Any, dict[str, float]]] | None = None
 
 
 _KINDS: dict[str, DraftKind] = {}

@@ -98,6 +98,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="adapter learning rate in stage 2, > 0 (default: --lr)")
     g.add_argument("--stage2-lm-lr", type=number_in(0.0),
                    help="LM learning rate in stage 2, >= 0 (default: --lr / 3; 0: frozen)")
+    g.add_argument("--feature-loss-weight", type=number_in(0.0), default=1.0,
+                   help="feature_head drafts: weight of the smooth-L1 regression of the target's next hidden state")
+    g.add_argument("--token-loss-weight", type=number_in(0.0), default=0.1,
+                   help="feature_head drafts: weight of the token loss (--loss) through the target's LM head")
     g.add_argument("--mm-share-start", type=number_in(0.0, 1.0), default=0.5,
                    help="stage 2: first share of image lines per step, in [0, 1] (ramped to 1.0)")
     g.add_argument("--warmup-steps", type=at_least_0, default=0, help="linear learning-rate warm-up steps")

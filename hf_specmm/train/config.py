@@ -43,6 +43,11 @@ _NOT_HASHED = frozenset({
 })
 
 
+# Fields only a kind's own loss reads: left out of the config hash at their defaults, so that adding them
+# did not change the hash (and resumability) of runs of the other kinds.
+_KIND_LOSS_DEFAULTS = {"feature_loss_weight": 1.0, "token_loss_weight": 0.1}
+
+
 @dataclass
 class TrainConfig:
     """One training run. Paths may be ``str`` or ``Path``; ``target`` and ``draft`` may also be Hub ids."""
@@ -76,6 +81,9 @@ class TrainConfig:
     # the draft LM's learning rate in stage 2 (0 = frozen). Default lr / 3: on the tiny fixture a frozen LM
     # (or lr / 10) leaves acceptance at 0.59, lr / 3 and lr reach 0.88 (the LM must learn to read image slots)
     stage2_lm_lr: float | None = None
+    # losses of kinds with their own (``DraftKind.loss``; feature heads: EAGLE's 1.0 and 0.1)
+    feature_loss_weight: float = 1.0  # smooth-L1 regression of the target's next hidden state
+    token_loss_weight: float = 0.1  # the token loss (`loss`) through the target's frozen LM head
     mm_share_start: float = 0.5  # stage 2: share of image examples per step, ramped linearly to 1.0
     warmup_steps: int = 0
     min_lr_ratio: float = 0.1  # cosine decay to lr × this at the end of each stage
@@ -147,6 +155,8 @@ class TrainConfig:
             problems.append("learning rates must be positive (stage2_lm_lr may be 0: frozen)")
         if isinstance(self.target_device_map, str) and self.target_device_map != "auto":
             problems.append(f"target_device_map={self.target_device_map!r} (\"auto\" or a {{module: device}} map)")
+        if self.feature_loss_weight < 0 or self.token_loss_weight < 0:
+            problems.append("feature_loss_weight and token_loss_weight must be >= 0")
         if self.checkpoint_every < 0:
             problems.append(f"checkpoint_every={self.checkpoint_every} (0 = end of each stage only)")
         if problems:
@@ -173,6 +183,9 @@ class TrainConfig:
             if 2 not in out["stages"]:  # stage-2 settings cannot change this run
                 for name in ("stage2_steps", "stage2_lr", "stage2_lm_lr", "mm_share_start", "image_pool"):
                     out.pop(name)
+        for name, default in _KIND_LOSS_DEFAULTS.items():  # read by kind-specific losses only: hashed when set
+            if out.get(name) == default:
+                out.pop(name)
         out.update(fingerprints)  # e.g. target -> "local:<sha>", data -> "sha256:<...>"
         return out
 

@@ -102,10 +102,14 @@ class Trainer:
         t_logits = None
         if self.cfg.loss != "ce" or view.observes_prefill:  # CE needs no target logits, a watching view its forward
             t_logits = self._target_logits(batch, view)
-        d_logits = self._draft_logits(batch, view)
-        sel = batch.response_mask
-        loss, metrics = distill_loss(d_logits[sel], None if t_logits is None or self.cfg.loss == "ce" else t_logits[sel],
-                                     batch.response_ids[sel], self.columns, self.cfg.loss)
+        if self.kind.loss is not None:  # the kind's own loss (e.g. a feature head's regression on hidden states)
+            with self._autocast():
+                loss, metrics = self.kind.loss(view, batch, t_logits, self.cfg, self.columns)
+        else:
+            d_logits = self._draft_logits(batch, view)
+            sel = batch.response_mask
+            loss, metrics = distill_loss(d_logits[sel], None if t_logits is None or self.cfg.loss == "ce"
+                                         else t_logits[sel], batch.response_ids[sel], self.columns, self.cfg.loss)
         (loss / total_tokens).backward()
         metrics["loss"] = float(loss.detach())
         return metrics

@@ -3,7 +3,9 @@
 1. ``generate_world`` (seed 0, 12 000 lines, 48-pixel images);
 2. the target trained from scratch (:func:`~hf_specmm.world.train_target.train_world_target`);
 3. a text-only and an image-adapter draft distilled from it with ``hf_specmm.train`` (the target's own
-   greedy answers to the training prompts, forward KL), each ~4 % of the target's parameters.
+   greedy answers to the training prompts, forward KL), each ~4 % of the target's parameters, and a
+   feature head (EAGLE-1 style, one decoder layer on the target's hidden states) trained on the same lines
+   (:func:`build_feature_head_checkpoint` trains only the head, on the shipped target).
 
 ``examples/train_world.py`` runs it; everything lands in ``ship_dir`` (safetensors + model cards +
 ``recipe.json`` with every setting and measured number), which is what ``hf-specmm demo`` loads.
@@ -35,9 +37,13 @@ DRAFT_CONFIG = {**DRAFT_PRESETS["tiny"], "max_position_embeddings": 256}  # 1 la
 DRAFT_TRAINING = {"steps": 1000, "batch_size": 32, "lr": 3e-3, "max_new_tokens": MAX_ANSWER_TOKENS, "loss": "kl",
                   "seed": 0, "eval_gamma": 5, "gen_batch_size": 64, "eval_batch_size": 32}
 ADAPTER_TRAINING = {"stage2_steps": 1000}
+# the head: 1 layer (DRAFT_CONFIG's num_hidden_layers), the target's width; EAGLE's loss with the token term
+# weighted 1.0 instead of EAGLE's 0.1 (at this scale the token loss is what acceptance follows)
+HEAD_TRAINING = {"stage2_steps": 1000, "token_loss_weight": 1.0}
+KIND_TRAINING = {"image_adapter": ADAPTER_TRAINING, "feature_head": HEAD_TRAINING}
 EVAL_PER_TASK = 32  # held-out lines per task (images not in the training split) the drafts' cards are measured on
 TARGET_NAME = "world-target"  # what the draft cards call the target (the folder name in ship_dir)
-SHIPPED_KINDS = ("text_only", "image_adapter")  # the draft kinds the world ships, one folder each
+SHIPPED_KINDS = ("text_only", "image_adapter", "feature_head")  # the draft kinds the world ships, one folder each
 DRAFT_DIRS = {name: f"{get_kind(name).title}-draft" for name in SHIPPED_KINDS}
 
 
@@ -88,13 +94,14 @@ tokens seen. {report['train_time_s']} s on CPU in all. Recipe: `examples/train_w
 """
 
 
-def _distil(kind: str, target_dir: Path, world: Path, work: Path, distil_data: Path, heldout: Path) -> dict:
-    extra = ADAPTER_TRAINING if kind == "image_adapter" else {}
+def _distil(kind: str, target_dir: Path, world: Path, work: Path, distil_data: Path, heldout: Path,
+            **overrides: Any) -> dict:
+    extra = {**DRAFT_TRAINING, **KIND_TRAINING.get(kind, {}), **overrides}
     cfg = TrainConfig(target=str(target_dir), data=str(distil_data), images=str(world), eval_data=str(heldout),
                       output_dir=str(work / DRAFT_DIRS[kind]), draft_config=dict(DRAFT_CONFIG), draft_kind=kind,
                       response_cache=str(work / "target_answers.jsonl"),
                       task_name=f"world held-out, unseen scenes ({EVAL_PER_TASK} per task)",
-                      target_name=TARGET_NAME, prompt_format="raw", **DRAFT_TRAINING, **extra)
+                      target_name=TARGET_NAME, prompt_format="raw", **extra)
     result = train_draft(cfg)
     return {"train_config": {k: v for k, v in dataclasses.asdict(cfg).items() if v is not None},
             "summary": result.summary()}
@@ -134,3 +141,27 @@ def build_world_checkpoints(work_dir: str | Path, ship_dir: str | Path) -> dict[
     summary = {"world": WORLD, "target": {k: v for k, v in report.items() if k != "losses"}, "drafts": drafts}
     (ship / "recipe.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
     return summary
+
+
+def build_feature_head_checkpoint(work_dir: str | Path, ship_dir: str | Path, per_task: int | None = None,
+                                  steps: int | None = None) -> dict[str, Any]:
+    """Train only the feature head on the shipped target (same world, same distillation lines and held-out
+    lines as the other drafts; with ``per_task``, the first ``per_task`` lines of each task only, and
+    ``steps`` per stage) into ``ship_dir``, and record it in ``ship_dir/recipe.json``."""
+    work, ship = Path(work_dir), Path(ship_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    world = generate_world(work / "world", n=WORLD["n"], seed=WORLD["seed"], image_size=WORLD["image_size"])
+    train = load_examples(world / "train.jsonl")
+    distil_data = _prompts_only(train, world, work / "distil.jsonl", per_task)
+    heldout = _prompts_only(unseen(load_examples(world / "heldout.jsonl"), train), world,
+                            work / "heldout_eval.jsonl", EVAL_PER_TASK)
+    overrides = {} if steps is None else {"steps": steps, "stage2_steps": steps}
+    result = _distil("feature_head", ship / TARGET_NAME, world, work, distil_data, heldout, **overrides)
+    folder = DRAFT_DIRS["feature_head"]
+    shutil.rmtree(ship / folder, ignore_errors=True)
+    shutil.copytree(Path(result["summary"]["draft_dir"]), ship / folder)
+    recipe = json.loads((ship / "recipe.json").read_text())
+    result["distillation_lines_per_task"] = per_task  # None: every line, as the other drafts
+    recipe["drafts"]["feature_head"] = result
+    (ship / "recipe.json").write_text(json.dumps(recipe, indent=1, default=str) + "\n")
+    return result

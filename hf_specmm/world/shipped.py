@@ -6,7 +6,7 @@ Example::
     >>> from hf_specmm.world.shipped import load_world_models, eval_examples
     >>> models = load_world_models()
     >>> sorted(models.drafts)
-    ['image-adapter (distilled)', 'text-only (distilled)', 'text-only (untrained)']
+    ['feature-head (distilled)', 'image-adapter (distilled)', 'text-only (distilled)', 'text-only (untrained)']
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from .tasks import TASKS
 CHECKPOINTS = Path(__file__).resolve().parent / "checkpoints"
 EVAL_SEED = 1  # the evaluation scenes: another seed than the training world's (WORLD["seed"])
 DRAFT_NAMES = {"text-only (untrained)": None, "text-only (distilled)": DRAFT_DIRS["text_only"],
-               "image-adapter (distilled)": DRAFT_DIRS["image_adapter"]}
+               "image-adapter (distilled)": DRAFT_DIRS["image_adapter"],
+               "feature-head (distilled)": DRAFT_DIRS["feature_head"]}
 
 
 @dataclass

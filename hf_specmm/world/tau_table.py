@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..train.evaluate import measure_tau
 from .shipped import CHECKPOINTS, eval_examples, load_world_models
+from .step_cost import step_costs
+from .step_cost import to_markdown as costs_markdown
 from .target import MAX_ANSWER_TOKENS
 
 if TYPE_CHECKING:  # argparse is used only when the dispatcher builds the parser
@@ -98,9 +100,12 @@ def run(args: argparse.Namespace) -> int:
     command = f"hf-specmm world-tau --per-task {args.per_task} --gammas {' '.join(map(str, args.gammas))}"
     note = (f"τ (acceptance) on {args.per_task} held-out scenes per task (evaluation world seed 1, no scene of the "
             f"training split), greedy, max {MAX_ANSWER_TOKENS} new tokens; `{command}`")
+    costs = step_costs(load_world_models(args.checkpoints), eval_examples(1)["caption"][0])
+    note += ("\n\nSize and step cost of each draft (one drafted token on its KV cache vs one target decoding "
+             "step, batch 1, median of 50, CPU, torch threads as set; machine-dependent):\n\n" + costs_markdown(costs))
     print(table + "\n\n" + note)
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(f"{args.output}.json").write_text(json.dumps({"rows": rows, "note": note}, indent=1) + "\n")
+    Path(f"{args.output}.json").write_text(json.dumps({"rows": rows, "step_costs": costs, "note": note}, indent=1) + "\n")
     Path(f"{args.output}.md").write_text(table + "\n\n" + note + "\n")
     if args.update_readme:
         update_readme(args.update_readme, table + "\n\n" + note)

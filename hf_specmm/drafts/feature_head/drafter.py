@@ -1,0 +1,167 @@
+"""Runs a :class:`FeatureHeadDraft` in the speculative loop (EAGLE-1 drafting with batches and rollback).
+
+The head's KV cache only ever holds slots computed from the target's **true** features:
+
+- prefill: one slot per prompt position t, at the target's position t, reading the target's input
+  embedding of x_t (an image feature at image positions) and the target's last hidden state f_{t-1} at the
+  position before (zero for a row's first token): at image positions that state is how the target's LM
+  represents the vision tokens. The zero slot makes a head that copies the target's layers (``fc`` reading
+  the embedding only) an exact copy of the target: such a head is accepted 100 % (tests);
+- each round: the pending slots (true features of what the last verification accepted) are read, then
+  d_1..d_γ are drafted from the head's own predicted features (temporary slots);
+- after verification the temporary slots are cropped (``SlottedCache.rollback``), and the verification
+  forward's features of the accepted tokens become the next pending slots: a row that accepted n drafts
+  queues n + 1 slots (f(cur), d_1), ..., (f(d_n), next). Rows of a batch queue different counts; the
+  shorter ones are left-padded with masked holes, as every draft cache here handles them.
+
+The target's features are captured by a forward hook on its text decoder (whose output is the LM
+head's input), around the prefill and every verification forward: no ``output_hidden_states`` of all
+layers, nothing recomputed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch
+
+from ... import _compat
+from ...cache_state import SlottedCache
+from ...drafter import Drafter, Prompt, Proposal, SelectFn
+from ...errors import IncompatibleDraftError
+from ...targets.positions import ROPE_1D, Rope1D
+from ...vocab import VocabMap
+
+
+class FeatureHeadDrafter(Drafter):
+    observes_prefill = True
+    observes_verification = True
+
+    def __init__(self, draft: Any, vocab: VocabMap, positions: Rope1D = ROPE_1D):
+        super().__init__(draft, vocab)
+        self.model = draft
+        self.positions = positions
+        self.device = draft.fc.weight.device
+        self.state: SlottedCache | None = None
+        self.captured: tuple[torch.Tensor | None, torch.Tensor] | None = None  # (inputs_embeds, features)
+        self.verified: torch.Tensor | None = None  # [B, γ + 1, H] features of the last verification block
+        # read at the start of the next proposal: features [B, k, H], token ids [B, k], valid [B, k]
+        self.pending: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    @classmethod
+    def check(cls, target: Any, draft: Any) -> None:
+        from .modeling import FeatureHeadDraft
+
+        if not isinstance(draft, FeatureHeadDraft):
+            raise IncompatibleDraftError(f"a feature_head draft must be a FeatureHeadDraft, got {type(draft).__name__}")
+        draft.check_target(target)
+
+    @classmethod
+    def prompt_lengths(cls, draft: Any, vocab: VocabMap, input_ids: torch.Tensor,
+                       attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """Every prompt position (image positions included) takes a slot of the head's cache."""
+        if attention_mask is None:
+            return torch.full((input_ids.shape[0],), input_ids.shape[1], device=input_ids.device)
+        return attention_mask.sum(-1)
+
+    @contextlib.contextmanager
+    def watch(self, target: Any) -> Iterator[None]:
+        """Attach the head to ``target`` (checked before the call) and capture its decoder's input embeddings
+        and output (the LM head's input) during the forward."""
+        self.draft.attach(target, check=False)
+
+        def capture(module: Any, args: tuple, kwargs: dict, output: Any) -> None:
+            embeds = kwargs.get("inputs_embeds")
+            self.captured = (None if embeds is None else embeds.detach(), output[0].detach())
+
+        handle = target.get_decoder().register_forward_hook(capture, with_kwargs=True)
+        try:
+            yield
+        finally:
+            handle.remove()
+
+    def _take(self) -> tuple[torch.Tensor | None, torch.Tensor]:
+        if self.captured is None:
+            raise RuntimeError("the target's last hidden states were not captured during its forward")
+        captured, self.captured = self.captured, None
+        return captured
+
+    def observe_prefill(self, target_outputs: Any) -> None:
+        self.prompt_capture = self._take()
+
+    def observe_verification(self, target_outputs: Any) -> None:
+        self.verified = self._take()[1]
+
+    # ---- the head's cache ------------------------------------------------------------------------
+    def forward(self, features: torch.Tensor, embeds: torch.Tensor, valid: torch.Tensor | None,
+                logits: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Feed k slots into the head's cache; returns the last predicted feature [B, H] and its
+        target-vocabulary logits [B, V] (on the loop's device)."""
+        assert self.state is not None
+        inputs = self.state.block_inputs(valid, features.shape[1])
+        mask = inputs["attention_mask"]
+        out = self.model(features=features.to(self.device), inputs_embeds=embeds.to(self.device),
+                         attention_mask=None if mask is None else mask.to(self.device),
+                         position_ids=inputs["position_ids"].to(self.device), past_key_values=self.state.cache,
+                         use_cache=True)
+        self.state.commit(mask, features.shape[1])
+        last = out.hidden_states[:, -1:]
+        if not logits:
+            return last, None
+        scores = self.model.lm_logits(last)[:, -1].to(device=self.state.device, dtype=torch.float32)
+        return last, self.vocab.to_target(scores)
+
+    def prefill(self, prompt: Prompt, first_tokens: torch.Tensor) -> None:
+        embeds, features = self.prompt_capture
+        self.prompt_capture = None
+        ids, mask = prompt.input_ids, prompt.attention_mask
+        batch, width = ids.shape
+        if embeds is None:
+            embeds = self.model.embed(ids)
+        self.state = SlottedCache(_compat.new_dynamic_cache(), None, 0, batch, ids.device, self.positions)
+        features = features[:, :width]
+        valid = None if mask is None or bool(mask.all()) else mask.bool()
+        self.forward(previous_features(features, valid), embeds[:, :width], valid, logits=False)
+        self.pending = (features[:, -1:], first_tokens[:, None], torch.ones_like(first_tokens[:, None], dtype=torch.bool))
+
+    def propose(self, gamma: int, select: SelectFn) -> Proposal:
+        assert self.pending is not None and self.state is not None and gamma >= 1
+        features, ids, valid = self.pending
+        restore = (self.state.length, valid)
+        feature, logits = self.forward(features, self.model.embed(ids), None if bool(valid.all()) else valid)
+        tokens, probs = [], []
+        for j in range(gamma):
+            token, prob = select(logits, j)
+            tokens.append(token)
+            probs.append(prob)
+            if j + 1 < gamma:  # d_{j+1} read with the head's own predicted feature (dropped after verification)
+                feature, logits = self.forward(feature, self.model.embed(token[:, None]), None)
+        return Proposal(torch.stack(tokens, 1), torch.stack(probs, 1) if probs[0] is not None else None, restore)
+
+    def accept(self, proposal: Proposal, n: torch.Tensor, next_tokens: torch.Tensor) -> None:
+        """Keep the pending slots (true features), drop the drafted ones, queue the accepted tokens with the
+        verification's true features: row i queues (f(cur), d_1), ..., (f(d_{n_i}), next_i), right-aligned."""
+        assert self.state is not None and self.verified is not None
+        start, pending_valid = proposal.restore
+        self.state.rollback(start, pending_valid)
+        width = int(n.max()) + 1
+        k = torch.arange(width, device=n.device)[None] - (width - 1 - n[:, None])  # source index per slot
+        valid = k >= 0
+        k = k.clamp_min(0)
+        tokens = torch.cat([proposal.tokens, next_tokens[:, None]], 1)
+        tokens = tokens.scatter(1, n[:, None], next_tokens[:, None])  # next_i right after the n_i accepted drafts
+        ids = tokens.gather(1, k).masked_fill(~valid, 0)
+        verified = self.verified.to(n.device)
+        features = verified.gather(1, k[..., None].expand(-1, -1, verified.shape[-1]))
+        self.pending, self.verified = (features, ids, valid), None
+
+
+def previous_features(features: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+    """[B, L, H] -> the feature each slot reads: f_{t-1} at slot t, zero at a row's first valid slot
+    (``valid`` [B, L] bool for left-padded rows, None = all valid)."""
+    shifted = torch.nn.functional.pad(features, (0, 0, 1, 0))[:, :-1]
+    if valid is None:
+        return shifted
+    before = torch.nn.functional.pad(valid, (1, 0))[:, :-1]  # the slot before is a real token
+    return shifted * before[..., None].to(shifted.dtype)

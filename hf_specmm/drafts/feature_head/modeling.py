@@ -1,0 +1,219 @@
+"""``FeatureHeadDraft``: an EAGLE-1 style draft head on the target's own last hidden states.
+
+Each step fuses a feature f_t (the target's last hidden state at position t, or the head's own
+prediction while drafting) with the embedding of the next token x_{t+1}::
+
+    g_{t+1} = norm(layers(fc([emb(x_{t+1}); f_t])))      logits_{t+1} = lm_head(g_{t+1})  ->  x_{t+2}
+
+The feature is what the target's LM head reads: the output of its text decoder, **after** the final norm
+(EAGLE-1 reads ``base_model.model(...)[0]``, which is post-norm). So the head's prediction g goes
+straight into the target's LM head; the target's final norm is not applied again (the head ends in its
+own norm, a copy of that norm's class, because its output should live where the normed features live).
+
+The layers are the target's own text decoder (``AutoModel`` of the target's text config with
+``num_hidden_layers`` = the head's layers: the family's decoder-layer class, rotary embedding and mask
+code, no copies) without its token embedding. The target's embedding and LM head are **used, not
+stored**: :meth:`FeatureHeadDraft.attach` references them, and a fingerprint of those weights in the
+config ties the head to its target (checked before any work).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AutoModel, PreTrainedModel
+from transformers.utils import ModelOutput
+
+from ...errors import IncompatibleDraftError, check_strict_load
+from .configuration import FeatureHeadDraftConfig
+
+_SAMPLES = 64  # values sampled per fingerprinted weight
+
+
+def weight_fingerprint(weight: torch.Tensor) -> dict[str, Any]:
+    """Shape and ``_SAMPLES`` evenly spaced values of ``weight`` (cheap for a 7B target: one gather)."""
+    flat = weight.detach().reshape(-1)
+    idx = (torch.arange(_SAMPLES) * (flat.numel() - 1)) // (_SAMPLES - 1)  # int64, the same on every device
+    values = flat[idx.to(flat.device)].float().cpu().tolist()
+    return {"shape": list(weight.shape), "values": [float(f"{v:.6g}") for v in values]}
+
+
+def target_fingerprint(target: PreTrainedModel) -> dict[str, Any]:
+    """Fingerprint of the two target weights a head uses: its input embedding and its LM head."""
+    return {"embed": weight_fingerprint(target.get_input_embeddings().weight),
+            "lm_head": weight_fingerprint(target.get_output_embeddings().weight)}
+
+
+def fingerprint_mismatch(saved: dict[str, Any], current: dict[str, Any]) -> str | None:
+    """None when ``current`` matches ``saved`` (values within bf16 rounding), else what differs."""
+    for name in ("embed", "lm_head"):
+        a, b = saved[name], current[name]
+        if list(a["shape"]) != list(b["shape"]):
+            return f"{name} shape {list(b['shape'])} (the head was made for {list(a['shape'])})"
+        if not torch.allclose(torch.tensor(a["values"]), torch.tensor(b["values"]), rtol=1e-2, atol=1e-5):
+            return f"{name} weights (sampled values differ: another target, or a fine-tuned one)"
+    return None
+
+
+class _TargetRef(dict):
+    """The target's embedding and LM head as the head references them: a plain dict (never registered as
+    submodules, so never saved or moved with the head) that ``copy.deepcopy(head)`` shares, not copies."""
+
+    def __deepcopy__(self, memo: dict) -> "_TargetRef":
+        return _TargetRef(self)
+
+
+@dataclass
+class FeatureHeadOutput(ModelOutput):
+    """``hidden_states`` [B, k, H]: the predicted features g; ``logits`` [B, k', V] when asked
+    (``logits_to_keep``), through the attached target's LM head."""
+
+    hidden_states: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    past_key_values: Any = None
+
+
+class FeatureHeadDraft(PreTrainedModel):
+    """EAGLE-1 style draft head tied to one target. Pass it as ``assistant_model`` after ``hf_specmm.enable``.
+
+    Example::
+
+        >>> import hf_specmm
+        >>> from hf_specmm import testing
+        >>> target = testing.tiny_target("llava")
+        >>> head = hf_specmm.FeatureHeadDraft.for_target(target)
+        >>> hf_specmm.enable(target)  # doctest: +ELLIPSIS
+        Llava...
+        >>> inputs = testing.make_inputs("llava", testing.tiny_processor("llava"), ["hi"], [testing.tiny_image(0)])
+        >>> out = target.generate(**inputs, assistant_model=head, max_new_tokens=8)
+    """
+
+    config_class = FeatureHeadDraftConfig
+    base_model_prefix = "head"
+    main_input_name = "features"
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_attention_backend = True
+    _no_split_modules: list[str] = []
+
+    def __init__(self, config: FeatureHeadDraftConfig):
+        super().__init__(config)
+        text = config.text_config
+        hidden = text.hidden_size
+        self.fc = nn.Linear(2 * hidden, hidden, bias=True)
+        # the target family's decoder stack without its token table (1 row at build time, then dropped)
+        body_config = copy.deepcopy(text)
+        body_config.vocab_size, body_config.pad_token_id = 1, None
+        body_config._attn_implementation = text._attn_implementation
+        self.body = AutoModel.from_config(body_config)
+        self.body.set_input_embeddings(None)
+        self._target = _TargetRef()  # the target's modules: referenced, never registered or saved
+        self.post_init()
+
+    # ---- the target's embedding and LM head (used, not stored) -------------------------------------
+    def check_target(self, target: PreTrainedModel) -> None:
+        """Raise :class:`IncompatibleDraftError` unless ``target`` is the model this head was made for."""
+        made_for = self.config.target or self.config.target_class or "another target"
+        saved = self.config.target_fingerprint
+        if saved is None:
+            raise IncompatibleDraftError("This FeatureHeadDraft records no target fingerprint; build it with "
+                                         "FeatureHeadDraft.for_target(target).")
+        if target.get_input_embeddings() is None or target.get_output_embeddings() is None:
+            raise IncompatibleDraftError(f"{type(target).__name__} has no input embedding / LM head for a feature head")
+        problem = fingerprint_mismatch(saved, target_fingerprint(target))
+        if problem is not None:
+            raise IncompatibleDraftError(
+                f"This FeatureHeadDraft was made for {made_for}; the target's {problem}. A feature head reads the "
+                "target's hidden states and uses its embedding and LM head, so it only drafts for that target: "
+                "use a head made for this target (FeatureHeadDraft.for_target(target), then train it).")
+
+    def attach(self, target: PreTrainedModel, check: bool = True) -> "FeatureHeadDraft":
+        """Reference ``target``'s embedding and LM head (checked against the fingerprint unless ``check=False``)."""
+        if check:
+            self.check_target(target)
+        self._target = _TargetRef(embed=target.get_input_embeddings(), lm_head=target.get_output_embeddings())
+        return self
+
+    @property
+    def attached(self) -> bool:
+        return bool(self._target)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The target's token embeddings of ``input_ids``, in the head's dtype and device."""
+        table = self._attached("embed")
+        return table(input_ids.to(table.weight.device)).to(device=self.fc.weight.device, dtype=self.fc.weight.dtype)
+
+    def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits of predicted features through the target's LM head (no final norm: features are post-norm)."""
+        head = self._attached("lm_head")
+        return head(hidden.to(device=head.weight.device, dtype=head.weight.dtype))
+
+    def _attached(self, name: str) -> nn.Module:
+        if not self._target:
+            raise RuntimeError("FeatureHeadDraft is not attached to its target: call head.attach(target) (generate "
+                               "with assistant_model=head does it)")
+        return self._target[name]
+
+    # ---- forward ---------------------------------------------------------------------------------
+    def forward(self, features: torch.Tensor, inputs_embeds: torch.Tensor | None = None,
+                input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, past_key_values: Any = None, use_cache: bool = False,
+                logits_to_keep: int = 0, **kwargs: Any) -> FeatureHeadOutput:
+        """``features`` [B, k, H] f_t, and the next tokens as ``inputs_embeds`` [B, k, H] (the target's own
+        embeddings, image features included) or ``input_ids`` [B, k] -> predicted f_{t+1} [B, k, H]."""
+        if inputs_embeds is None:
+            inputs_embeds = self.embed(input_ids)
+        dtype = self.fc.weight.dtype
+        fused = self.fc(torch.cat([inputs_embeds.to(dtype), features.to(device=inputs_embeds.device, dtype=dtype)], -1))
+        out = self.body(inputs_embeds=fused, attention_mask=attention_mask, position_ids=position_ids,
+                        past_key_values=past_key_values, use_cache=use_cache, **kwargs)
+        hidden = out.last_hidden_state
+        logits = self.lm_logits(hidden[:, -logits_to_keep:]) if logits_to_keep else None
+        return FeatureHeadOutput(hidden_states=hidden, logits=logits, past_key_values=out.past_key_values)
+
+    # ---- construction, saving, loading -----------------------------------------------------------
+    @classmethod
+    def for_target(cls, target: PreTrainedModel, num_layers: int = 1,
+                   target_name: str | None = None) -> "FeatureHeadDraft":
+        """A randomly initialised head sized for ``target`` (its text family's decoder layers, its width),
+        attached to it."""
+        if num_layers < 1:
+            raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+        text = copy.deepcopy(target.config.get_text_config())
+        text.num_hidden_layers = num_layers
+        for name in ("layer_types", "max_window_layers"):  # per-layer lists sized for the target's depth
+            if isinstance(getattr(text, name, None), list):
+                setattr(text, name, getattr(text, name)[:num_layers])
+        config = FeatureHeadDraftConfig(
+            text_config=text.to_dict(), target=target_name or getattr(target.config, "_name_or_path", None) or None,
+            target_class=type(target).__name__, target_fingerprint=target_fingerprint(target))
+        param = target.get_output_embeddings().weight
+        head = cls(config).to(device=param.device, dtype=param.dtype)
+        return head.attach(target, check=False).eval()
+
+    def save_pretrained(self, save_directory: Any, *args: Any, **kwargs: Any) -> None:
+        """Safetensors weights (the head only) + config + the hf_specmm model card (README.md)."""
+        from pathlib import Path
+
+        from ...hub import render_model_card
+
+        super().save_pretrained(save_directory, *args, **kwargs)
+        if kwargs.get("is_main_process", True):
+            (Path(save_directory) / "README.md").write_text(render_model_card(self))
+
+    def push_to_hub(self, repo_id: str, **kwargs: Any) -> Any:
+        from ...hub import push_draft_to_hub
+
+        return push_draft_to_hub(self, repo_id, **kwargs)
+
+    @classmethod
+    def from_pretrained(cls, *args: Any, **kwargs: Any) -> "FeatureHeadDraft":
+        """Strict load (missing or unexpected weights raise). Attach it to its target (generate does)."""
+        user_wants_info = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        check_strict_load(info, "FeatureHeadDraft checkpoint")
+        return (model, info) if user_wants_info else model

@@ -1,0 +1,79 @@
+"""Per-step cost of each world draft next to a target step: parameters and the measured time of one draft
+forward (one drafted token, on its own KV cache, as the loop runs it) over one target decoding step (one token
+on the target's KV cache), batch 1, after a held-out prompt. Machine-dependent (printed with the τ table as a
+ratio, which varies less than the times); τ is the machine-independent number.
+
+    >>> from hf_specmm.world.step_cost import step_costs
+    >>> rows = step_costs(load_world_models(), eval_examples(1)["caption"][0])  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from .. import _compat
+from ..drafter import Prompt
+from ..drafts import kind_of
+from ..targets import target_family, target_spec
+from ..train.data import Example, encode_prompts
+from ..vocab import VocabMap, draft_vocab_size
+
+
+def _median_s(fn: Any, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+@torch.no_grad()
+def step_costs(world: Any, example: Example, repeats: int = 50) -> list[dict[str, Any]]:
+    """One row per draft: parameters (and % of the target's), draft step / target step (median times)."""
+    target, device = world.target, world.target.device
+    inputs = encode_prompts(world.processor, [example], "raw", device)
+    ids, mask = inputs.pop("input_ids"), inputs.pop("attention_mask")
+    out = target(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1, **inputs)
+    cache, length, token = out.past_key_values, ids.shape[1], out.logits[:, -1].argmax(-1)
+
+    def target_step() -> None:
+        target(input_ids=token[:, None], past_key_values=cache, use_cache=True, logits_to_keep=1,
+               attention_mask=torch.ones(1, length + 1, dtype=mask.dtype, device=device),
+               position_ids=torch.full((1, 1), length, device=device))
+        _compat.crop_cache(cache, length)
+
+    t_target = _median_s(target_step, repeats)
+    n_target = sum(p.numel() for p in target.parameters())
+    spec, family = target_spec(target), target_family(target)
+    rows = []
+    for name, draft in world.drafts.items():
+        kind = kind_of(draft)
+        drafter = kind.drafter(draft, VocabMap(spec, draft_vocab_size(draft), device))
+        with drafter.watch(target):
+            prefill = target(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1, **inputs)
+        drafter.observe_prefill(prefill)
+        drafter.prefill(Prompt(ids, mask, family.model_inputs(inputs)), token)
+
+        def draft_step() -> None:  # reads the pending token, drafts one (the cache grows by a slot per call)
+            drafter.propose(1, lambda logits, j: (logits.argmax(-1), None))
+
+        t_draft = _median_s(draft_step, repeats)
+        params = sum(p.numel() for p in draft.parameters())
+        rows.append({"draft": name, "kind": kind.name, "parameters": params, "share_of_target": params / n_target,
+                     "draft_step_ms": 1000 * t_draft, "target_step_ms": 1000 * t_target,
+                     "cost_ratio": t_draft / t_target})
+    return rows
+
+
+def to_markdown(rows: list[dict[str, Any]]) -> str:
+    lines = ["| draft | parameters (% of target) | draft step / target step |", "|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['draft']} | {r['parameters']:,} ({100 * r['share_of_target']:.1f} %) | "
+                     f"{r['cost_ratio']:.2f} ({r['draft_step_ms']:.2f} ms / {r['target_step_ms']:.2f} ms) |")
+    return "\n".join(lines)
