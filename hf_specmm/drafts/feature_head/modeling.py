@@ -131,6 +131,15 @@ class FeatureHeadDraft(PreTrainedModel):
                 "target's hidden states and uses its embedding and LM head, so it only drafts for that target: "
                 "use a head made for this target (FeatureHeadDraft.for_target(target), then train it).")
 
+    def get_input_embeddings(self) -> None:
+        """None: the head owns no embedding table (it uses its target's, referenced by :meth:`attach`, never
+        saved or tied into the head's files)."""
+        return None
+
+    def get_output_embeddings(self) -> None:
+        """None: the logits come from the target's LM head (see :meth:`lm_logits`)."""
+        return None
+
     def attach(self, target: PreTrainedModel, check: bool = True) -> "FeatureHeadDraft":
         """Reference ``target``'s embedding and LM head (checked against the fingerprint unless ``check=False``)."""
         if check:
