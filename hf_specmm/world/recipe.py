@@ -160,6 +160,7 @@ def build_feature_head_checkpoint(work_dir: str | Path, ship_dir: str | Path, pe
     folder = DRAFT_DIRS["feature_head"]
     shutil.rmtree(ship / folder, ignore_errors=True)
     shutil.copytree(Path(result["summary"]["draft_dir"]), ship / folder)
+    _card_home(ship, folder)
     recipe = json.loads((ship / "recipe.json").read_text())
     result["distillation_lines_per_task"] = per_task  # None: every line, as the other drafts
     recipe["drafts"]["feature_head"] = result
