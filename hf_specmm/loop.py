@@ -80,11 +80,14 @@ def speculative_decode(
     attention_mask = model_kwargs.get("attention_mask")
     family = target_family(target)
     prompt = Prompt(input_ids, attention_mask, dict(image_inputs or {}))
+    sliding = _compat.has_sliding_layers(target.config)
+    if sliding:  # full layers, so rejected tokens can be cropped at any length (see cache_state)
+        model_kwargs["past_key_values"] = _compat.new_dynamic_cache()
     with drafter.watch(target):
         out = _compat.prefill(target, input_ids, generation_config, model_kwargs)
     drafter.observe_prefill(out)
     target_kv = SlottedCache(out.past_key_values, None if attention_mask is None else attention_mask.long(),
-                             prompt_len, batch, device, family.positions)
+                             prompt_len, batch, device, family.positions, compact=sliding)
     logits = out.logits[:, -1:].to(dtype=torch.float32, device=device)
     del out
     scores = apply_processors(logits_processor, rows.history, logits)
@@ -123,8 +126,10 @@ def speculative_decode(
         else:
             n, emitted = greedy_verify(drafts, scores)
         kept = rows.emit(emitted, torch.where(live, n + 1, torch.zeros_like(n)), scores, logits)
-        # a draft counts as drafted only if its row could have kept it (not past max_length)
-        drafted = [min(gamma, b - 1) if u else 0 for b, u in zip(budget, live.tolist())]
+        # a draft counts as drafted only if its row could have kept it (not past max_length, not after an
+        # accepted EOS: a row that stopped at its k-th accepted draft had k drafts that counted)
+        drafted = [min(gamma, b - 1, k if k <= a else gamma) if u else 0
+                   for b, u, k, a in zip(budget, live.tolist(), kept, n.tolist())]
         accepted = [min(a, k, d) for a, k, d in zip(n.tolist(), kept, drafted)]  # drafts among the kept tokens
         stats.record_round(gamma, kept, accepted, drafted)
         schedule.update([k - 1 for k in kept if k], gamma)

@@ -67,7 +67,9 @@ __all__ = [
     "random_text_draft",
 ]
 
-FAMILIES = ("llava", "llava_next", "llava_onevision")
+from .fixtures_more_vlms import MORE_FAMILIES, build_processor, build_target, image_marker  # noqa: E402
+
+FAMILIES = ("llava", "llava_next", "llava_onevision") + MORE_FAMILIES
 UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
 IMAGE_SIZE = 32
 PATCH_SIZE = 8
@@ -125,7 +127,7 @@ def _text_config(family: str, vocab_size: int, hidden: int = 64, layers: int = 2
 
 @torch.no_grad()
 def _shape_lm(decoder: torch.nn.Module, lm_head: torch.nn.Linear, vocab_size: int, reserved: list[int],
-              eos_bias: float | None, gen: torch.Generator) -> None:
+              eos_bias: float | None, gen: torch.Generator, probe_high: int | None = None) -> None:
     """Give ``lm_head`` a per-token logit bias, without adding parameters.
 
     Hidden channel ``_BIAS_DIM`` is zeroed everywhere except for a constant ``c``
@@ -147,7 +149,7 @@ def _shape_lm(decoder: torch.nn.Module, lm_head: torch.nn.Linear, vocab_size: in
     attn.o_proj.weight[:, 0] = 0.0
     seen: dict[str, torch.Tensor] = {}
     hook = decoder.norm.register_forward_hook(lambda mod, args, out: seen.update(x=args[0]))
-    probe = torch.randint(3, vocab_size - 4, (4, 48), generator=gen)
+    probe = torch.randint(3, probe_high or vocab_size - 4, (4, 48), generator=gen)
     decoder(input_ids=probe.to(lm_head.weight.device), use_cache=False)
     hook.remove()
     rest = torch.cat([seen["x"][..., :d], seen["x"][..., d + 1:]], dim=-1).norm(dim=-1).max().item()
@@ -168,8 +170,11 @@ def _shape_lm(decoder: torch.nn.Module, lm_head: torch.nn.Linear, vocab_size: in
 
 def _language_model(model: PreTrainedModel) -> torch.nn.Module:
     inner = getattr(model, "model", None)
-    lm = getattr(inner, "language_model", None) if inner is not None else None
-    return lm if lm is not None else model.get_decoder()
+    for name in ("language_model", "text_model"):  # text_model: Idefics3 / SmolVLM
+        lm = getattr(inner, name, None) if inner is not None else None
+        if lm is not None:
+            return lm
+    return model.get_decoder()
 
 
 def _finish(model: PreTrainedModel, pad_id: int) -> PreTrainedModel:
@@ -198,6 +203,8 @@ def tiny_target(family: str, seed: int = 0, vocab_size: int = 128, eos_bias: flo
     _check(family, vocab_size)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
+        if family in MORE_FAMILIES:  # fixtures_more_vlms: their own upstream id layouts
+            return build_target(family, seed, eos_bias)
         return _build_target(family, seed, vocab_size, eos_bias)
 
 
@@ -278,6 +285,8 @@ def tiny_processor(family: str, vocab_size: int = 128) -> ProcessorMixin:
     (``patch_size``, ``vision_feature_select_strategy``, ...) match the tiny model.
     """
     _check(family, vocab_size)
+    if family in MORE_FAMILIES:
+        return build_processor(family)
     tok = _tokenizer(family, vocab_size)
     img_kw = dict(size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
     if family == "llava":
@@ -315,8 +324,11 @@ def make_inputs(family: str, processor: ProcessorMixin, prompts: list[str], imag
         raise ValueError(f"unknown family {family!r}")
     if len(prompts) != len(images):
         raise ValueError("prompts and images must have the same length")
-    texts = [p if img is None or "<image>" in p else f"<image> {p}" for p, img in zip(prompts, images)]
+    marker = image_marker(family) if family in MORE_FAMILIES else "<image>"
+    texts = [p if img is None or marker in p else f"{marker} {p}" for p, img in zip(prompts, images)]
     present = [img for img in images if img is not None]
+    if family in MORE_FAMILIES and present:  # these processors take the images of each row as a list
+        present = [[] if img is None else [img] for img in images]
     processor.tokenizer.padding_side = padding_side
     return processor(images=present or None, text=texts, padding=True, return_tensors="pt")
 

@@ -60,7 +60,8 @@ class ChainDrafter(Drafter):
 
     def prefill(self, prompt: Prompt, first_tokens: torch.Tensor) -> None:
         ids, valid, extra = self.draft_inputs(prompt)
-        self.state = SlottedCache(_compat.new_dynamic_cache(), None, 0, ids.shape[0], ids.device, self.positions)
+        self.state = SlottedCache(_compat.new_dynamic_cache(), None, 0, ids.shape[0], ids.device, self.positions,
+                                  compact=_compat.has_sliding_layers(self.model.config))
         self.forward(ids, None if bool(valid.all()) else valid, **extra)
         self._queue(first_tokens)
 

@@ -1,6 +1,7 @@
 """Supported target families (see ``registry``); importing this package registers the built-in ones."""
 
 from . import llava  # noqa: F401  (registers the LLaVA families)
+from . import gemma3, idefics3, internvl  # noqa: F401  (Gemma 3, Idefics3 / SmolVLM, InternVL)
 from .positions import ROPE_1D, Rope1D
 from .registry import (SUPPORTED_TARGETS, TargetFamily, TargetSpec, family_by_model_type, family_of,
                        register_target_family, target_family, target_spec)

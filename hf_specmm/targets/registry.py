@@ -10,7 +10,7 @@ of new tokens. Each family module calls :func:`register_target_family` once (see
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Iterable
 
 from ..errors import UnsupportedTargetError
 from .positions import ROPE_1D, Rope1D
@@ -32,6 +32,8 @@ class TargetFamily:
     image_layout_attrs: tuple[str, ...] = ()
     span_attrs: tuple[tuple[str, ...], ...] = ()  # vision start/end markers (dropped from a text-only view)
     positions: Rope1D = field(default=ROPE_1D)
+    # image-layout ids the config does not name (e.g. SmolVLM's <row_i_col_j>), from the config's image id
+    layout_ids: Callable[[Any], Iterable[int]] | None = None
 
     def model_class(self) -> type:
         import transformers
@@ -112,9 +114,14 @@ class TargetSpec:
 
     @property
     def text_vocab_end(self) -> int:
-        """Ids below this are the target's ordinary text ids (placeholders are appended after them)."""
+        """Ids below this are the target's ordinary text ids (placeholders, and the run of reserved
+        layout ids right before them, e.g. SmolVLM's <global-img> <row_i_col_j> <fake_token_around_image>,
+        are appended after them)."""
         appended = [i for i in self.reserved_ids if i >= min(self.placeholder_ids, default=self.vocab_size)]
-        return min(appended + [self.vocab_size])
+        end = min(appended + [self.vocab_size])
+        while end - 1 in self.reserved_ids:
+            end -= 1
+        return end
 
 
 def target_spec(model: Any) -> TargetSpec:
@@ -122,6 +129,8 @@ def target_spec(model: Any) -> TargetSpec:
     config = model.config
     placeholders = _first_ids(config, family.placeholder_attrs)
     dropped = placeholders | _first_ids(config, family.span_attrs)
+    if family.layout_ids is not None:
+        dropped |= {int(i) for i in family.layout_ids(config)}
     text_config = config.get_text_config()
     reserved = set(dropped)
     pad = getattr(config, "pad_token_id", None)
