@@ -6,7 +6,7 @@ vocabulary and its PIL image processor (no torchvision). Id layouts (``V`` = the
 
 * ``gemma3`` (Gemma tokenizer: image soft token appended after the text vocabulary, rows padded as
   gemma-3-4b's 262208): ``0 <pad> 1 <eos> 2 <bos> 3 <unk> 4 <start_of_turn> 5 <end_of_turn>``, words,
-  ``126 <start_of_image> 127 <end_of_image>`` (inside the text vocabulary, as 255999/256000),
+  ``100 <start_of_image> 101 <end_of_image>`` (inside the text vocabulary, as 255999/256000),
   ``128 <image_soft_token>`` (= the natural draft's vocabulary size, as 262144), ``V = 136``. EOS:
   ``<eos>`` and ``<end_of_turn>``. Sliding-window layers (window 8) around a full-attention layer.
 * ``idefics3`` / ``smolvlm`` (SmolVLM tokenizer: SmolLM2's 49152 ids, then ``<global-img>``, the 36
@@ -67,19 +67,19 @@ _ROWCOL = [f"<row_{i + 1}_col_{j + 1}>" for i in range(6) for j in range(6)]
 LAYOUTS: dict[str, dict[str, Any]] = {
     "gemma3": dict(
         vocab=136, text_end=128, head=["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"],
-        tail=["<start_of_image>", "<end_of_image>", "<image_soft_token>"], tail_start=126,
+        inner={"<start_of_image>": 100, "<end_of_image>": 101}, tail=["<image_soft_token>"], tail_start=128,
         pad="<pad>", eos=["<eos>", "<end_of_turn>"], bos="<bos>", unk="<unk>", image="<image_soft_token>",
-        marker="<start_of_image>", eos_biased="<end_of_turn>", draft_vocab=128),
+        marker="<start_of_image>", draft_vocab=128),
     "idefics3": dict(
         vocab=136, text_end=96, head=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
         tail=["<global-img>", *_ROWCOL, "<fake_token_around_image>", "<image>", "<end_of_utterance>"],
         tail_start=96, pad="<|endoftext|>", eos=["<end_of_utterance>"], bos=None, unk="<|endoftext|>",
-        image="<image>", marker="<image>", eos_biased="<end_of_utterance>", draft_vocab=96),
+        image="<image>", marker="<image>", draft_vocab=96),
     "internvl": dict(
         vocab=128, text_end=119, head=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
         tail=["<img>", "</img>", "<IMG_CONTEXT>", "<quad>", "</quad>", "<ref>", "</ref>", "<box>", "</box>"],
         tail_start=119, pad="<|endoftext|>", eos=["<|im_end|>", "<|endoftext|>"], bos=None, unk="<|endoftext|>",
-        image="<IMG_CONTEXT>", marker="<IMG_CONTEXT>", eos_biased="<|im_end|>", draft_vocab=144),
+        image="<IMG_CONTEXT>", marker="<IMG_CONTEXT>", draft_vocab=144),
 }
 LAYOUTS["smolvlm"] = LAYOUTS["idefics3"]
 _CHAT = (
@@ -95,10 +95,12 @@ def vocab_of(family: str) -> dict[str, int]:
     from .testing import _WORDS
 
     lay = LAYOUTS[family]
+    inner = lay.get("inner", {})  # special tokens inside the text vocabulary (Gemma's image markers)
     vocab = {t: i for i, t in enumerate(lay["head"])}
-    n_words = lay["tail_start"] - len(vocab)
-    words = list(_WORDS)[:n_words] + [f"w{i}" for i in range(max(0, n_words - len(_WORDS)))]
-    vocab.update({w: len(lay["head"]) + i for i, w in enumerate(words)})
+    free = [i for i in range(len(vocab), lay["tail_start"]) if i not in inner.values()]
+    words = list(_WORDS)[:len(free)] + [f"w{i}" for i in range(max(0, len(free) - len(_WORDS)))]
+    vocab.update(dict(zip(words, free)))
+    vocab.update(inner)
     vocab.update({t: lay["tail_start"] + i for i, t in enumerate(lay["tail"])})
     return vocab
 
@@ -108,7 +110,9 @@ def ids_of(family: str) -> dict[str, Any]:
     lay, vocab = LAYOUTS[family], vocab_of(family)
     return dict(image=vocab[lay["image"]], pad=vocab[lay["pad"]], bos=vocab[lay["bos"]] if lay["bos"] else None,
                 eos=[vocab[t] for t in lay["eos"]], text_end=lay["text_end"], vocab=lay["vocab"],
-                draft_vocab=lay["draft_vocab"], reserved=list(range(lay["tail_start"], lay["vocab"])))
+                draft_vocab=lay["draft_vocab"],
+                reserved=[i for i in range(lay["tail_start"], lay["vocab"]) if i not in {vocab[t] for t in lay["eos"]}]
+                + sorted(lay.get("inner", {}).values()))
 
 
 def image_marker(family: str) -> str:
@@ -181,8 +185,8 @@ def _internvl() -> PreTrainedModel:
 
 
 @torch.no_grad()
-def _shape_gemma(decoder: torch.nn.Module, lm_head: torch.nn.Linear, vocab: int, reserved: list[int],
-                 eos: int, eos_bias: float | None, gen: torch.Generator) -> None:
+def _shape_gemma(decoder: torch.nn.Module, lm_head: torch.nn.Linear, text_end: int, reserved: list[int],
+                 eos: list[int], eos_bias: float | None, gen: torch.Generator) -> None:
     """Gemma's post-norms rescale what a layer writes, so the bias channel is written by the last
     layer's attention alone (its other output channels zeroed: its post-norm then outputs a constant)
     and every other sub-layer's post-norm drops channel ``_D`` (Gemma norms scale by ``1 + weight``)."""
@@ -200,7 +204,7 @@ def _shape_gemma(decoder: torch.nn.Module, lm_head: torch.nn.Linear, vocab: int,
     attn.o_proj.weight[_D, 0] = 1.0
     seen: dict[str, torch.Tensor] = {}
     hook = decoder.norm.register_forward_hook(lambda mod, args, out: seen.update(x=args[0]))
-    decoder(input_ids=torch.randint(6, reserved[0], (4, 48), generator=gen), use_cache=False)
+    decoder(input_ids=torch.randint(6, text_end, (4, 48), generator=gen), use_cache=False)
     hook.remove()
     x = seen["x"]
     rest = torch.cat([x[..., :_D], x[..., _D + 1:]], dim=-1).norm(dim=-1).max().item()
@@ -216,14 +220,15 @@ def _shape_gemma(decoder: torch.nn.Module, lm_head: torch.nn.Linear, vocab: int,
         w[r] = 0.0
         w[r, _D] = _RESERVED_LOGIT / h0 / scale[_D]
     if eos_bias is not None:
-        w[eos, _D] = eos_bias / h0 / scale[_D]
+        for e in eos:
+            w[e, _D] = eos_bias / h0 / scale[_D]
 
 
 def build_target(family: str, seed: int, eos_bias: float | None) -> PreTrainedModel:
     """The tiny target of ``family`` (see the module docstring), float32, eval mode."""
     from .testing import _shape_lm, _language_model
 
-    ids, vocab = ids_of(family), vocab_of(family)
+    ids = ids_of(family)
     if family == "gemma3":
         model = _gemma3(seed)
     elif family == "internvl":
@@ -231,14 +236,15 @@ def build_target(family: str, seed: int, eos_bias: float | None) -> PreTrainedMo
     else:
         model = _idefics(family)
     gen = torch.Generator().manual_seed(seed + 1000)
-    eos = vocab[LAYOUTS[family]["eos_biased"]]
+    eos = ids["eos"]  # eos_bias applies to every EOS id
     decoder = _language_model(model)
     if family == "gemma3":
-        _shape_gemma(decoder, model.lm_head, ids["vocab"], ids["reserved"], eos, eos_bias, gen)
+        _shape_gemma(decoder, model.lm_head, ids["text_end"], ids["reserved"], eos, eos_bias, gen)
     else:
         _shape_lm(decoder, model.lm_head, ids["vocab"], ids["reserved"], None, gen, probe_high=ids["text_end"])
         if eos_bias is not None:
-            _eos_bias(decoder, model.lm_head, eos, eos_bias)
+            for e in eos:
+                _eos_bias(decoder, model.lm_head, e, eos_bias)
     gc = model.generation_config
     gc.bos_token_id, gc.pad_token_id = ids["bos"], ids["pad"]
     gc.eos_token_id = ids["eos"] if len(ids["eos"]) > 1 else ids["eos"][0]
@@ -260,7 +266,7 @@ def _tokenizer(family: str) -> PreTrainedTokenizerFast:
     lay, vocab = LAYOUTS[family], vocab_of(family)
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=lay["unk"]))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    specials = lay["head"] + lay["tail"]
+    specials = lay["head"] + list(lay.get("inner", {})) + lay["tail"]
     tok.add_special_tokens(sorted(specials, key=vocab.get))  # split out of unspaced image blocks
     if lay["bos"]:  # Gemma's tokenizer prepends <bos>
         tok.post_processor = processors.TemplateProcessing(single=f"{lay['bos']} $A",

@@ -58,6 +58,8 @@ __all__ = [
     "EOS_ID",
     "UNK_ID",
     "special_ids",
+    "family_ids",
+    "vision_module",
     "tiny_target",
     "tiny_processor",
     "TinyOnevisionProcessor",
@@ -106,6 +108,16 @@ def special_ids(vocab_size: int = 128) -> dict[str, int]:
     """Return the reserved/special id layout for ``vocab_size``."""
     v = vocab_size
     return {"unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID, "image": v - 4, "video": v - 3, "pad": v - 2}
+
+
+def family_ids(family: str) -> dict:
+    """``image``, ``pad``, ``bos`` and ``eos`` ids of ``family``'s tiny fixtures (``eos`` a list)."""
+    if family in MORE_FAMILIES:
+        from .fixtures_more_vlms import ids_of
+
+        return ids_of(family)
+    ids = special_ids()
+    return {**ids, "eos": [ids["eos"]]}
 
 
 def _text_config(family: str, vocab_size: int, hidden: int = 64, layers: int = 2,
@@ -175,6 +187,13 @@ def _language_model(model: PreTrainedModel) -> torch.nn.Module:
         if lm is not None:
             return lm
     return model.get_decoder()
+
+
+def vision_module(model: PreTrainedModel) -> torch.nn.Module:
+    """The vision encoder of a tiny target (``vision_tower``; Idefics3 / SmolVLM: ``vision_model``)."""
+    inner = model.model
+    tower = getattr(inner, "vision_tower", None)
+    return tower if tower is not None else inner.vision_model
 
 
 def _finish(model: PreTrainedModel, pad_id: int) -> PreTrainedModel:
