@@ -340,3 +340,32 @@ def build_processor(family: str) -> ProcessorMixin:
                                   min_patches=1, max_patches=4)
     return TinyInternVLProcessor(image_processor=ip, tokenizer=tok, video_processor=None,
                                  image_seq_length=TOKENS_PER_TILE, chat_template=chat)
+
+
+# ----------------------------------------------------------------------------------------------- drafts
+
+
+def natural_text_draft(target: PreTrainedModel, noise: float = 0.0, seed: int = 7) -> PreTrainedModel:
+    """The target's LM as a text-only ``*ForCausalLM`` with the natural draft's vocabulary size: cut to the
+    text ids (gemma-3-1b's 262144, SmolLM2's 49152) or grown past the target's rows (Qwen2.5's 151936 for
+    InternVL). Grown rows get a logit far above every other (a draft that would propose ids the target
+    does not have, if it could). ``noise``: relative Gaussian noise on the LM head (a draft that agrees
+    often, not always)."""
+    from .targets import target_family
+    from .testing import _BIAS_RATIO, text_draft_from_target
+
+    size = ids_of(target_family(target).name)["draft_vocab"]
+    draft = text_draft_from_target(target)
+    old = draft.get_output_embeddings().weight.shape[0]
+    draft.resize_token_embeddings(size, mean_resizing=False)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        head = draft.get_output_embeddings().weight
+        if size > old:
+            head[old:] = 0.0
+            h0 = head.shape[1] ** 0.5 * _BIAS_RATIO / (1 + _BIAS_RATIO ** 2) ** 0.5  # bias channel after the norm
+            head[old:, _D] = 30.0 / h0  # logit ~ +30: always the draft's favourite, were it proposable
+            draft.get_input_embeddings().weight[old:] = 0.0
+        if noise:
+            head.add_(noise * head[: min(old, size)].std() * torch.randn(head.shape, generator=gen))
+    return draft.eval()

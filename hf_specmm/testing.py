@@ -59,6 +59,7 @@ __all__ = [
     "UNK_ID",
     "special_ids",
     "family_ids",
+    "natural_text_draft",
     "vision_module",
     "tiny_target",
     "tiny_processor",
@@ -69,7 +70,8 @@ __all__ = [
     "random_text_draft",
 ]
 
-from .fixtures_more_vlms import MORE_FAMILIES, build_processor, build_target, image_marker  # noqa: E402
+from .fixtures_more_vlms import (MORE_FAMILIES, build_processor, build_target, image_marker,  # noqa: E402
+                                 natural_text_draft)
 
 FAMILIES = ("llava", "llava_next", "llava_onevision") + MORE_FAMILIES
 UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
