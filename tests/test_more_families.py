@@ -204,7 +204,8 @@ def test_train_cli_with_a_saved_target(family, kind, tmp_path):
         lines.append(json.dumps({"image": image, "prompt": prompt}))
     (tmp_path / "data.jsonl").write_text("\n".join(lines) + "\n")
     out = tmp_path / "run"
-    args = ["train", "--target", str(folder), "--data", str(tmp_path / "data.jsonl"), "--images", str(tmp_path / "imgs"),
+    args = ["train", "--target", str(folder), "--data", str(tmp_path / "data.jsonl"),
+            "--images", str(tmp_path / "imgs"),
             "--output-dir", str(out), "--steps", "4", "--batch-size", "4", "--max-new-tokens", "6", "--gamma", "3",
             "--eval-fraction", "0.25", "--draft-config", json.dumps({"num_hidden_layers": 1, "hidden_size": 32,
                                                                      "num_attention_heads": 2}), "--no-progress",

@@ -1,4 +1,5 @@
-"""Gemma 3 (``Gemma3ForConditionalGeneration``): gemma-3-4b/12b/27b-it; natural text drafts gemma-3-270m-it, gemma-3-1b-it.
+"""Gemma 3 (``Gemma3ForConditionalGeneration``: gemma-3-4b/12b/27b-it); natural text drafts: gemma-3-270m-it,
+gemma-3-1b-it (``Gemma3ForCausalLM``).
 
 - ``<image_soft_token>`` (262144) lies beyond the text drafts' 262144-id vocabulary; ``<start_of_image>`` /
   ``<end_of_image>`` (255999 / 256000) are inside it: a text-only view drops all three (the image block).

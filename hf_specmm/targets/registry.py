@@ -133,7 +133,9 @@ def target_spec(model: Any) -> TargetSpec:
         dropped |= {int(i) for i in family.layout_ids(config)}
     text_config = config.get_text_config()
     reserved = set(dropped)
-    pad = getattr(config, "pad_token_id", None)
+    # Idefics3 / SmolVLM configs warn on reading their deprecated top-level pad_token_id: read the text config's
+    deprecated = isinstance(getattr(type(config), "pad_token_id", None), property)
+    pad = None if deprecated else getattr(config, "pad_token_id", None)
     if pad is None:
         pad = getattr(text_config, "pad_token_id", None)
     # a pad id appended after the placeholders (LLaVA-1.5: <image>=32000, <pad>=32001) is not text
