@@ -8,7 +8,7 @@ vocabulary and its PIL image processor (no torchvision). Id layouts (``V`` = the
   gemma-3-4b's 262208): ``0 <pad> 1 <eos> 2 <bos> 3 <unk> 4 <start_of_turn> 5 <end_of_turn>``, words,
   ``100 <start_of_image> 101 <end_of_image>`` (inside the text vocabulary, as 255999/256000),
   ``128 <image_soft_token>`` (= the natural draft's vocabulary size, as 262144), ``V = 136``. EOS:
-  ``<eos>`` and ``<end_of_turn>``. Sliding-window layers (window 8) around a full-attention layer.
+  ``<eos>`` and ``<end_of_turn>``. A full-attention layer, then two sliding-window layers (window 16).
 * ``idefics3`` / ``smolvlm`` (SmolVLM tokenizer: SmolLM2's 49152 ids, then ``<global-img>``, the 36
   ``<row_i_col_j>``, ``<fake_token_around_image>``, ``<image>`` ... ``<end_of_utterance>`` = 49279):
   ``0 <|endoftext|> 1 <|im_start|> 2 <|im_end|>``, words, ``96 <global-img> 97..132 <row_i_col_j>
@@ -135,8 +135,8 @@ def _gemma3(seed: int) -> PreTrainedModel:
     text = Gemma3TextConfig(
         vocab_size=ids["vocab"], hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16, max_position_embeddings=1024,
-        initializer_range=_INIT_RANGE, sliding_window=8, attention_bias=True,
-        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        initializer_range=_INIT_RANGE, sliding_window=16, attention_bias=True,
+        layer_types=["full_attention", "sliding_attention", "sliding_attention"],
         bos_token_id=ids["bos"], eos_token_id=ids["eos"], pad_token_id=ids["pad"], tie_word_embeddings=False)
     vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                                 image_size=IMAGE_SIZE, patch_size=PATCH_SIZE)
@@ -145,8 +145,10 @@ def _gemma3(seed: int) -> PreTrainedModel:
                        boi_token_index=vocab["<start_of_image>"], eoi_token_index=vocab["<end_of_image>"],
                        image_token_index=ids["image"], initializer_range=_INIT_RANGE, tie_word_embeddings=False)
     model = Gemma3ForConditionalGeneration._from_config(cfg, attn_implementation="sdpa")
-    with torch.no_grad():
-        model.model.multi_modal_projector.mm_input_projection_weight[:, _D] = 0.0
+    with torch.no_grad():  # transformers initialises this projection to zeros: images would carry nothing
+        proj = model.model.multi_modal_projector.mm_input_projection_weight
+        proj.normal_(0.0, _INIT_RANGE)
+        proj[:, _D] = 0.0
     return model
 
 

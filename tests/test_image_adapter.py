@@ -42,7 +42,7 @@ def test_adapter_greedy_parity(family, batch, kind, pool):
 def test_adapter_self_draft_with_images_accepts_everything(family, batch):
     if family == "gemma3":
         pytest.skip("Gemma 3 attends bidirectionally within an image at prefill; the adapter's causal LM does "
-                    "not, so its copy is not exact there (the vlm kind is: tests/test_more_families.py)")
+                    "not, so its copy is not exact there (the vlm kind is: tests/test_vlm_draft.py)")
     model = _target(family)
     inputs = batch_inputs(family, batch)  # rows with images of different sizes (and one without)
     assert (inputs["input_ids"] == testing.family_ids(family)["image"]).any()

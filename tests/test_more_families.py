@@ -119,6 +119,27 @@ def test_gemma3_sliding_window_rows_with_holes_are_compacted(monkeypatch):
     assert _run_gemma(monkeypatch, compact=False) > 0
 
 
+def test_gemma3_vlm_draft_needs_token_type_ids(monkeypatch):
+    """An exact copy of Gemma 3 as a `vlm` draft is accepted 100 % with images because its prefill gets
+    token_type_ids (bidirectional attention within each image); without them it would not be exact."""
+    import dataclasses
+    import copy
+
+    from hf_specmm.targets import SUPPORTED_TARGETS
+
+    model = testing.tiny_target("gemma3", eos_bias=-30.0)
+    inputs = batch_inputs("gemma3", 3)
+    hf_specmm.enable(model)
+    draft = copy.deepcopy(model)
+    rates = []
+    for per_call in (("pixel_values", "token_type_ids"), ("pixel_values",)):
+        family = SUPPORTED_TARGETS["Gemma3ForConditionalGeneration"]
+        monkeypatch.setitem(SUPPORTED_TARGETS, family.class_name, dataclasses.replace(family, per_call_inputs=per_call))
+        model.generate(**inputs, max_new_tokens=20, do_sample=False, assistant_model=draft, num_assistant_tokens=4)
+        rates.append(hf_specmm.last_stats(model).acceptance_rate)
+    assert rates[0] == 1.0 > rates[1], rates
+
+
 def test_gemma3_second_eos_ends_rows():
     """<end_of_turn> is an EOS next to <eos> (generation_config.eos_token_id is a list)."""
     model = testing.tiny_target("gemma3", seed=3, eos_bias=2.0)
