@@ -18,6 +18,8 @@ vocabulary and its PIL image processor (no torchvision). Id layouts (``V`` = the
   </box>``, InternVL3-hf's 151674 rows): ``0 <|endoftext|> 1 <|im_start|> 2 <|im_end|>``, words,
   ``119 <img> 120 </img> 121 <IMG_CONTEXT> 122..127``, ``V = 128``; the natural draft's vocabulary is
   LARGER (144, as Qwen2.5's 151936). Images are cropped into up to 4 tiles of 32 px plus a thumbnail.
+  (The InternVL processor wants a ``video_token``: ``<video>`` is added to the tokenizer as id 128, past
+  the model's rows; the fixtures never use it.)
 
 As for the LLaVA fixtures, the LM heads are shaped so that image/layout ids and padding rows get a
 logit of about -20 (never generated) and outputs depend on context (``initializer_range`` 0.2).

@@ -1,12 +1,13 @@
 """Tiny, fast, deterministic offline fixtures for tests (no Hub access needed).
 
-Three target families are covered: LLaVA-1.5 style (``llava``), LLaVA-NeXT anyres
-(``llava_next``) and LLaVA-OneVision (``llava_onevision``).  Every model is built
+Seven target families are covered: LLaVA-1.5 style (``llava``), LLaVA-NeXT anyres
+(``llava_next``), LLaVA-OneVision (``llava_onevision``), and, with their own upstream id layouts
+(``fixtures_more_vlms``, ``MORE_FAMILIES``), Gemma 3, Idefics3, SmolVLM and InternVL.  Every model is built
 from configs with random weights; every processor is built from an in-memory
 ``tokenizers`` WordLevel vocabulary and a PIL/numpy image processor (no
 torchvision).
 
-Id layout (``V = vocab_size``), mimicking LLaVA-1.5 (``<image>``/``<pad>`` appended
+LLaVA id layout (``V = vocab_size``), mimicking LLaVA-1.5 (``<image>``/``<pad>`` appended
 after the text vocabulary):
 
 * ``0`` ``<unk>``, ``1`` ``<s>`` (bos), ``2`` ``</s>`` (eos), ``3 .. V-5`` plain words;
