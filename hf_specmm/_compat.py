@@ -9,6 +9,7 @@ Private things used (all read in the installed transformers source, 5.17 – 5.2
 - ``GenerationMixin._prefill`` runs the first forward exactly as plain ``generate`` does.
 - ``GenerationConfig._pad_token_tensor`` / ``_eos_token_tensor``, set by ``_prepare_special_tokens``.
 - ``Cache.crop(-n)`` with a negative count (positive counts were removed in 5.18).
+- ``DynamicCache.layers[i].keys`` / ``.values`` (per-row compaction of sliding-window models' caches).
 """
 
 from __future__ import annotations
@@ -74,9 +75,30 @@ def crop_cache(cache: Any, new_length: int) -> None:
 
 
 def new_dynamic_cache() -> Any:
+    """A dynamic cache with full (never sliding) layers: it can be cropped at any length. Sliding-window
+    attention still applies, through the attention mask the model builds from its config."""
     from transformers import DynamicCache
 
     return DynamicCache()
+
+
+def has_sliding_layers(config: Any) -> bool:
+    """Whether a model attends through a sliding window in some layer (Gemma 3, Mistral, ...)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    types = getattr(text, "layer_types", None)
+    if types:
+        return any(t in ("sliding_attention", "chunked_attention") for t in types)
+    return getattr(text, "sliding_window", None) is not None and getattr(text, "use_sliding_window", True) is not False
+
+
+def reorder_cache_slots(cache: Any, order: torch.Tensor) -> None:
+    """Permute every layer's slots per row: slot j of row b becomes old slot ``order[b, j]`` ([B, L])."""
+    for layer in cache.layers:
+        for name in ("keys", "values"):
+            states = getattr(layer, name)
+            b, h, length, d = states.shape
+            index = order.to(states.device)[:, None, :, None].expand(b, h, length, d)
+            setattr(layer, name, states.gather(2, index))
 
 
 def is_static_cache(cache: Any) -> bool:

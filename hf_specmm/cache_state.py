@@ -5,6 +5,12 @@ cache (a copy of the whole cache per round), the rejected slots of the shorter r
 *holes* (mask 0) and the cache is only cropped to the longest row: rollback is a slice, never a
 re-prefill. A token's rotary position is the number of valid slots before it, which is exactly how
 plain ``generate`` numbers left-padded prompts (``cumsum(mask) - 1``).
+
+Sliding-window models (Gemma 3) are the exception: their window counts physical slots, so a hole would
+push a token out of a row's window that plain generate keeps in it. Their caches are kept with full
+layers (``_compat.new_dynamic_cache``; the mask applies the window) and ``compact=True`` moves each row's
+holes to its left end after every rollback (one gather per round with holes): every row is then a
+left-padded sequence again, and its window covers exactly the tokens plain generate's does.
 """
 
 from __future__ import annotations
@@ -19,8 +25,9 @@ from .targets.positions import ROPE_1D, Rope1D
 
 class SlottedCache:
     def __init__(self, cache: Any, mask: torch.Tensor | None, length: int, batch_size: int, device: torch.device,
-                 positions: Rope1D = ROPE_1D):
+                 positions: Rope1D = ROPE_1D, compact: bool = False):
         self.cache = cache
+        self.compact = compact  # move holes to the left after each rollback (sliding-window models)
         self.positions = positions  # the model's position rule (the one training uses too)
         self.mask = mask  # [B, length] long, or None while every slot is valid (no padding, no holes)
         self.length = length
@@ -58,3 +65,7 @@ class SlottedCache:
         old = self.mask[:, :keep_from] if self.mask is not None else valid.new_ones(self.batch_size, keep_from)
         self.mask = torch.cat([old.long(), valid.long()], dim=1)
         self.length = new_length
+        if self.compact and not bool(valid.all()):
+            # stable sort: holes first, each row's valid slots keep their order
+            self.mask, order = torch.sort(self.mask, dim=1, stable=True)
+            _compat.reorder_cache_slots(self.cache, order)

@@ -112,11 +112,14 @@ def speculative_decode(
     positions = family.positions.bind(target, input_ids, attention_mask, model_kwargs)
     if positions.offset is None:  # stock's prompt positions unknown: only a left-padded prompt is safe
         check_left_padded(attention_mask)
+    sliding = _compat.has_sliding_layers(target.config)
+    if sliding:  # full layers, so rejected tokens can be cropped at any length (see cache_state)
+        model_kwargs["past_key_values"] = _compat.new_dynamic_cache()
     with drafter.watch(target):
         out = _compat.prefill(target, input_ids, generation_config, model_kwargs)
     drafter.observe_prefill(out)
     target_kv = SlottedCache(out.past_key_values, None if attention_mask is None else attention_mask.long(),
-                             prompt_len, batch, device, positions)
+                             prompt_len, batch, device, positions, compact=sliding)
     logits = out.logits[:, -1:].to(dtype=torch.float32, device=device)
     scores = apply_processors(logits_processor, rows.history, logits)
     cur, _ = _choose(scores[:, 0], do_sample)  # the first new token, as plain generate picks it
@@ -161,11 +164,11 @@ def speculative_decode(
         kept = rows.emit(emitted, torch.where(live, n + 1, torch.zeros_like(n)))
         outputs.record(out, kept, scores, logits, target_kv.mask, target_kv.length - (gamma + 1))
         del out
-        # a draft counts as drafted only if its row could have kept it (not past max_length, nor past the
-        # token that ended the row this round: an accepted EOS leaves the drafts after it unused)
+        # a draft counts as drafted only if its row could have kept it (not past max_length, not after an
+        # accepted EOS: a row that stopped at its k-th accepted draft had k drafts that counted)
         per_row = [gamma] * batch if lengths is None else lengths.tolist()
-        drafted = [(min(g, b - 1) if still else min(g, b - 1, k)) if u else 0
-                   for g, b, u, k, still in zip(per_row, budget, live.tolist(), kept, rows.unfinished)]
+        drafted = [min(g, b - 1, k if k <= a else g) if u else 0
+                   for g, b, u, k, a in zip(per_row, budget, live.tolist(), kept, n.tolist())]
         accepted = [min(a, k, d) for a, k, d in zip(n.tolist(), kept, drafted)]  # drafts among the kept tokens
         stats.record_round(gamma, kept, accepted, drafted)
         schedule.update([k - 1 for k in kept if k], gamma)

@@ -1,13 +1,15 @@
 """Tiny, fast, deterministic offline fixtures for tests (no Hub access needed).
 
-Six target families are covered: LLaVA-1.5 style (``llava``), LLaVA-NeXT anyres
-(``llava_next``), LLaVA-OneVision (``llava_onevision``) and Qwen2-VL / Qwen2.5-VL / Qwen3-VL
-(``qwen2_vl``, ``qwen2_5_vl``, ``qwen3_vl``; their own id layout, see :mod:`hf_specmm.fixtures_qwen_vl`).  Every model is built
+Ten target families are covered: LLaVA-1.5 style (``llava``), LLaVA-NeXT anyres
+(``llava_next``), LLaVA-OneVision (``llava_onevision``), Qwen2-VL / Qwen2.5-VL / Qwen3-VL
+(``qwen2_vl``, ``qwen2_5_vl``, ``qwen3_vl``; their own id layout, see :mod:`hf_specmm.fixtures_qwen_vl`)
+and, with their own upstream id layouts (``fixtures_more_vlms``, ``MORE_FAMILIES``), Gemma 3, Idefics3,
+SmolVLM and InternVL.  Every model is built
 from configs with random weights; every processor is built from an in-memory
 ``tokenizers`` WordLevel vocabulary and a PIL/numpy image processor (no
 torchvision).
 
-Id layout (``V = vocab_size``), mimicking LLaVA-1.5 (``<image>``/``<pad>`` appended
+LLaVA id layout (``V = vocab_size``), mimicking LLaVA-1.5 (``<image>``/``<pad>`` appended
 after the text vocabulary):
 
 * ``0`` ``<unk>``, ``1`` ``<s>`` (bos), ``2`` ``</s>`` (eos), ``3 .. V-5`` plain words;
@@ -61,6 +63,9 @@ __all__ = [
     "EOS_ID",
     "UNK_ID",
     "special_ids",
+    "family_ids",
+    "natural_text_draft",
+    "vision_module",
     "tiny_target",
     "tiny_processor",
     "TinyOnevisionProcessor",
@@ -72,8 +77,11 @@ __all__ = [
     "vision_tower",
 ]
 
+from .fixtures_more_vlms import (MORE_FAMILIES, build_processor, build_target, image_marker,  # noqa: E402
+                                 natural_text_draft)
+
 LLAVA_FAMILIES = ("llava", "llava_next", "llava_onevision")
-FAMILIES = LLAVA_FAMILIES + _qwen.QWEN_FAMILIES
+FAMILIES = LLAVA_FAMILIES + _qwen.QWEN_FAMILIES + MORE_FAMILIES
 UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
 IMAGE_SIZE = 32
 PATCH_SIZE = 8
@@ -115,6 +123,19 @@ def special_ids(vocab_size: int = 128, family: str = "llava") -> dict[str, int]:
     return {"unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID, "image": v - 4, "video": v - 3, "pad": v - 2}
 
 
+def family_ids(family: str) -> dict:
+    """``image``, ``pad``, ``bos`` and ``eos`` ids of ``family``'s tiny fixtures (``eos`` a list)."""
+    if family in MORE_FAMILIES:
+        from .fixtures_more_vlms import ids_of
+
+        return ids_of(family)
+    if family in _qwen.QWEN_FAMILIES:
+        ids = special_ids(family=family)
+        return {**ids, "bos": None, "eos": [ids["eos"]]}
+    ids = special_ids()
+    return {**ids, "eos": [ids["eos"]]}
+
+
 def _text_config(family: str, vocab_size: int, hidden: int = 64, layers: int = 2,
                  heads: int = 4) -> PretrainedConfig:
     ids = special_ids(vocab_size)
@@ -134,7 +155,8 @@ def _text_config(family: str, vocab_size: int, hidden: int = 64, layers: int = 2
 
 @torch.no_grad()
 def _shape_lm(decoder: torch.nn.Module, lm_head: torch.nn.Linear, vocab_size: int, reserved: list[int],
-              eos_bias: float | None, gen: torch.Generator, eos_id: int = EOS_ID) -> None:
+              eos_bias: float | None, gen: torch.Generator, eos_id: int = EOS_ID,
+              probe_high: int | None = None) -> None:
     """Give ``lm_head`` a per-token logit bias, without adding parameters.
 
     Hidden channel ``_BIAS_DIM`` is zeroed everywhere except for a constant ``c``
@@ -156,7 +178,7 @@ def _shape_lm(decoder: torch.nn.Module, lm_head: torch.nn.Linear, vocab_size: in
     attn.o_proj.weight[:, 0] = 0.0
     seen: dict[str, torch.Tensor] = {}
     hook = decoder.norm.register_forward_hook(lambda mod, args, out: seen.update(x=args[0]))
-    probe = torch.randint(3, vocab_size - 4, (4, 48), generator=gen)
+    probe = torch.randint(3, probe_high or vocab_size - 4, (4, 48), generator=gen)
     decoder(input_ids=probe.to(lm_head.weight.device), use_cache=False)
     hook.remove()
     rest = torch.cat([seen["x"][..., :d], seen["x"][..., d + 1:]], dim=-1).norm(dim=-1).max().item()
@@ -177,8 +199,22 @@ def _shape_lm(decoder: torch.nn.Module, lm_head: torch.nn.Linear, vocab_size: in
 
 def _language_model(model: PreTrainedModel) -> torch.nn.Module:
     inner = getattr(model, "model", None)
-    lm = getattr(inner, "language_model", None) if inner is not None else None
-    return lm if lm is not None else model.get_decoder()
+    for name in ("language_model", "text_model"):  # text_model: Idefics3 / SmolVLM
+        lm = getattr(inner, name, None) if inner is not None else None
+        if lm is not None:
+            return lm
+    return model.get_decoder()
+
+
+def vision_module(model: PreTrainedModel) -> torch.nn.Module:
+    """The vision encoder of a tiny target (``vision_tower``; Idefics3 / SmolVLM: ``vision_model``;
+    Qwen-VL: ``visual``)."""
+    inner = model.model
+    for name in ("vision_tower", "vision_model", "visual"):
+        tower = getattr(inner, name, None)
+        if tower is not None:
+            return tower
+    raise AttributeError(f"no vision encoder found on {type(model).__name__}")
 
 
 def _finish(model: PreTrainedModel, pad_id: int, eos_id: int = EOS_ID) -> PreTrainedModel:
@@ -207,6 +243,8 @@ def tiny_target(family: str, seed: int = 0, vocab_size: int = 128, eos_bias: flo
     _check(family, vocab_size)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
+        if family in MORE_FAMILIES:  # fixtures_more_vlms: their own upstream id layouts
+            return build_target(family, seed, eos_bias)
         return _build_target(family, seed, vocab_size, eos_bias)
 
 
@@ -291,6 +329,8 @@ def tiny_processor(family: str, vocab_size: int = 128) -> ProcessorMixin:
     _check(family, vocab_size)
     if family in _qwen.QWEN_FAMILIES:
         return _qwen.processor(family, ["!", '"', "#"] + list(_WORDS) + [f"w{i}" for i in range(_qwen.N_WORDS)])
+    if family in MORE_FAMILIES:
+        return build_processor(family)
     tok = _tokenizer(family, vocab_size)
     img_kw = dict(size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
     if family == "llava":
@@ -333,8 +373,11 @@ def make_inputs(family: str, processor: ProcessorMixin, prompts: list[str], imag
         raise ValueError("prompts and images must have the same length")
     if family in _qwen.QWEN_FAMILIES:
         return _qwen.make_inputs(family, processor, prompts, images, videos, padding_side)
-    texts = [p if img is None or "<image>" in p else f"<image> {p}" for p, img in zip(prompts, images)]
+    marker = image_marker(family) if family in MORE_FAMILIES else "<image>"
+    texts = [p if img is None or marker in p else f"{marker} {p}" for p, img in zip(prompts, images)]
     present = [img for img in images if img is not None]
+    if family in MORE_FAMILIES and present:  # these processors take the images of each row as a list
+        present = [[] if img is None else [img] for img in images]
     processor.tokenizer.padding_side = padding_side
     return processor(images=present or None, text=texts, padding=True, return_tensors="pt")
 
@@ -389,12 +432,6 @@ def causal_lm_config(target: PreTrainedModel) -> PretrainedConfig:
     if target.config.model_type in _qwen.QWEN_FAMILIES:
         return _qwen.text_config(target.config.text_config)
     return copy.deepcopy(target.config.text_config)
-
-
-def vision_tower(model: PreTrainedModel) -> torch.nn.Module:
-    """The vision encoder of a tiny target (``vision_tower``; Qwen-VL: ``visual``)."""
-    inner = model.model
-    return inner.vision_tower if hasattr(inner, "vision_tower") else inner.visual
 
 
 def feature_head_from_target(target: PreTrainedModel, noise: float = 0.0, seed: int = 0) -> PreTrainedModel:

@@ -44,9 +44,12 @@ def test_adapter_greedy_parity(family, batch, kind, pool):
 @pytest.mark.parametrize("family", testing.LLAVA_FAMILIES)
 @pytest.mark.parametrize("batch", (1, 3))
 def test_adapter_self_draft_with_images_accepts_everything(family, batch):
+    if family == "gemma3":
+        pytest.skip("Gemma 3 attends bidirectionally within an image at prefill; the adapter's causal LM does "
+                    "not, so its copy is not exact there (the vlm kind is: tests/test_vlm_draft.py)")
     model = _target(family)
     inputs = batch_inputs(family, batch)  # rows with images of different sizes (and one without)
-    assert (inputs["input_ids"] == testing.special_ids(family=family)["image"]).any()
+    assert (inputs["input_ids"] == testing.family_ids(family)["image"]).any()
     hf_specmm.enable(model)
     gamma = 4
     out = model.generate(**inputs, max_new_tokens=21, do_sample=False, assistant_model=adapter_draft(model, "self"),
@@ -75,7 +78,7 @@ def test_vision_tower_runs_once_per_generate_call(family, do_sample):
     model = _target(family)
     inputs = batch_inputs(family, 3)
     calls = []
-    handle = testing.vision_tower(model).register_forward_hook(lambda *args: calls.append(1))
+    handle = testing.vision_module(model).register_forward_hook(lambda *args: calls.append(1))
     hf_specmm.enable(model)
     for _ in range(2):
         calls.clear()

@@ -92,7 +92,7 @@ def test_draft_vision_tower_runs_once_per_call(family):
     model = target(family)
     draft = copy.deepcopy(model)
     calls = []
-    handle = testing.vision_tower(draft).register_forward_hook(lambda *a: calls.append(1))
+    handle = testing.vision_module(draft).register_forward_hook(lambda *a: calls.append(1))
     hf_specmm.enable(model)
     try:
         for batch in (1, 3):

@@ -65,7 +65,8 @@ class ChainDrafter(Drafter):
 
     def prefill(self, prompt: Prompt, first_tokens: torch.Tensor) -> None:
         ids, valid, extra = self.draft_inputs(prompt)  # may bind self.positions to this prompt (M-RoPE)
-        self.state = SlottedCache(_compat.new_dynamic_cache(), None, 0, ids.shape[0], ids.device, self.positions)
+        self.state = SlottedCache(_compat.new_dynamic_cache(), None, 0, ids.shape[0], ids.device, self.positions,
+                                  compact=_compat.has_sliding_layers(self.model.config))
         self.forward(ids, None if bool(valid.all()) else valid, self.positions.prompt_positions(valid.long()), **extra)
         self._queue(first_tokens)
 

@@ -10,7 +10,7 @@ of new tokens. Each family module calls :func:`register_target_family` once (see
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Iterable
 
 from ..errors import UnsupportedTargetError
 from .positions import ROPE_1D, Rope1D
@@ -38,6 +38,8 @@ class TargetFamily:
     # model_type of a plain causal LM that reads this family's text stream (a fresh text-only draft), when
     # the target's text config is not one itself (Qwen2-VL's "qwen2_vl_text" -> "qwen2"); None: the text config's
     text_model_type: str | None = None
+    # image-layout ids the config does not name (e.g. SmolVLM's <row_i_col_j>), from the config's image id
+    layout_ids: Callable[[Any], Iterable[int]] | None = None
 
     def model_class(self) -> type:
         import transformers
@@ -118,9 +120,14 @@ class TargetSpec:
 
     @property
     def text_vocab_end(self) -> int:
-        """Ids below this are the target's ordinary text ids (placeholders are appended after them)."""
+        """Ids below this are the target's ordinary text ids (placeholders, and the run of reserved
+        layout ids right before them, e.g. SmolVLM's <global-img> <row_i_col_j> <fake_token_around_image>,
+        are appended after them)."""
         appended = [i for i in self.reserved_ids if i >= min(self.placeholder_ids, default=self.vocab_size)]
-        return min(appended + [self.vocab_size])
+        end = min(appended + [self.vocab_size])
+        while end - 1 in self.reserved_ids:
+            end -= 1
+        return end
 
 
 def target_spec(model: Any) -> TargetSpec:
@@ -128,9 +135,13 @@ def target_spec(model: Any) -> TargetSpec:
     config = model.config
     placeholders = _first_ids(config, family.placeholder_attrs)
     dropped = placeholders | _first_ids(config, family.span_attrs)
+    if family.layout_ids is not None:
+        dropped |= {int(i) for i in family.layout_ids(config)}
     text_config = config.get_text_config()
     reserved = set(dropped)
-    pad = getattr(config, "pad_token_id", None)
+    # Idefics3 / SmolVLM configs warn on reading their deprecated top-level pad_token_id: read the text config's
+    deprecated = isinstance(getattr(type(config), "pad_token_id", None), property)
+    pad = None if deprecated else getattr(config, "pad_token_id", None)
     if pad is None:
         pad = getattr(text_config, "pad_token_id", None)
     # a pad id appended after the placeholders (LLaVA-1.5: <image>=32000, <pad>=32001) is not text

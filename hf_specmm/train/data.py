@@ -118,11 +118,13 @@ def format_prompt(processor: Any, example: Example, prompt_format: str) -> str:
 def encode_prompts(processor: Any, examples: list[Example], prompt_format: str, device: Any) -> dict[str, torch.Tensor]:
     """Left-padded processor inputs (input_ids, attention_mask, pixel_values, ...) for ``examples``."""
     texts = [format_prompt(processor, e, prompt_format) for e in examples]
-    images = [img for img in (e.load_image() for e in examples) if img is not None]
+    images = [e.load_image() for e in examples]
+    # each row's images as a list (Gemma 3's processor requires it; the LLaVA processors read it the same)
+    nested = [[] if img is None else [img] for img in images] if any(img is not None for img in images) else None
     tokenizer = processor.tokenizer
     side, tokenizer.padding_side = tokenizer.padding_side, "left"  # generate's layout
     try:
-        inputs = processor(images=images or None, text=texts, padding=True, return_tensors="pt")
+        inputs = processor(images=nested, text=texts, padding=True, return_tensors="pt")
     finally:
         tokenizer.padding_side = side
     return {k: v.to(device) for k, v in inputs.items()}

@@ -51,12 +51,21 @@ class ImageAdapterDrafter(ChainDrafter):
     def prompt_lengths(cls, draft: Any, vocab: VocabMap, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         """Text tokens plus the pooled image slots (an upper bound when ``image_pool`` > 1: each run of
         placeholders may add one partial chunk)."""
-        text = vocab.visible_prompt(input_ids, attention_mask).sum(-1)
         images = torch.isin(input_ids, torch.tensor(draft.config.placeholder_ids, device=input_ids.device))
+        text = cls.readable(input_ids, vocab) & ~images
         if attention_mask is not None:
             images &= attention_mask.bool()
+            text &= attention_mask.bool()
         starts = images & ~torch.nn.functional.pad(images, (1, 0))[:, :-1]
-        return text + images.sum(-1) // draft.config.image_pool + starts.sum(-1)
+        return text.sum(-1) + images.sum(-1) // draft.config.image_pool + starts.sum(-1)
+
+    @staticmethod
+    def readable(ids: torch.Tensor, vocab: VocabMap) -> torch.Tensor:
+        """Prompt ids this draft reads as tokens: every id of its vocabulary (placeholders are handled
+        apart). Unlike a text-only view it keeps the image-block markers around the placeholders (Gemma
+        3's <start_of_image>, SmolVLM's <row_i_col_j>, InternVL's <img>): it reads the image as the target
+        does. Ids beyond the draft's vocabulary (SmolVLM's layout ids for a SmolLM2 draft) stay dropped."""
+        return (ids >= 0) & (ids < vocab.draft_vocab)
 
     @contextlib.contextmanager
     def watch(self, target: Any) -> Iterator[None]:
@@ -74,7 +83,7 @@ class ImageAdapterDrafter(ChainDrafter):
         """Per row, the draft's prompt ids (placeholder runs pooled) and the run lengths in row-major order."""
         ids_host = input_ids.tolist()
         mask_host = attention_mask.tolist() if attention_mask is not None else [[1] * len(r) for r in ids_host]
-        visible_host = self.vocab.visible_to_draft(input_ids).tolist()
+        visible_host = self.readable(input_ids, self.vocab).tolist()
         rows, runs = [], []
         for ids, mask, visible in zip(ids_host, mask_host, visible_host):
             row: list[int] = []
