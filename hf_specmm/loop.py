@@ -110,9 +110,10 @@ def speculative_decode(
     prompt = Prompt(input_ids, attention_mask, dict(image_inputs or {}))
     # the family's position rule bound to this prompt (M-RoPE grids; where stock continues a right-padded row)
     positions = family.positions.bind(target, input_ids, attention_mask, model_kwargs)
-    if positions.offset is None:  # stock's prompt positions unknown: only a left-padded prompt is safe
-        check_left_padded(attention_mask)
     sliding = _compat.has_sliding_layers(target.config)
+    # right padding is followed where stock's prompt positions are known, and windows count no moved holes
+    if positions.offset is None or sliding:
+        check_left_padded(attention_mask)
     if sliding:  # full layers, so rejected tokens can be cropped at any length (see cache_state)
         model_kwargs["past_key_values"] = _compat.new_dynamic_cache()
     with drafter.watch(target):

@@ -61,7 +61,7 @@ def check_placeholders(spec: TargetSpec, config: Any, input_ids: torch.Tensor, a
             f"{images} image(s) were passed but no row of input_ids holds an image placeholder (id {image_id}): "
             "let the processor insert them (e.g. apply_chat_template with an image entry, or '<image>' in the text).")
     width = getattr(config, family.tokens_per_image_attr, None) if family.tokens_per_image_attr else None
-    if not width and images:  # counts depend on each image's size: at least one image per placeholder group
+    if family.one_run_per_image and images:  # counts depend on each image's size: one image per placeholder run
         is_image = (input_ids == image_id) & valid
         starts = is_image & ~torch.nn.functional.pad(is_image, (1, 0))[:, :-1]
         groups = starts.sum(-1).tolist()

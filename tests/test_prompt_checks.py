@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import hf_specmm
+from hf_specmm import _compat
 from hf_specmm import testing
 from conftest import PROMPTS, batch_inputs, processor, target
 
@@ -39,6 +40,9 @@ def test_right_padding_gives_plain_generates_output(family):
     processor(family).tokenizer.padding_side = "left"
     assert not bool(inputs["attention_mask"][:, -1].all()), "fixture should right-pad some row"
     model = target(family)
+    if _compat.has_sliding_layers(model.config):  # windows over moved holes cannot match stock: refused
+        _refused(model, inputs, r"Rows \[.*\].*padding_side = 'left'")
+        return
     plain = model.generate(**inputs, max_new_tokens=12, do_sample=False)
     hf_specmm.enable(model)
     try:
@@ -87,7 +91,7 @@ def test_images_without_placeholders(family):
     with_images = batch_inputs(family, 3)
     text_only = dict(batch_inputs(family, 3, with_images=False))
     text_only.update({k: v for k, v in with_images.items() if k not in ("input_ids", "attention_mask")})
-    _refused(target(family), text_only, r"2 image\(s\) were passed but no row")
+    _refused(target(family), text_only, r"\d+ image\(s\) were passed but no row")
 
 
 def test_fixed_size_images_counted_per_row():

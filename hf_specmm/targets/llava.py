@@ -17,9 +17,11 @@ LLAVA_NEXT = register_target_family(TargetFamily(
     "llava_next", "LlavaNextForConditionalGeneration", (_IMAGE,),
     per_call_inputs=("pixel_values", "image_sizes"),
     image_layout_attrs=_VISION + ("image_grid_pinpoints",),
+    one_run_per_image=True,
 ))
 LLAVA_ONEVISION = register_target_family(TargetFamily(
     "llava_onevision", "LlavaOnevisionForConditionalGeneration", (_IMAGE, ("video_token_id", "video_token_index")),
     per_call_inputs=("pixel_values", "image_sizes", "pixel_values_videos", "image_sizes_videos", "batch_num_images"),
     image_layout_attrs=_VISION + ("image_grid_pinpoints", "vision_aspect_ratio"),
+    one_run_per_image=True,
 ))

@@ -35,6 +35,9 @@ class TargetFamily:
     # config attribute giving the placeholders of every image when that number is fixed (LLaVA-1.5:
     # image_seq_length); None where it depends on the image (anyres tiling)
     tokens_per_image_attr: str | None = None
+    # every image is one contiguous run of placeholders (LLaVA-NeXT / OneVision anyres, newline tokens
+    # included), so a prompt cannot hold more runs than images; False where tiles are split by layout tokens
+    one_run_per_image: bool = False
     # model_type of a plain causal LM that reads this family's text stream (a fresh text-only draft), when
     # the target's text config is not one itself (Qwen2-VL's "qwen2_vl_text" -> "qwen2"); None: the text config's
     text_model_type: str | None = None
