@@ -143,6 +143,11 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
     ids = _input_ids(inputs, kwargs)
     config = _compat.resolve_generation_config(target, generation_config, kwargs)
     _check_config(config, kwargs, ids.shape[0], streamer)
+    if config.return_dict_in_generate and config.output_attentions and _compat.has_sliding_layers(target.config):
+        _fail(UnsupportedGenerationError, "generate(assistant_model=...) cannot return output_attentions for a "
+              "sliding-window target (Gemma 3): the loop keeps full cache layers and moves rejected slots, so the "
+              "attention weights would not have plain generate's layout; drop output_attentions (scores, logits "
+              "and hidden states are returned).")
     mask = kwargs.get("attention_mask")
     mask = mask if isinstance(mask, torch.Tensor) and mask.shape == ids.shape else None
     check_placeholders(spec, target.config, ids, mask, spec.family.model_inputs(kwargs))

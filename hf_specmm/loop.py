@@ -99,7 +99,7 @@ def speculative_decode(
     pad = _compat.pad_token_tensor(generation_config)
     rows = Rows(input_ids, generation_config.max_length, int(pad) if pad is not None else 0, stopping_criteria,
                 streamer)
-    outputs = GenerateOutputs(generation_config, batch, prompt_len)
+    outputs = GenerateOutputs(generation_config, batch, prompt_len, compacted=_compat.has_sliding_layers(target.config))
     stats.batch_size, stats.gamma = batch, schedule.gamma
 
     select = DraftSelector(logits_processor, rows, do_sample, schedule.confidence)

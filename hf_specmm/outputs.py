@@ -21,7 +21,7 @@ from . import _compat
 class GenerateOutputs:
     """Collects, per row and generated token, what the generation config asks to return."""
 
-    def __init__(self, generation_config: Any, batch: int, prompt_len: int):
+    def __init__(self, generation_config: Any, batch: int, prompt_len: int, compacted: bool = False):
         wanted = bool(generation_config.return_dict_in_generate)
         self.return_dict = wanted
         self.scores_on = wanted and bool(generation_config.output_scores or generation_config.output_logits)
@@ -30,6 +30,8 @@ class GenerateOutputs:
         self.output_scores = bool(generation_config.output_scores)
         self.output_logits = bool(generation_config.output_logits)
         self.prompt_len = prompt_len
+        # sliding-window targets: the loop's cache moves holes left, so it has no plain-generate layout
+        self.compacted = compacted
         self.tokens: list[list[dict[str, Any]]] = [[] for _ in range(batch)]  # per row, per generated token
         self.prefill_attentions: tuple | None = None
         self.prefill_hidden: tuple | None = None
@@ -107,6 +109,7 @@ class GenerateOutputs:
             attentions = () if self.prefill_attentions is None else by_layer("attentions", self.prefill_attentions)
         if self.hidden_on and self.prefill_hidden is not None:
             hidden = by_layer("hidden", self.prefill_hidden)
-        past = _compat.compact_cache(cache, cache_mask, self.prompt_len, sequences.shape[1] - 1)
+        past = None if self.compacted else _compat.compact_cache(cache, cache_mask, self.prompt_len,
+                                                                  sequences.shape[1] - 1)
         return GenerateDecoderOnlyOutput(sequences=sequences, scores=scores, logits=logits, attentions=attentions,
                                          hidden_states=hidden, past_key_values=past)

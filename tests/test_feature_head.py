@@ -49,7 +49,9 @@ def test_greedy_parity(family, batch, kind):
             assert stats.target_forwards == batch + sum(1 for r in stats.tokens_per_round for k in r if k)
             assert stats.generated_tokens == sum(map(sum, stats.tokens_per_round)) + batch
             accepted.append(stats.acceptance_rate)
-            if kind == "exact":  # the head IS the target: every draft accepted, every round γ + 1 tokens
+            # the head IS the target: every draft accepted, every round γ + 1 tokens (Gemma 3 attends both ways
+            # inside an image at prefill, which a causal head cannot reproduce: lossless, not 100 %)
+            if kind == "exact" and family != "gemma3":
                 assert stats.acceptance_rate == 1.0, (gamma, stats)
                 for row in zip(*stats.tokens_per_round):  # every round but a row's last (EOS / max_length cut)
                     live = [k for k in row if k]

@@ -10,8 +10,8 @@ import torch
 from transformers.generation import GenerateDecoderOnlyOutput
 
 import hf_specmm
-from hf_specmm import testing
-from conftest import batch_inputs
+from hf_specmm import _compat, testing
+from conftest import batch_inputs, target
 
 FLAGS = dict(return_dict_in_generate=True, output_scores=True, output_logits=True, output_attentions=True,
              output_hidden_states=True, use_cache=True)
@@ -44,6 +44,8 @@ def check_mixin_shapes(output, model, batch: int, prompt_len: int) -> None:
 @pytest.mark.parametrize("family", testing.FAMILIES)
 @pytest.mark.parametrize("assistant", ("same", "random"))
 def test_mixin_assisted_decoding_matches_greedy_search(family, assistant):
+    if _compat.has_sliding_layers(target(family).config):
+        pytest.skip("sliding-window target: output_attentions refused (test_sliding_window_target_outputs)")
     model = eager_target(family)
     inputs = batch_inputs(family, 1)
     kwargs = dict(eos_token_id=-1, max_new_tokens=4, num_beams=1, do_sample=False, **FLAGS)
@@ -63,6 +65,8 @@ def test_mixin_assisted_decoding_matches_greedy_search(family, assistant):
 
 @pytest.mark.parametrize("family", testing.FAMILIES)
 def test_mixin_assisted_decoding_sample(family):
+    if _compat.has_sliding_layers(target(family).config):
+        pytest.skip("sliding-window target: output_attentions refused (test_sliding_window_target_outputs)")
     model = eager_target(family)
     inputs = batch_inputs(family, 1)
     model.generation_config.num_assistant_tokens = 2
@@ -78,6 +82,8 @@ def test_mixin_assisted_decoding_sample(family):
 def test_batched_outputs_equal_plain_generate(family):
     """Batch 3, left padding, rows accepting different numbers of drafts (holes in the target cache):
     every tuple has plain generate's structure and values, the cache comes back compacted."""
+    if _compat.has_sliding_layers(target(family).config):
+        pytest.skip("sliding-window target: see test_sliding_window_target_outputs")
     model = eager_target(family, eos_bias=-30.0)
     inputs = batch_inputs(family, 3)
     kwargs = dict(max_new_tokens=10, do_sample=False, **FLAGS)
@@ -128,3 +134,28 @@ def test_rows_finishing_early_keep_the_structure():
                     torch.testing.assert_close(a[i], b[i], atol=1e-4, rtol=1e-4)
                 else:
                     assert not a[i].any()
+
+
+def test_sliding_window_target_outputs():
+    """Gemma 3 (sliding-window layers): output_attentions is refused before any work; scores, logits and
+    hidden states equal plain generate's; no cache is returned (the loop's has no plain layout)."""
+    model = eager_target("gemma3", eos_bias=-30.0)
+    inputs = batch_inputs("gemma3", 3)
+    hf_specmm.enable(model)
+    try:
+        with pytest.raises(hf_specmm.UnsupportedGenerationError, match="output_attentions.*sliding-window"):
+            model.generate(**inputs, max_new_tokens=4, assistant_model=testing.random_text_draft(model), **FLAGS)
+    finally:
+        hf_specmm.disable(model)
+    flags = {**FLAGS, "output_attentions": False}
+    plain = model.generate(**inputs, max_new_tokens=10, do_sample=False, **flags)
+    hf_specmm.enable(model)
+    out = model.generate(**inputs, max_new_tokens=10, do_sample=False, assistant_model=testing.random_text_draft(model),
+                         num_assistant_tokens=3, **flags)
+    hf_specmm.disable(model)
+    assert torch.equal(out.sequences, plain.sequences) and out.past_key_values is None
+    for a, b in zip(out.scores, plain.scores):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    for step_a, step_b in zip(out.hidden_states, plain.hidden_states):
+        for a, b in zip(step_a, step_b):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)

@@ -213,6 +213,14 @@ def test_train_cli_with_a_saved_target(family, kind, tmp_path):
     folder = tmp_path / f"tiny-{family}"
     testing.tiny_target(family, eos_bias=-30.0).save_pretrained(folder)
     testing.tiny_processor(family).save_pretrained(folder)
+    from transformers import AutoProcessor
+
+    try:  # transformers 5.17 resolves the saved Idefics3 image processor only with torchvision installed
+        AutoProcessor.from_pretrained(folder)
+    except (ValueError, ImportError) as err:
+        if "torchvision" not in str(err):
+            raise
+        pytest.skip(f"this transformers cannot reload the saved {family} processor without torchvision")
     (tmp_path / "imgs").mkdir()
     words = ["what", "color", "is", "the", "circle", "describe", "image", "dog", "cat", "red"]
     lines = []
