@@ -28,7 +28,8 @@ from torch import nn
 from transformers import AutoModel, PreTrainedModel
 from transformers.utils import ModelOutput
 
-from ...errors import IncompatibleDraftError, check_strict_load
+from ..checkpoints import DraftCheckpointMixin
+from ...errors import IncompatibleDraftError
 from .configuration import FeatureHeadDraftConfig
 
 _SAMPLES = 64  # values sampled per fingerprinted weight
@@ -77,7 +78,7 @@ class FeatureHeadOutput(ModelOutput):
     past_key_values: Any = None
 
 
-class FeatureHeadDraft(PreTrainedModel):
+class FeatureHeadDraft(DraftCheckpointMixin, PreTrainedModel):
     """EAGLE-1 style draft head tied to one target. Pass it as ``assistant_model`` after ``hf_specmm.enable``.
 
     Example::
@@ -203,26 +204,3 @@ class FeatureHeadDraft(PreTrainedModel):
         param = target.get_output_embeddings().weight
         head = cls(config).to(device=param.device, dtype=param.dtype)
         return head.attach(target, check=False).eval()
-
-    def save_pretrained(self, save_directory: Any, *args: Any, **kwargs: Any) -> None:
-        """Safetensors weights (the head only) + config + the hf_specmm model card (README.md)."""
-        from pathlib import Path
-
-        from ...hub import render_model_card
-
-        super().save_pretrained(save_directory, *args, **kwargs)
-        if kwargs.get("is_main_process", True):
-            (Path(save_directory) / "README.md").write_text(render_model_card(self))
-
-    def push_to_hub(self, repo_id: str, **kwargs: Any) -> Any:
-        from ...hub import push_draft_to_hub
-
-        return push_draft_to_hub(self, repo_id, **kwargs)
-
-    @classmethod
-    def from_pretrained(cls, *args: Any, **kwargs: Any) -> "FeatureHeadDraft":
-        """Strict load (missing or unexpected weights raise). Attach it to its target (generate does)."""
-        user_wants_info = kwargs.pop("output_loading_info", False)
-        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
-        check_strict_load(info, "FeatureHeadDraft checkpoint")
-        return (model, info) if user_wants_info else model

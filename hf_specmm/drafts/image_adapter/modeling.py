@@ -15,7 +15,8 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, GenerationMixin, PreTrainedModel
 
-from ...errors import IncompatibleDraftError, check_strict_load
+from ..checkpoints import DraftCheckpointMixin
+from ...errors import IncompatibleDraftError
 from .configuration import ImageAdapterDraftConfig
 
 
@@ -55,7 +56,7 @@ class ImageAdapter(nn.Module):
         nn.init.zeros_(self.mlp[2].bias)
 
 
-class ImageAdapterDraft(PreTrainedModel, GenerationMixin):
+class ImageAdapterDraft(DraftCheckpointMixin, PreTrainedModel, GenerationMixin):
     """Draft LM + image adapter. Use it as ``assistant_model`` exactly like a text-only draft.
 
     Example::
@@ -157,27 +158,3 @@ class ImageAdapterDraft(PreTrainedModel, GenerationMixin):
             draft.adapter.make_identity()
         draft.generation_config = copy.deepcopy(language_model.generation_config)
         return draft.eval()
-
-    def save_pretrained(self, save_directory: Any, *args: Any, **kwargs: Any) -> None:
-        """Safetensors weights + config + the hf_specmm model card (README.md)."""
-        from ...hub import render_model_card
-
-        super().save_pretrained(save_directory, *args, **kwargs)
-        if kwargs.get("is_main_process", True):
-            from pathlib import Path
-
-            (Path(save_directory) / "README.md").write_text(render_model_card(self))
-
-    def push_to_hub(self, repo_id: str, **kwargs: Any) -> Any:
-        """Upload weights, config and the hf_specmm model card (stock push_to_hub writes a generic card)."""
-        from ...hub import push_draft_to_hub
-
-        return push_draft_to_hub(self, repo_id, **kwargs)
-
-    @classmethod
-    def from_pretrained(cls, *args: Any, **kwargs: Any) -> "ImageAdapterDraft":
-        """Strict load: a missing, unexpected or mis-shaped weight is an error, not a warning."""
-        user_wants_info = kwargs.pop("output_loading_info", False)
-        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
-        check_strict_load(info, "ImageAdapterDraft checkpoint")
-        return (model, info) if user_wants_info else model
