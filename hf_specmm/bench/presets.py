@@ -59,6 +59,8 @@ def _draft(hidden: int, layers: int, heads: int, intermediate: int, vocab: int, 
 
 
 DEVICE_MAPS = ("auto",)
+# draft kinds the bench builds without a download: the preset's small LM, a random one-layer feature head
+DRAFT_KINDS = ("text_only", "feature_head")
 
 
 def dispatch(model: Any, device_map: str) -> Any:

@@ -138,6 +138,11 @@ class FeatureHeadDraft(PreTrainedModel):
         self._target = _TargetRef(embed=target.get_input_embeddings(), lm_head=target.get_output_embeddings())
         return self
 
+    def get_input_embeddings(self) -> None:
+        """None: the head stores no token embedding (it uses its target's, see :meth:`embed`), so device
+        look-ups fall back to its own weights (transformers' default would raise here)."""
+        return None
+
     @property
     def attached(self) -> bool:
         return bool(self._target)
