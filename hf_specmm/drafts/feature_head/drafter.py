@@ -30,6 +30,7 @@ from ... import _compat
 from ...cache_state import SlottedCache
 from ...drafter import Drafter, Prompt, Proposal, SelectFn
 from ...errors import IncompatibleDraftError
+from ...targets import target_family
 from ...targets.positions import ROPE_1D, Rope1D
 from ...vocab import VocabMap
 
@@ -43,6 +44,7 @@ class FeatureHeadDrafter(Drafter):
         self.model = draft
         self.positions = positions
         self.device = draft.fc.weight.device
+        self.target: Any = None  # set by watch(): the head's positions are its target's (bound per prompt)
         self.state: SlottedCache | None = None
         self.captured: tuple[torch.Tensor | None, torch.Tensor] | None = None  # (inputs_embeds, features)
         self.verified: torch.Tensor | None = None  # [B, γ + 1, H] features of the last verification block
@@ -70,6 +72,7 @@ class FeatureHeadDrafter(Drafter):
         """Attach the head to ``target`` (checked before the call) and capture its decoder's input embeddings
         and output (the LM head's input) during the forward."""
         self.draft.attach(target, check=False)
+        self.target = target
 
         def capture(module: Any, args: tuple, kwargs: dict, output: Any) -> None:
             embeds = kwargs.get("inputs_embeds")
@@ -95,11 +98,14 @@ class FeatureHeadDrafter(Drafter):
 
     # ---- the head's cache ------------------------------------------------------------------------
     def forward(self, features: torch.Tensor, embeds: torch.Tensor, valid: torch.Tensor | None,
-                logits: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+                logits: bool = True, position_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Feed k slots into the head's cache; returns the last predicted feature [B, H] and its
-        target-vocabulary logits [B, V] (on the loop's device)."""
+        target-vocabulary logits [B, V] (on the loop's device). ``position_ids``: given for the prompt, else
+        the position rule's block positions."""
         assert self.state is not None
         inputs = self.state.block_inputs(valid, features.shape[1])
+        if position_ids is not None:
+            inputs["position_ids"] = position_ids
         mask = inputs["attention_mask"]
         out = self.model(features=features.to(self.device), inputs_embeds=embeds.to(self.device),
                          attention_mask=None if mask is None else mask.to(self.device),
@@ -119,10 +125,15 @@ class FeatureHeadDrafter(Drafter):
         batch, width = ids.shape
         if embeds is None:
             embeds = self.model.embed(ids)
+        if self.target is not None:  # the target's position rule bound to this prompt (M-RoPE: its image grids),
+            # as the VLM drafter binds its own: a slot of the head sits at its target position
+            self.positions = target_family(self.target).positions.bind(self.target, ids, mask, prompt.model_inputs)
         self.state = SlottedCache(_compat.new_dynamic_cache(), None, 0, batch, ids.device, self.positions)
         features = features[:, :width]
         valid = None if mask is None or bool(mask.all()) else mask.bool()
-        self.forward(previous_features(features, valid), embeds[:, :width], valid, logits=False)
+        prompt_mask = mask.long() if mask is not None else torch.ones_like(ids)
+        self.forward(previous_features(features, valid), embeds[:, :width], valid, logits=False,
+                     position_ids=self.positions.prompt_positions(prompt_mask))
         self.pending = (features[:, -1:], first_tokens[:, None], torch.ones_like(first_tokens[:, None], dtype=torch.bool))
 
     def propose(self, gamma: int, select: SelectFn) -> Proposal:
