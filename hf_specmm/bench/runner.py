@@ -1,8 +1,10 @@
 """Side-by-side benchmark: plain ``generate``, stock assisted generation, hf_specmm, in one process.
 
-For each (batch, γ): median tokens/s after warm-up, speedups vs plain, τ, acceptance, the measured
-step costs (T1 target 1-token step, Tv target verification of γ+1 tokens, Td draft step), the
-cost-model ideal τ·T1/(Tv + γ·Td), efficiency = realised/ideal, and MBSU = τ/(1 + γ·N_draft/N_target)
+For each (batch, γ) and each draft kind (the preset's small LM, a random feature head; all timed in
+turns on the same inputs): median tokens/s after warm-up, speedups vs plain, τ, acceptance, the
+measured step costs (T1 target 1-token step, Tv target verification of γ+1 tokens, Td draft step, Tp
+the target's prefill), the cost-model ideal τ·T1/(Tv + γ·Td), efficiency = realised/ideal, the
+whole-call ideal (prefill and the rounds the batch ran included), and MBSU = τ/(1 + γ·N_draft/N_target)
 (2404.08856). τ here is per verification round (the prefill's token is common to all methods).
 Stock is measured twice: "as called" (``generate(assistant_model=d, num_assistant_tokens=γ)``; stock
 ignores that argument and uses the draft's generation_config, default γ = 20) and "same γ" (γ set on
