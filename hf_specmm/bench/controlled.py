@@ -116,10 +116,9 @@ def controlled_acceptance(draft: Any, alpha: float, seed: int = 0, wrong_modulus
     """
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"acceptance must be in [0, 1], got {alpha}")
-    from ..drafts.feature_head import FeatureHeadDraft
-
     cls = type(draft)
-    mixin = _ControlledHeadMixin if isinstance(draft, FeatureHeadDraft) else _ControlledAcceptanceMixin
+    # a draft whose logits come from ``lm_logits`` after its forward (a feature head) is overridden there
+    mixin = _ControlledHeadMixin if callable(getattr(draft, "lm_logits", None)) else _ControlledAcceptanceMixin
     wrapped_cls = type(f"ControlledAcceptance{cls.__name__}", (mixin, cls), {})
     wrapped = copy.copy(draft)  # shares parameters and submodules; own plain attributes
     wrapped.__class__ = wrapped_cls

@@ -59,8 +59,10 @@ def _draft(hidden: int, layers: int, heads: int, intermediate: int, vocab: int, 
 
 
 DEVICE_MAPS = ("auto",)
-# draft kinds the bench builds without a download: the preset's small LM, a random one-layer feature head
-DRAFT_KINDS = ("text_only", "feature_head")
+# drafts the bench builds without a download, named as their draft kinds: the preset's small LM (the one
+# stock assisted generation can run too) and a random one-layer feature head
+SMALL_LM = "text_only"
+DRAFT_KINDS = (SMALL_LM, "feature_head")
 
 
 def dispatch(model: Any, device_map: str) -> Any:

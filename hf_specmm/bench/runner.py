@@ -30,7 +30,7 @@ from ..targets import target_spec
 from ..vocab import VocabMap, draft_vocab_size
 from .controlled import controlled_acceptance, set_reference
 from ..devices import execution_device
-from .presets import DEVICE_MAPS, DRAFT_KINDS, build_preset, synthetic_inputs
+from .presets import DEVICE_MAPS, DRAFT_KINDS, SMALL_LM, build_preset, synthetic_inputs
 from .timing import draft_step_cost, interleaved_medians, target_step_costs
 
 
@@ -83,7 +83,7 @@ def _n_params(model: Any) -> int:
 def _build_draft(kind: str, preset: Any, seed: int) -> Any:
     """The draft of ``kind``: the preset's small LM (``text_only``) or a randomly initialised one-layer
     ``FeatureHeadDraft`` sized for the preset's target (``feature_head``)."""
-    if kind == "text_only":
+    if kind == SMALL_LM:
         return preset.draft
     from ..drafts.feature_head import FeatureHeadDraft
 
@@ -128,8 +128,8 @@ def run_benchmark(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
             proposers = {kind: controlled_acceptance(d, config.acceptance, seed=config.seed,
                                                      wrong_modulus=preset.text_vocab) for kind, d in drafts.items()}
         # stock assisted generation: the small LM draft only, batch 1, same vocabulary
-        stock_runs = config.stock and "text_only" in drafts and batch == 1 and same_vocab
-        stock_proposer = proposers.get("text_only")
+        stock_runs = config.stock and SMALL_LM in drafts and batch == 1 and same_vocab
+        stock_proposer = proposers.get(SMALL_LM)
 
         def run_plain() -> torch.Tensor:
             return target.generate(**inputs, **gen)
@@ -195,11 +195,11 @@ def run_benchmark(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
         for kind, draft in drafts.items():
             t_ours, ours = timed[f"ours_{kind}"][:2]
             row: dict[str, Any] = {"draft_kind": kind, "batch": batch, "gamma": gamma, "plain_tok_s": new_tokens / t_plain,
-                                   "stock_error": stock_error if kind == "text_only" else None,
+                                   "stock_error": stock_error if kind == SMALL_LM else None,
                                    "times_s": {name: t[2] for name, t in timed.items()
-                                               if name in ("plain", f"ours_{kind}") or kind == "text_only"}}
+                                               if name in ("plain", f"ours_{kind}") or kind == SMALL_LM}}
             for name in ("stock", "stock_as_called"):
-                runs = stock_runs and kind == "text_only"
+                runs = stock_runs and kind == SMALL_LM
                 row[f"{name}_speedup"] = t_plain / timed[name][0] if runs else None
                 # stock's tokens per verification forward (prefill left out), from a forward-call count
                 forwards = stock_forwards[name][-config.repeats:]

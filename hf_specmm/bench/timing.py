@@ -96,14 +96,15 @@ def draft_step_cost(draft: Any, target: Any, inputs: dict, vocab: Any, warmup: i
     (Tpd: that prefill, one sample).
     A text-only LM reads the prompt's text tokens; a ``FeatureHeadDraft`` reads every prompt position (random
     features: the cost does not depend on their values) and its logits go through the target's LM head."""
-    from ..drafts.feature_head import FeatureHeadDraft
+    import inspect
+
     from ..drafts.text_only import text_only_view
 
     device = execution_device(draft)
     batch = inputs["input_ids"].shape[0]
     token = torch.full((batch, 1), 5, dtype=torch.long, device=device)
     cache = _compat.new_dynamic_cache()
-    if isinstance(draft, FeatureHeadDraft):
+    if "features" in inspect.signature(draft.forward).parameters:  # a head on the target's features
         draft.attach(target, check=False)
         ids, mask = inputs["input_ids"].to(device), inputs["attention_mask"].to(device)
         hidden = draft.config.text_config.hidden_size
