@@ -8,8 +8,15 @@ import json
 
 import pytest
 
-from hf_specmm import cli
-from hf_specmm.bench import BenchConfig, run_benchmark
+import torch
+
+import hf_specmm
+from hf_specmm import FeatureHeadDraft, cli
+from hf_specmm.bench import BenchConfig, build_preset, controlled_acceptance, run_benchmark, set_reference, synthetic_inputs
+from hf_specmm.bench.controlled import hit_table
+from hf_specmm.drafts.registry import kind_of
+from hf_specmm.targets import target_spec
+from hf_specmm.vocab import VocabMap, draft_vocab_size
 
 
 def test_controlled_acceptance_reproduces_expected_tau():
@@ -18,8 +25,8 @@ def test_controlled_acceptance_reproduces_expected_tau():
                                        max_new_tokens=120, repeats=1, warmup=0, stock=False), progress=False)
     (row,) = result["rows"]
     assert row["expected_tau"] == pytest.approx((1 - 0.6 ** 4) / 0.4)
-    print(f"measured τ {row['tau']:.3f} vs expected {row['expected_tau']:.3f}, acceptance {row['acceptance']:.3f}")
-    assert abs(row["tau"] - row["expected_tau"]) < 0.2
+    print(f"measured τ {row['tau_steady']:.3f} vs expected {row['expected_tau']:.3f}, acceptance {row['acceptance']:.3f}")
+    assert abs(row["tau_steady"] - row["expected_tau"]) < 0.2
     assert row["lossless"] is True
 
 
@@ -36,10 +43,69 @@ def test_controlled_acceptance_extremes(alpha, gamma):
     if row["stock_error"]:
         assert "pixel_values" in row["stock_error"]
     else:  # stock ran with the same γ (set on the draft's config: stock ignores generate()'s value)
-        assert row["stock_tau"] == pytest.approx(gamma + 1 if alpha == 1.0 else 1.0, rel=0.15)
+        assert row["stock_tau"] == pytest.approx(row["tau"], rel=1e-9)
     for key in ("T1_ms", "Tv_ms", "Td_ms", "ideal_speedup", "efficiency", "mbsu", "speedup"):
         assert row[key] > 0, key
     assert row["mbsu"] < row["tau"] + 1e-9
+
+
+def test_acceptance_draws_are_keyed_by_row_and_position():
+    """u(seed, row, k) is fixed: hits follow Bernoulli(α) and differ between rows, seeds and positions."""
+    table = hit_table(0.3, 0, list(range(40)), 200)
+    assert abs(table.float().mean().item() - 0.3) < 0.03
+    assert torch.equal(table, hit_table(0.3, 0, list(range(40)), 200))
+    assert not torch.equal(table[0], table[1]) and not torch.equal(table, hit_table(0.3, 1, list(range(40)), 200))
+    assert torch.equal(hit_table(0.3, 0, [7], 200)[0], table[7])  # row 7 alone sees row 7's draws
+
+
+def test_every_method_and_draft_kind_sees_the_same_acceptance_pattern():
+    """Same α, γ, seed: stock (batch 1), ours with the small LM and ours with a feature head run the same
+    number of rounds, so their τ are equal (a speedup ratio then compares costs only)."""
+    result = run_benchmark(BenchConfig(preset="tiny", gammas=[3], batch_sizes=[1], acceptance=0.7,
+                                       max_new_tokens=40, repeats=1, warmup=0,
+                                       draft_kinds=["text_only", "feature_head"]), progress=False)
+    text, head = result["rows"]
+    assert (text["draft_kind"], head["draft_kind"]) == ("text_only", "feature_head")
+    assert 1.0 < text["tau"] < 4.0 and 0.0 < text["acceptance"] < 1.0  # some rounds rejected, some accepted
+    assert head["tau"] == text["tau"] and head["rounds"] == text["rounds"]
+    assert head["acceptance"] == text["acceptance"]
+    assert text["lossless"] is True and head["lossless"] is True
+    assert head["stock_speedup"] is None and head["Td_over_T1"] > 0
+    if text["stock_error"] is None:  # transformers 5.17's stock assisted generation refuses LLaVA
+        assert text["stock_tau"] == pytest.approx(text["tau"], rel=1e-9)
+
+
+@pytest.mark.parametrize("kind", ["text_only", "feature_head"])
+def test_each_row_of_a_batch_sees_the_pattern_it_sees_alone(kind):
+    """Ours at batch 4: each row runs exactly the rounds it runs alone (keyed by row, not by call order)."""
+    preset = build_preset("tiny")
+    target = preset.target
+    draft = preset.draft if kind == "text_only" else FeatureHeadDraft.for_target(target)
+    view = controlled_acceptance(draft, 0.6, seed=3, wrong_modulus=preset.text_vocab)
+    vocab = VocabMap(target_spec(target), draft_vocab_size(draft), torch.device("cpu"))
+    inputs = synthetic_inputs(preset, 4, 12, seed=0)
+    width = inputs["input_ids"].shape[1]
+
+    def rounds(rows: list[int]) -> list[list[int]]:
+        part = {k: v[rows] for k, v in inputs.items()}
+        hf_specmm.disable(target)
+        plain = target.generate(**part, max_new_tokens=30, do_sample=False)
+        hf_specmm.enable(target)
+        try:
+            lengths = kind_of(draft).drafter.prompt_lengths(draft, vocab, part["input_ids"], part["attention_mask"])
+            set_reference(view, plain[:, width:], lengths, rows=rows)
+            out = target.generate(**part, max_new_tokens=30, do_sample=False, assistant_model=view,
+                                  num_assistant_tokens=3)
+            assert torch.equal(out, plain)
+            per_round = hf_specmm.last_stats(target).tokens_per_round
+        finally:
+            hf_specmm.disable(target)
+        return [[r[i] for r in per_round if r[i]] for i in range(len(rows))]
+
+    together = rounds([0, 1, 2, 3])
+    assert len({tuple(r) for r in together}) > 1  # rows differ: the draws depend on the row
+    for i in range(4):
+        assert rounds([i]) == [together[i]], i
 
 
 def test_cli_writes_table_json_and_plot(tmp_path, capsys):
@@ -64,6 +130,17 @@ def test_sampling_mode_runs_and_bad_flags_are_refused(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:  # one line on stderr, exit code 2, before any model is built
         cli.main(["bench", "--preset", "tiny", "--acceptance", "0.5", "--do-sample", "--out", str(tmp_path)])
     assert exc.value.code == 2 and "greedy" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["bench", "--preset", "tiny", "--draft-kind", "medusa", "--out", str(tmp_path)])
+    assert exc.value.code == 2 and "--draft-kind" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["bench", "--preset", "tiny", "--draft-kind", "feature_head", "feature_head", "--out", str(tmp_path)])
+    assert exc.value.code == 2 and "twice" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["bench", "--help"])
+    assert exc.value.code == 0 and "(default: text_only)" in " ".join(capsys.readouterr().out.split())
+    with pytest.raises(ValueError, match="draft_kinds"):
+        run_benchmark(BenchConfig(preset="tiny", draft_kinds=["medusa"]), progress=False)
     with pytest.raises(ValueError, match="unknown preset"):
         run_benchmark(BenchConfig(preset="nope"), progress=False)
 

@@ -53,10 +53,12 @@ def test_greedy_parity(family, batch, kind):
             # inside an image at prefill, which a causal head cannot reproduce: lossless, not 100 %)
             if kind == "exact" and family != "gemma3":
                 assert stats.acceptance_rate == 1.0, (gamma, stats)
-                for row in zip(*stats.tokens_per_round):  # every round but a row's last (EOS / max_length cut)
-                    live = [k for k in row if k]
+                # per row: every live round but its last (cut by max_new_tokens or its EOS) keeps γ + 1 tokens
+                for per_row in zip(*stats.tokens_per_round):
+                    live = [k for k in per_row if k]
                     assert all(k == gamma + 1 for k in live[:-1]), stats.tokens_per_round
-        if kind == "noisy":  # partial acceptance: rollbacks, rows at different offsets
+        if kind == "noisy":  # partial acceptance: rollbacks, rows at different offsets (acceptance falls with γ:
+            # deeper drafts read the head's own predicted features; Qwen2-VL at batch 3, γ = 8: 0.19)
             assert 0.1 < min(accepted) and max(accepted) < 0.95, accepted
     finally:
         hf_specmm.disable(model)

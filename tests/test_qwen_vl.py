@@ -228,7 +228,8 @@ def test_bench_tiny_qwen_preset_runs_losslessly():
     result = run_benchmark(BenchConfig(preset="tiny-qwen2.5-vl", gammas=[3], batch_sizes=[2], acceptance=1.0,
                                        max_new_tokens=16, repeats=1, warmup=0), progress=False)
     (row,) = result["rows"]
-    assert row["lossless"] is True and row["tau"] == 4.0 and row["acceptance"] == 1.0
+    # every round keeps γ + 1 = 4 tokens but the last (15 tokens after the prefill's: 4, 4, 4, 3)
+    assert row["lossless"] is True and row["tau_steady"] == 4.0 and row["tau"] == 15 / 4 and row["acceptance"] == 1.0
 
 
 def test_bench_qwen2_5_vl_7b_shape_configs():

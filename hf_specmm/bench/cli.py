@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .presets import DEVICE_MAPS, PRESETS
+from .presets import DEVICE_MAPS, DRAFT_KINDS, PRESETS
 
 if TYPE_CHECKING:  # argparse is used only when the dispatcher builds the parser
     import argparse
@@ -20,6 +20,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--preset", choices=PRESETS, default="cpu-proxy",
                         help="target+draft built from configs (random weights, no download)")
+    parser.add_argument("--draft-kind", dest="draft_kinds", choices=DRAFT_KINDS, nargs="+", default=["text_only"],
+                        help="draft(s) to run, each timed side by side with the others on the same inputs and "
+                             "acceptance pattern: text_only = the preset's small LM, feature_head = a randomly "
+                             "initialised one-layer FeatureHeadDraft on the target's features (default: text_only)")
     parser.add_argument("--gammas", type=int_at_least(1), nargs="+", default=[5],
                         help="block sizes γ to measure (draft tokens per round, each >= 1)")
     parser.add_argument("--batch-sizes", type=int_at_least(1), nargs="+", default=[1],
@@ -64,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
     from .runner import BenchConfig, format_table, run_benchmark, write_outputs
 
     # checked before any model is built: each of these would otherwise fail minutes later
+    if len(set(args.draft_kinds)) != len(args.draft_kinds):
+        raise _refuse(f"--draft-kind {' '.join(args.draft_kinds)} names a kind twice")
     if args.acceptance is not None and args.do_sample:
         raise _refuse("--acceptance is for greedy decoding; drop --do-sample")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -80,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
                          prompt_tokens=args.prompt_tokens, with_image=not args.no_image, device=args.device,
                          device_map=args.device_map,
                          dtype=args.dtype, warmup=args.warmup, repeats=args.repeats, stock=not args.no_stock,
-                         seed=args.seed)
+                         seed=args.seed, draft_kinds=args.draft_kinds)
     result = run_benchmark(config)
     paths = write_outputs(result, args.out)
     print(format_table(result))

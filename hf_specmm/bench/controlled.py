@@ -1,10 +1,19 @@
 """Controlled acceptance for systems benchmarks.
 
 Random weights give no meaningful acceptance. This wrapper runs the real draft forward (its real
-cost) and then overrides the proposal at the last position: with probability α it is the target's
-reference token (from a plain greedy run), otherwise a wrong token. Each proposal is an independent
-Bernoulli(α), so for greedy decoding the expected tokens per round is τ = (1 − α^(γ+1)) / (1 − α).
-This is a SYSTEMS benchmark: real acceptance comes from trained drafts.
+cost) and then overrides the proposal at the last position: the draft's guess for generated token k
+of row r is the target's reference token (from a plain greedy run) when ``hit[r, k]``, otherwise a
+wrong token. ``hit[r, k] = u(seed, r, k) < α`` with ``u`` a fixed hash of (seed, row, absolute
+generated position) onto [0, 1): the draws do not depend on how often or in which order the draft
+is called, so every loop (plain, stock assisted, hf_specmm, any draft kind, any batch size) sees the
+SAME accept/reject pattern, and with the same γ the same number of rounds: τ is equal, and speedups
+compare costs only (generated token 0 is always a miss: see :func:`set_reference`). Each hit is an independent Bernoulli(α), so for greedy decoding the expected
+tokens per round is τ = (1 − α^(γ+1)) / (1 − α). This is a SYSTEMS benchmark: real acceptance comes
+from trained drafts.
+
+Two wrappers: :func:`controlled_acceptance` for causal LM drafts (the small LM draft; stock's
+``assistant_model.generate()`` runs it too) and the same for a :class:`FeatureHeadDraft`, whose logits
+come through the target's LM head (``lm_logits``) rather than its ``forward``.
 """
 
 from __future__ import annotations
@@ -14,15 +23,59 @@ from typing import Any
 
 import torch
 
+_MASK = (1 << 64) - 1
 
-class _ControlledAcceptanceMixin:
-    """Mixed into the draft's own class so stock ``assistant_model.generate()`` works on it too."""
+
+def uniform_draw(seed: int, row: int, position: int) -> float:
+    """A fixed uniform number in [0, 1) for (seed, row, generated position): splitmix64 of the three."""
+    x = (seed * 0x9E3779B97F4A7C15 + (row + 1) * 0xBF58476D1CE4E5B9 + (position + 1) * 0x94D049BB133111EB) & _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    x ^= x >> 31
+    return (x >> 11) / float(1 << 53)
+
+
+def hit_table(alpha: float, seed: int, rows: list[int], length: int) -> torch.Tensor:
+    """[len(rows), length] bool: whether the draft's guess of generated token k of each row is right."""
+    return torch.tensor([[uniform_draw(seed, r, k) < alpha for k in range(length)] for r in rows], dtype=torch.bool)
+
+
+def _last_positions(position_ids: torch.Tensor) -> torch.Tensor:
+    """[B] position of each row's last slot: position ids [B, k], or M-RoPE's [3 or 4, B, k] (text row first)."""
+    return (position_ids[0] if position_ids.dim() == 3 else position_ids)[:, -1]
+
+
+class _Controlled:
+    """State and the proposal override shared by both wrappers."""
 
     alpha: float
+    seed: int
+    wrong_modulus: int
     reference: torch.Tensor  # [B, R] the target's greedy continuation per row
     prompt_positions: torch.Tensor  # [B] draft position of the first generated token, per row
-    wrong_modulus: int
-    generator: torch.Generator
+    hits: torch.Tensor  # [B, R] bool, from hit_table
+
+    def _controlled_tokens(self, last_positions: torch.Tensor) -> torch.Tensor:
+        """The proposal [B] for a forward whose last slot of row b sits at ``last_positions[b]``. Device-side
+        gathers only: no host sync added to the draft step (reference and hits live on the draft's device)."""
+        index = last_positions.to(self.reference.device) + 1 - self.prompt_positions  # generated token predicted
+        length = self.reference.shape[1]
+        inside = (index >= 0) & (index < length)
+        at = index.clamp(0, length - 1)[:, None]
+        ref = self.reference.gather(1, at).squeeze(1)
+        hit = self.hits.gather(1, at).squeeze(1) & inside
+        return torch.where(hit, ref, (ref + 1) % self.wrong_modulus)
+
+    def _override_last(self, logits: torch.Tensor, last_positions: torch.Tensor) -> None:
+        """Replace ``logits[:, -1]`` (in place) by a one-hot of the controlled proposal."""
+        token = self._controlled_tokens(last_positions).to(logits.device)
+        last = torch.full_like(logits[:, -1], -1e4)
+        last.scatter_(1, token[:, None], 1e4)
+        logits[:, -1] = last
+
+
+class _ControlledAcceptanceMixin(_Controlled):
+    """Mixed into a causal LM draft's own class so stock ``assistant_model.generate()`` works on it too."""
 
     def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, past_key_values: Any = None,
@@ -32,40 +85,66 @@ class _ControlledAcceptanceMixin:
                               position_ids=position_ids, past_key_values=past_key_values,
                               logits_to_keep=logits_to_keep, **kwargs)
         batch, width = input_ids.shape
-        last = position_ids[:, -1] if position_ids is not None else torch.full((batch,), past + width - 1)
-        index = last.to(self.reference.device) + 1 - self.prompt_positions  # generated token being predicted
-        length = self.reference.shape[1]
-        ref = self.reference.gather(1, index.clamp(0, length - 1)[:, None]).squeeze(1)
-        hit = torch.rand(batch, generator=self.generator) < self.alpha
-        wrong = (ref + 1) % self.wrong_modulus
-        token = torch.where(hit & (index >= 0) & (index < length), ref, wrong)
-        logits = out.logits
-        last_logits = torch.full_like(logits[:, -1], -1e4)
-        last_logits.scatter_(1, token[:, None].to(logits.device), 1e4)
-        logits[:, -1] = last_logits
+        last = _last_positions(position_ids) if position_ids is not None else torch.full((batch,), past + width - 1)
+        self._override_last(out.logits, last)
         return out
 
 
-def controlled_acceptance(draft: Any, alpha: float, seed: int = 0, wrong_modulus: int | None = None) -> Any:
-    """A view of ``draft`` (same weights, same cost) whose proposals are right with probability ``alpha``.
+class _ControlledHeadMixin(_Controlled):
+    """Mixed into a ``FeatureHeadDraft``: its drafter runs ``forward`` (features -> predicted features) and then
+    ``lm_logits`` on the last predicted feature; the positions of the forward pick the controlled token."""
 
-    Call :func:`set_reference` before each generate call.
+    def forward(self, *args: Any, position_ids: torch.Tensor | None = None, **kwargs: Any) -> Any:
+        out = super().forward(*args, position_ids=position_ids, **kwargs)  # type: ignore[misc]
+        self._last_positions = _last_positions(position_ids)
+        return out
+
+    def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = super().lm_logits(hidden)  # type: ignore[misc]  # the real LM head product (its real cost)
+        self._override_last(logits, self._last_positions)
+        return logits
+
+
+def controlled_acceptance(draft: Any, alpha: float, seed: int = 0, wrong_modulus: int | None = None) -> Any:
+    """A view of ``draft`` (same weights, same cost) whose proposals are right with probability ``alpha``,
+    decided per (row, generated position) by :func:`uniform_draw`. Works for causal LM drafts and for a
+    ``FeatureHeadDraft``. Call :func:`set_reference` before each generate call.
+
+        >>> from hf_specmm import testing
+        >>> target = testing.tiny_target("llava")
+        >>> view = controlled_acceptance(testing.random_text_draft(target), 0.8)
     """
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"acceptance must be in [0, 1], got {alpha}")
     cls = type(draft)
-    wrapped_cls = type(f"ControlledAcceptance{cls.__name__}", (_ControlledAcceptanceMixin, cls), {})
+    # a draft whose logits come from ``lm_logits`` after its forward (a feature head) is overridden there
+    mixin = _ControlledHeadMixin if callable(getattr(draft, "lm_logits", None)) else _ControlledAcceptanceMixin
+    wrapped_cls = type(f"ControlledAcceptance{cls.__name__}", (mixin, cls), {})
     wrapped = copy.copy(draft)  # shares parameters and submodules; own plain attributes
     wrapped.__class__ = wrapped_cls
     wrapped.alpha = alpha
-    wrapped.generator = torch.Generator().manual_seed(seed)
+    wrapped.seed = seed
     wrapped.wrong_modulus = wrong_modulus or draft.config.get_text_config().vocab_size
     return wrapped
 
 
-def set_reference(draft: Any, reference: torch.Tensor, prompt_positions: torch.Tensor, seed: int | None = None) -> None:
-    """``reference`` [B, R] target greedy continuation; ``prompt_positions`` [B] where generation starts."""
-    draft.reference = reference.cpu()
-    draft.prompt_positions = prompt_positions.cpu()
+def set_reference(draft: Any, reference: torch.Tensor, prompt_positions: torch.Tensor, seed: int | None = None,
+                  rows: list[int] | None = None) -> None:
+    """``reference`` [B, R] target greedy continuation; ``prompt_positions`` [B] where generation starts in the
+    draft's positions. ``rows``: each row's key in the draws (default 0..B-1; pass ``[i]`` to run row i of a
+    batch alone with the same pattern)."""
     if seed is not None:
-        draft.generator.manual_seed(seed)
+        draft.seed = seed
+    rows = list(range(reference.shape[0])) if rows is None else list(rows)
+    if len(rows) != reference.shape[0]:
+        raise ValueError(f"rows has {len(rows)} keys for a reference of {reference.shape[0]} rows")
+    device = getattr(draft, "device", torch.device("cpu"))
+    draft.reference = reference.to(device)
+    draft.prompt_positions = prompt_positions.to(device)
+    hits = hit_table(draft.alpha, draft.seed, rows, reference.shape[1])
+    # generated token 0: hf_specmm takes it from the target's prefill, stock drafts it in its first round (its
+    # first target forward is the prompt plus γ drafts). A miss there makes stock's first forward yield exactly
+    # that one token, so its later rounds line up with ours: same rounds, same τ (stock pays γ wasted draft
+    # steps once, ~γ·Td per call)
+    hits[:, 0] = False
+    draft.hits = hits.to(device)

@@ -59,6 +59,10 @@ def _draft(hidden: int, layers: int, heads: int, intermediate: int, vocab: int, 
 
 
 DEVICE_MAPS = ("auto",)
+# drafts the bench builds without a download, named as their draft kinds: the preset's small LM (the one
+# stock assisted generation can run too) and a random one-layer feature head
+SMALL_LM = "text_only"
+DRAFT_KINDS = (SMALL_LM, "feature_head")
 
 
 def dispatch(model: Any, device_map: str) -> Any:

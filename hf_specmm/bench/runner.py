@@ -1,8 +1,10 @@
 """Side-by-side benchmark: plain ``generate``, stock assisted generation, hf_specmm, in one process.
 
-For each (batch, γ): median tokens/s after warm-up, speedups vs plain, τ, acceptance, the measured
-step costs (T1 target 1-token step, Tv target verification of γ+1 tokens, Td draft step), the
-cost-model ideal τ·T1/(Tv + γ·Td), efficiency = realised/ideal, and MBSU = τ/(1 + γ·N_draft/N_target)
+For each (batch, γ) and each draft kind (the preset's small LM, a random feature head; all timed in
+turns on the same inputs): median tokens/s after warm-up, speedups vs plain, τ, acceptance, the
+measured step costs (T1 target 1-token step, Tv target verification of γ+1 tokens, Td draft step, Tp
+the target's prefill), the cost-model ideal τ·T1/(Tv + γ·Td), efficiency = realised/ideal, the
+whole-call ideal (prefill and the rounds the batch ran included), and MBSU = τ/(1 + γ·N_draft/N_target)
 (2404.08856). τ here is per verification round (the prefill's token is common to all methods).
 Stock is measured twice: "as called" (``generate(assistant_model=d, num_assistant_tokens=γ)``; stock
 ignores that argument and uses the draft's generation_config, default γ = 20) and "same γ" (γ set on
@@ -23,13 +25,13 @@ import transformers
 from tqdm.auto import tqdm
 
 from .. import api
-from ..drafts.text_only import text_only_view
+from ..drafts.registry import kind_of
 from ..targets import target_spec
 from ..vocab import VocabMap, draft_vocab_size
 from .controlled import controlled_acceptance, set_reference
 from ..devices import execution_device
-from .presets import DEVICE_MAPS, build_preset, synthetic_inputs
-from .timing import interleaved_medians, step_costs
+from .presets import DEVICE_MAPS, DRAFT_KINDS, SMALL_LM, build_preset, synthetic_inputs
+from .timing import draft_step_cost, interleaved_medians, target_step_costs
 
 
 @dataclass
@@ -49,6 +51,7 @@ class BenchConfig:
     repeats: int = 3
     stock: bool = True
     seed: int = 0
+    draft_kinds: list[str] = field(default_factory=lambda: ["text_only"])  # a row per kind, timed side by side
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming every bad field (the CLI's ``type=`` checks refuse the same values)."""
@@ -64,6 +67,9 @@ class BenchConfig:
             problems.append(f"acceptance={self.acceptance} (in [0, 1])")
         if self.device_map is not None and self.device_map not in DEVICE_MAPS:
             problems.append(f"device_map={self.device_map!r} (None or one of {DEVICE_MAPS})")
+        if not self.draft_kinds or any(k not in DRAFT_KINDS for k in self.draft_kinds) \
+                or len(set(self.draft_kinds)) != len(self.draft_kinds):
+            problems.append(f"draft_kinds={self.draft_kinds} (distinct values among {DRAFT_KINDS})")
         if self.acceptance is not None and self.do_sample:
             problems.append("acceptance (controlled acceptance) is defined for greedy decoding; drop do_sample")
         if problems:
@@ -74,22 +80,38 @@ def _n_params(model: Any) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def _draft_prompt_positions(vocab: VocabMap, inputs: dict) -> torch.Tensor:
-    """Where the first generated token sits in the text-only draft's stream: visible prompt tokens per row."""
-    return vocab.visible_prompt(inputs["input_ids"], inputs["attention_mask"]).sum(-1)
+def _build_draft(kind: str, preset: Any, seed: int) -> Any:
+    """The draft of ``kind``: the preset's small LM (``text_only``) or a randomly initialised one-layer
+    ``FeatureHeadDraft`` sized for the preset's target (``feature_head``)."""
+    if kind == SMALL_LM:
+        return preset.draft
+    from ..drafts.feature_head import FeatureHeadDraft
+
+    with torch.random.fork_rng(devices=[]):  # the head's init depends on the seed only
+        torch.manual_seed(seed + 1)
+        return FeatureHeadDraft.for_target(preset.target)
+
+
+def _prompt_positions(draft: Any, vocab: VocabMap, inputs: dict) -> torch.Tensor:
+    """Where each row's first generated token sits in the draft's own positions (the drafter's prompt length:
+    text tokens for a text-only draft, every prompt position for a feature head)."""
+    return kind_of(draft).drafter.prompt_lengths(draft, vocab, inputs["input_ids"], inputs["attention_mask"])
 
 
 def run_benchmark(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
-    """Run every (batch, γ) configuration of ``config``; returns ``{"env": ..., "rows": [...]}``."""
+    """Run every (batch, γ) configuration of ``config``: plain, stock and hf_specmm with each draft kind,
+    timed in turns on the same inputs; returns ``{"env": ..., "rows": [...]}`` (a row per draft kind)."""
     config.validate()  # before the preset is built: a bad value must not cost a model build
     preset = build_preset(config.preset, config.device, config.dtype, config.seed, config.device_map)
-    target, draft = preset.target, preset.draft
+    target = preset.target
     device = execution_device(target)  # where its inputs go (a dispatched target's first layer)
     api.disable(target)
     spec = target_spec(target)
-    vocab = VocabMap(spec, draft_vocab_size(draft), device)
-    same_vocab = draft_vocab_size(draft) == spec.vocab_size
-    n_target, n_draft = _n_params(target), _n_params(draft)
+    drafts = {kind: _build_draft(kind, preset, config.seed) for kind in config.draft_kinds}
+    vocabs = {kind: VocabMap(spec, draft_vocab_size(d), device) for kind, d in drafts.items()}
+    same_vocab = draft_vocab_size(preset.draft) == spec.vocab_size
+    n_target = _n_params(target)
+    n_drafts = {kind: _n_params(d) for kind, d in drafts.items()}
     # presets have no EOS (random weights): every method generates exactly max_new_tokens per row
     gen = dict(max_new_tokens=config.max_new_tokens, do_sample=config.do_sample)
     rows = []
@@ -101,10 +123,13 @@ def run_benchmark(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
         torch.manual_seed(config.seed)
         plain = target.generate(**inputs, **gen)  # the reference continuation for controlled acceptance
         new_tokens = batch * config.max_new_tokens
-        proposer = draft
-        if config.acceptance is not None:
-            proposer = controlled_acceptance(draft, config.acceptance, seed=config.seed, wrong_modulus=preset.text_vocab)
-        stock_runs = config.stock and batch == 1 and same_vocab  # stock assisted: batch 1, same vocabulary only
+        proposers = dict(drafts)
+        if config.acceptance is not None:  # every draft sees the same (row, position) acceptance pattern
+            proposers = {kind: controlled_acceptance(d, config.acceptance, seed=config.seed,
+                                                     wrong_modulus=preset.text_vocab) for kind, d in drafts.items()}
+        # stock assisted generation: the small LM draft only, batch 1, same vocabulary
+        stock_runs = config.stock and SMALL_LM in drafts and batch == 1 and same_vocab
+        stock_proposer = proposers.get(SMALL_LM)
 
         def run_plain() -> torch.Tensor:
             return target.generate(**inputs, **gen)
@@ -115,17 +140,17 @@ def run_benchmark(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
             """Stock assisted generation, counting target forwards. ``stock_as_called`` passes γ to
             generate() as users do (stock ignores it: default γ = 20); ``stock`` sets γ where stock reads
             it, the draft's generation_config, for the run only."""
-            if config.acceptance is not None:
-                set_reference(proposer, plain[:, prompt_len:], inputs["attention_mask"].sum(-1), seed=config.seed)
+            if config.acceptance is not None:  # stock's draft reads the whole prompt, image placeholders included
+                set_reference(stock_proposer, plain[:, prompt_len:], inputs["attention_mask"].sum(-1))
             calls = []
             handle = target.register_forward_pre_hook(lambda *args: calls.append(1))
-            draft_config = proposer.generation_config
+            draft_config = stock_proposer.generation_config
             saved = (draft_config.num_assistant_tokens, draft_config.num_assistant_tokens_schedule)
             if name == "stock":
                 draft_config.num_assistant_tokens, draft_config.num_assistant_tokens_schedule = gamma, "constant"
             try:
                 extra = {"num_assistant_tokens": gamma} if name == "stock_as_called" else {}
-                return target.generate(**inputs, **gen, assistant_model=proposer, **extra)
+                return target.generate(**inputs, **gen, assistant_model=stock_proposer, **extra)
             finally:
                 draft_config.num_assistant_tokens, draft_config.num_assistant_tokens_schedule = saved
                 handle.remove()
@@ -137,18 +162,23 @@ def run_benchmark(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
         def run_stock_as_called() -> torch.Tensor:
             return stock_run("stock_as_called")
 
-        ours_stats = []
+        ours_stats: dict[str, list[Any]] = {kind: [] for kind in drafts}
 
-        def run_ours() -> torch.Tensor:
-            api.enable(target)
-            try:
-                if config.acceptance is not None:
-                    set_reference(proposer, plain[:, prompt_len:], _draft_prompt_positions(vocab, inputs), seed=config.seed)
-                out = target.generate(**inputs, **gen, assistant_model=proposer, num_assistant_tokens=gamma)
-                ours_stats.append(api.last_stats(target))
-                return out
-            finally:
-                api.disable(target)
+        def ours_runner(kind: str) -> Any:
+            proposer = proposers[kind]
+
+            def run_ours() -> torch.Tensor:
+                api.enable(target)
+                try:
+                    if config.acceptance is not None:
+                        set_reference(proposer, plain[:, prompt_len:], _prompt_positions(drafts[kind], vocabs[kind], inputs))
+                    out = target.generate(**inputs, **gen, assistant_model=proposer, num_assistant_tokens=gamma)
+                    ours_stats[kind].append(api.last_stats(target))
+                    return out
+                finally:
+                    api.disable(target)
+
+            return run_ours
 
         stock_error = None
         if stock_runs:  # stock may refuse even where it should run (5.17 passes pixel_values to the draft)
@@ -156,58 +186,76 @@ def run_benchmark(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
                 run_stock()
             except (ValueError, RuntimeError, TypeError, IndexError) as err:
                 stock_runs, stock_error = False, f"{type(err).__name__}: {err}"[:300]
-        methods = {"plain": run_plain, "ours": run_ours}
+        methods = {"plain": run_plain} | {f"ours_{kind}": ours_runner(kind) for kind in drafts}
         if stock_runs:
             methods |= {"stock": run_stock, "stock_as_called": run_stock_as_called}
         timed = interleaved_medians(methods, device, config.warmup, config.repeats)
-        t_plain, t_ours = timed["plain"][0], timed["ours"][0]
-        ours = timed["ours"][1]
-        row: dict[str, Any] = {"batch": batch, "gamma": gamma, "plain_tok_s": new_tokens / t_plain,
-                               "stock_error": stock_error, "times_s": {name: t[2] for name, t in timed.items()}}
-        for name in ("stock", "stock_as_called"):
-            row[f"{name}_speedup"] = t_plain / timed[name][0] if stock_runs else None
-            # stock's tokens per verification forward (prefill left out), from a forward-call count
-            forwards = stock_forwards[name][-config.repeats:]
-            row[f"{name}_tau"] = (config.max_new_tokens - 1) / (statistics.mean(forwards) - 1) if stock_runs else None
-        # every run replays the same acceptance draws (seeded), so runs differ only by machine noise;
-        # τ leaves out each row's last round, which max_new_tokens cuts short
-        tau = statistics.mean(st.steady_block_efficiency for st in ours_stats)
-        acceptance = statistics.mean(st.acceptance_rate for st in ours_stats)
-        draft_ids, draft_valid = text_only_view(vocab, inputs["input_ids"], inputs["attention_mask"])
-        costs = step_costs(target, draft, inputs, draft_ids, draft_valid.long(), gamma=gamma)
-        ideal = tau * costs["T1"] / (costs["Tv"] + gamma * costs["Td"])
-        row.update({
-            "ours_tok_s": new_tokens / t_ours,
-            "speedup": t_plain / t_ours,
-            "tau": tau,
-            "acceptance": acceptance,
-            "expected_tau": None if config.acceptance is None else
-            (1 - config.acceptance ** (gamma + 1)) / (1 - config.acceptance) if config.acceptance < 1 else gamma + 1,
-            "T1_ms": costs["T1"] * 1e3, "Tv_ms": costs["Tv"] * 1e3, "Td_ms": costs["Td"] * 1e3,
-            "ideal_speedup": ideal,
-            "efficiency": (t_plain / t_ours) / ideal,
-            "mbsu": tau / (1 + gamma * n_draft / n_target),
-            "lossless": bool(torch.equal(ours, plain)) if not config.do_sample else None,
-        })
-        rows.append(row)
-        bar.set_postfix(speedup=f"{row['speedup']:.2f}x", tau=f"{tau:.2f}")
+        t_plain = timed["plain"][0]
+        target_costs = target_step_costs(target, inputs, gamma)
+        for kind, draft in drafts.items():
+            t_ours, ours = timed[f"ours_{kind}"][:2]
+            row: dict[str, Any] = {"draft_kind": kind, "batch": batch, "gamma": gamma, "plain_tok_s": new_tokens / t_plain,
+                                   "stock_error": stock_error if kind == SMALL_LM else None,
+                                   "times_s": {name: t[2] for name, t in timed.items()
+                                               if name in ("plain", f"ours_{kind}") or kind == SMALL_LM}}
+            for name in ("stock", "stock_as_called"):
+                runs = stock_runs and kind == SMALL_LM
+                row[f"{name}_speedup"] = t_plain / timed[name][0] if runs else None
+                # stock's tokens per verification forward (prefill left out), from a forward-call count
+                forwards = stock_forwards[name][-config.repeats:]
+                row[f"{name}_tau"] = (config.max_new_tokens - 1) / (statistics.mean(forwards) - 1) if runs else None
+            # every run replays the same acceptance draws, so runs differ only by machine noise.
+            # τ: per row, tokens per verification round after the prefill's token (stock's τ above is the same
+            # quantity); τ steady leaves out each row's last round, which max_new_tokens cuts short (what
+            # (1 - α^(γ+1)) / (1 - α) predicts)
+            stats = ours_stats[kind]
+            tau = statistics.mean(st.round_block_efficiency for st in stats)
+            rounds = statistics.mean(len(st.tokens_per_round) for st in stats)
+            costs = target_costs | draft_step_cost(draft, target, inputs, vocabs[kind])
+            ideal = tau * costs["T1"] / (costs["Tv"] + gamma * costs["Td"])
+            row.update({
+                "ours_tok_s": new_tokens / t_ours,
+                "speedup": t_plain / t_ours,
+                "tau": tau,
+                "tau_steady": statistics.mean(st.steady_block_efficiency for st in stats),
+                "rounds": rounds,
+                "acceptance": statistics.mean(st.acceptance_rate for st in stats),
+                "expected_tau": None if config.acceptance is None else
+                (1 - config.acceptance ** (gamma + 1)) / (1 - config.acceptance) if config.acceptance < 1 else gamma + 1,
+                "T1_ms": costs["T1"] * 1e3, "Tv_ms": costs["Tv"] * 1e3, "Td_ms": costs["Td"] * 1e3,
+                "Tp_ms": costs["Tp"] * 1e3, "Tpd_ms": costs["Tpd"] * 1e3,
+                "Td_over_T1": costs["Td"] / costs["T1"],
+                "ideal_speedup": ideal,
+                "efficiency": (t_plain / t_ours) / ideal,
+                # the whole call: both methods pay the target's prefill Tp (ours also the draft's, Tpd), and a
+                # batch runs until its slowest row is done: plain's Tp + (N-1)·T1 vs Tp + Tpd + rounds·(Tv + γ·Td)
+                "ideal_speedup_e2e": (costs["Tp"] + (config.max_new_tokens - 1) * costs["T1"]) / (
+                    costs["Tp"] + costs["Tpd"] + rounds * (costs["Tv"] + gamma * costs["Td"])),
+                "mbsu": tau / (1 + gamma * n_drafts[kind] / n_target),
+                "lossless": bool(torch.equal(ours, plain)) if not config.do_sample else None,
+            })
+            row["efficiency_e2e"] = row["speedup"] / row["ideal_speedup_e2e"]
+            rows.append(row)
+        bar.set_postfix(speedup=f"{rows[-1]['speedup']:.2f}x", tau=f"{rows[-1]['tau']:.2f}")
     env = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         # where the target's layers went under --device-map (module -> device), else None
         "target_device_map": {k: str(v) for k, v in getattr(target, "hf_device_map", {}).items()} or None,
         "cpu_threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers.__version__,
-        "target_params": n_target, "draft_params": n_draft, "config": asdict(config),
+        "target_params": n_target, "draft_params": n_drafts, "config": asdict(config),
         "note": "controlled acceptance: systems benchmark (random weights)" if config.acceptance is not None else None,
     }
     return {"env": env, "rows": rows}
 
 
-COLUMNS = [("batch", "batch", "{}"), ("gamma", "γ", "{}"), ("plain_tok_s", "plain tok/s", "{:.1f}"),
+COLUMNS = [("draft_kind", "draft", "{}"), ("batch", "batch", "{}"), ("gamma", "γ", "{}"), ("plain_tok_s", "plain tok/s", "{:.1f}"),
            ("stock_as_called_speedup", "stock as called ×", "{:.2f}"), ("stock_as_called_tau", "its τ", "{:.2f}"),
            ("stock_speedup", "stock same-γ ×", "{:.2f}"), ("stock_tau", "its τ", "{:.2f}"), ("speedup", "hf_specmm ×", "{:.2f}"), ("tau", "τ", "{:.2f}"),
-           ("expected_tau", "τ exp", "{:.2f}"), ("acceptance", "acc", "{:.2f}"), ("T1_ms", "T1 ms", "{:.1f}"),
-           ("Tv_ms", "Tv ms", "{:.1f}"), ("Td_ms", "Td ms", "{:.2f}"), ("ideal_speedup", "ideal ×", "{:.2f}"),
-           ("efficiency", "eff", "{:.2f}"), ("mbsu", "MBSU", "{:.2f}"), ("lossless", "lossless", "{}")]
+           ("tau_steady", "τ steady", "{:.2f}"), ("expected_tau", "τ exp", "{:.2f}"), ("rounds", "rounds", "{:.0f}"), ("acceptance", "acc", "{:.2f}"), ("T1_ms", "T1 ms", "{:.1f}"),
+           ("Tv_ms", "Tv ms", "{:.1f}"), ("Td_ms", "Td ms", "{:.2f}"), ("Td_over_T1", "Td/T1", "{:.3f}"),
+           ("ideal_speedup", "ideal ×", "{:.2f}"), ("efficiency", "eff", "{:.2f}"),
+           ("Tp_ms", "Tp ms", "{:.0f}"), ("ideal_speedup_e2e", "ideal e2e ×", "{:.2f}"),
+           ("efficiency_e2e", "eff e2e", "{:.2f}"), ("mbsu", "MBSU", "{:.2f}"), ("lossless", "lossless", "{}")]
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -231,13 +279,13 @@ def write_outputs(result: dict[str, Any], out_dir: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.5))
-    for batch in sorted({r["batch"] for r in result["rows"]}):
-        rows = [r for r in result["rows"] if r["batch"] == batch]
+    for batch, kind in sorted({(r["batch"], r["draft_kind"]) for r in result["rows"]}):
+        rows = [r for r in result["rows"] if r["batch"] == batch and r["draft_kind"] == kind]
         gammas = [r["gamma"] for r in rows]
-        ax1.plot(gammas, [r["speedup"] for r in rows], "o-", label=f"hf_specmm, batch {batch}")
+        ax1.plot(gammas, [r["speedup"] for r in rows], "o-", label=f"hf_specmm {kind}, batch {batch}")
         if any(r["stock_speedup"] is not None for r in rows):
             ax1.plot(gammas, [r["stock_speedup"] or float("nan") for r in rows], "s--", label=f"stock, batch {batch}")
-        ax2.plot(gammas, [r["tau"] for r in rows], "o-", label=f"measured τ, batch {batch}")
+        ax2.plot(gammas, [r["tau_steady"] for r in rows], "o-", label=f"τ steady {kind}, batch {batch}")
         if rows[0]["expected_tau"] is not None:
             ax2.plot(gammas, [r["expected_tau"] for r in rows], "k:", label="(1-α^(γ+1))/(1-α)")
     ax1.axhline(1.0, color="gray", lw=0.8)

@@ -54,8 +54,9 @@ def interleaved_medians(fns: dict[str, Callable[[], Any]], device: torch.device,
 
 @torch.no_grad()
 def _step_time(model: Any, cache: Any, length: int, mask: torch.Tensor | None, ids: torch.Tensor,
-               device: torch.device, warmup: int, repeats: int) -> float:
-    """Time one forward of ``ids`` [B, k] on a cache of ``length`` slots (cropped back after each call)."""
+               device: torch.device, warmup: int, repeats: int, **extra: Any) -> float:
+    """Time one forward of ``ids`` [B, k] on a cache of ``length`` slots (cropped back after each call);
+    ``extra``: more forward kwargs (a feature head's ``features``)."""
     batch, width = ids.shape
     full_mask = None if mask is None else torch.cat([mask, mask.new_ones(batch, width)], 1)
     positions = (mask.sum(-1, keepdim=True) if mask is not None else torch.full((batch, 1), length, device=ids.device))
@@ -63,27 +64,72 @@ def _step_time(model: Any, cache: Any, length: int, mask: torch.Tensor | None, i
 
     def step() -> None:
         model(input_ids=ids, attention_mask=full_mask, position_ids=positions, past_key_values=cache,
-              use_cache=True, logits_to_keep=width)
+              use_cache=True, logits_to_keep=width, **extra)
         _compat.crop_cache(cache, length)
 
     return median_time(step, device, warmup, repeats)[0]
 
 
 @torch.no_grad()
-def step_costs(target: Any, draft: Any, inputs: dict, draft_ids: torch.Tensor, draft_mask: torch.Tensor,
-               gamma: int, warmup: int = 2, repeats: int = 5) -> dict[str, float]:
-    """T1 (target, 1 token), Tv (target, γ+1 tokens), Td (draft, 1 token), after a real prefill of each."""
+def target_step_costs(target: Any, inputs: dict, gamma: int, warmup: int = 2, repeats: int = 5) -> dict[str, float]:
+    """T1 (target, 1 token) and Tv (target, γ+1 tokens), after a real prefill; Tp: that prefill (one sample:
+    it is the long one, and common to every method)."""
     device = execution_device(target)  # a dispatched target's first layer, not its (maybe offloaded) first weight
     cache = _compat.new_dynamic_cache()
+    sync(device)
+    start = time.perf_counter()
     target(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    sync(device)
+    tp = time.perf_counter() - start
     length, mask = cache.get_seq_length(), inputs.get("attention_mask")
     batch = inputs["input_ids"].shape[0]
     token = torch.full((batch, 1), 5, dtype=torch.long, device=device)
     t1 = _step_time(target, cache, length, mask, token, device, warmup, repeats)
     tv = _step_time(target, cache, length, mask, token.expand(batch, gamma + 1).contiguous(), device, warmup, repeats)
-    dcache = _compat.new_dynamic_cache()
-    draft(input_ids=draft_ids, attention_mask=draft_mask, past_key_values=dcache, use_cache=True, logits_to_keep=1)
-    draft_device = execution_device(draft)
-    td = _step_time(draft, dcache, dcache.get_seq_length(), draft_mask, token.to(draft_device), draft_device,
-                    warmup, repeats)
-    return {"T1": t1, "Tv": tv, "Td": td}
+    return {"T1": t1, "Tv": tv, "Tp": tp}
+
+
+@torch.no_grad()
+def draft_step_cost(draft: Any, target: Any, inputs: dict, vocab: Any, warmup: int = 2,
+                    repeats: int = 5) -> dict[str, float]:
+    """Td: one draft step (1 token per row, its logits included) after a prefill of the draft's prompt
+    (Tpd: that prefill, one sample).
+    A text-only LM reads the prompt's text tokens; a ``FeatureHeadDraft`` reads every prompt position (random
+    features: the cost does not depend on their values) and its logits go through the target's LM head."""
+    import inspect
+
+    from ..drafts.text_only import text_only_view
+
+    device = execution_device(draft)
+    batch = inputs["input_ids"].shape[0]
+    token = torch.full((batch, 1), 5, dtype=torch.long, device=device)
+    cache = _compat.new_dynamic_cache()
+    if "features" in inspect.signature(draft.forward).parameters:  # a head on the target's features
+        draft.attach(target, check=False)
+        ids, mask = inputs["input_ids"].to(device), inputs["attention_mask"].to(device)
+        hidden = draft.config.text_config.hidden_size
+        features = torch.randn(*ids.shape, hidden, device=device, dtype=draft.dtype)
+        positions = (mask.cumsum(-1) - 1).clamp_min(0)
+        sync(device)
+        start = time.perf_counter()
+        draft(features=features, input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+              use_cache=True)
+        extra = {"features": torch.randn(batch, 1, hidden, device=device, dtype=draft.dtype)}
+    else:
+        ids, valid = text_only_view(vocab, inputs["input_ids"], inputs["attention_mask"])
+        ids, mask, extra = ids.to(device), valid.long().to(device), {}
+        sync(device)
+        start = time.perf_counter()
+        draft(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    sync(device)
+    tpd = time.perf_counter() - start
+    td = _step_time(draft, cache, cache.get_seq_length(), mask, token, device, warmup, repeats, **extra)
+    return {"Td": td, "Tpd": tpd}
+
+
+@torch.no_grad()
+def step_costs(target: Any, draft: Any, inputs: dict, vocab: Any, gamma: int, warmup: int = 2,
+               repeats: int = 5) -> dict[str, float]:
+    """T1 (target, 1 token), Tv (target, γ+1 tokens), Td (draft, 1 token), after a real prefill of each (Tp, Tpd)."""
+    return target_step_costs(target, inputs, gamma, warmup, repeats) | draft_step_cost(draft, target, inputs, vocab,
+                                                                                      warmup, repeats)

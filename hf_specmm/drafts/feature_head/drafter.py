@@ -44,6 +44,7 @@ class FeatureHeadDrafter(Drafter):
         self.model = draft
         self.positions = positions
         self.device = draft.fc.weight.device
+        self.target: Any = None  # set by watch(): the head's positions are its target's (bound per prompt)
         self.state: SlottedCache | None = None
         self.captured: tuple[torch.Tensor | None, torch.Tensor] | None = None  # (inputs_embeds, features)
         self.verified: torch.Tensor | None = None  # [B, γ + 1, H] features of the last verification block
@@ -103,6 +104,8 @@ class FeatureHeadDrafter(Drafter):
         (M-RoPE grid positions), else the position rule's block positions."""
         assert self.state is not None
         inputs = self.state.block_inputs(valid, features.shape[1])
+        if position_ids is not None:
+            inputs["position_ids"] = position_ids
         mask = inputs["attention_mask"]
         positions = inputs["position_ids"] if position_ids is None else position_ids
         out = self.model(features=features.to(self.device), inputs_embeds=embeds.to(self.device),
