@@ -19,7 +19,6 @@ rows beyond the tokenizer get a logit of about -20, so random generations never 
 
 from __future__ import annotations
 
-import copy
 
 import torch
 from PIL import Image
@@ -124,18 +123,6 @@ def text_config(text: PretrainedConfig, vocab: int | None = None, **overrides) -
         fields.update(head_dim=text.head_dim, attention_bias=text.attention_bias)
         return Qwen3Config(**{**fields, **overrides})
     return Qwen2Config(use_sliding_window=False, **{**fields, **overrides})
-
-
-def text_draft_from_target(target: PreTrainedModel) -> PreTrainedModel:
-    """Exact copy of the target's LM as a Qwen2/Qwen3 ``*ForCausalLM`` (M-RoPE with equal rows is 1-D RoPE)."""
-    draft = AutoModelForCausalLM.from_config(text_config(target.config.text_config), attn_implementation="sdpa")
-    state = {f"model.{k}": v for k, v in target.model.language_model.state_dict().items()}
-    state.update({f"lm_head.{k}": v for k, v in target.lm_head.state_dict().items()})
-    result = draft.load_state_dict(state, strict=True)
-    assert not result.missing_keys and not result.unexpected_keys, result
-    draft.generation_config = copy.deepcopy(target.generation_config)
-    param = next(target.parameters())
-    return draft.to(device=param.device, dtype=param.dtype).eval()
 
 
 def random_text_draft(target: PreTrainedModel, seed: int, vocab_size: int | None, eos_bias: float | None,

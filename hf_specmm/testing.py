@@ -72,6 +72,7 @@ __all__ = [
     "tiny_image",
     "make_inputs",
     "text_draft_from_target",
+    "perturb_head",
     "random_text_draft",
     "causal_lm_config",
     "vision_tower",
@@ -383,10 +384,9 @@ def make_inputs(family: str, processor: ProcessorMixin, prompts: list[str], imag
 
 
 def text_draft_from_target(target: PreTrainedModel) -> PreTrainedModel:
-    """Exact standalone copy of ``target``'s language model + lm_head as a ``*ForCausalLM``."""
-    if target.config.model_type in _qwen.QWEN_FAMILIES:  # Qwen2/Qwen3ForCausalLM (their text configs have none)
-        return _qwen.text_draft_from_target(target)
-    text_cfg = copy.deepcopy(target.config.text_config)
+    """Exact standalone copy of ``target``'s language model + lm_head as a ``*ForCausalLM`` (for a Qwen-VL
+    target a Qwen2/Qwen3 LM: M-RoPE with equal rows is 1-D RoPE; see :func:`causal_lm_config`)."""
+    text_cfg = causal_lm_config(target)
     text_cfg.tie_word_embeddings = False
     attn = getattr(target.config, "_attn_implementation", None) or "sdpa"
     draft = AutoModelForCausalLM.from_config(text_cfg, attn_implementation=attn)
@@ -397,6 +397,16 @@ def text_draft_from_target(target: PreTrainedModel) -> PreTrainedModel:
     draft.generation_config = copy.deepcopy(target.generation_config)
     param = next(target.parameters())
     return draft.to(device=param.device, dtype=param.dtype).eval()
+
+
+def perturb_head(model: PreTrainedModel, scale: float, seed: int = 7) -> PreTrainedModel:
+    """Add ``scale`` × std Gaussian noise (seeded) to ``model``'s LM head in place: a copy of the target
+    that agrees often but not always (rejections, rollbacks, partial acceptance). Returns ``model``."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        head = model.get_output_embeddings().weight
+        head.add_(scale * head.std() * torch.randn(head.shape, generator=gen).to(head))
+    return model
 
 
 def random_text_draft(target: PreTrainedModel, seed: int = 1, vocab_size: int | None = None,

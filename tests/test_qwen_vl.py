@@ -31,12 +31,7 @@ def mixed_inputs(family: str, batch: int = 3):
 
 
 def noised_text_copy(model, scale: float = 0.5):
-    draft = testing.text_draft_from_target(model)
-    gen = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        head = draft.get_output_embeddings().weight
-        head.add_(scale * head.std() * torch.randn(head.shape, generator=gen))
-    return draft
+    return testing.perturb_head(testing.text_draft_from_target(model), scale)
 
 
 def _plain(model, inputs, **kw):

@@ -41,12 +41,7 @@ def chi2_homogeneity_pvalue(a: torch.Tensor, b: torch.Tensor, vocab: int) -> tup
 
 def noisy_copy(model, scale: float = 0.6):
     """The target's own LM with a perturbed head: agrees sometimes, disagrees often."""
-    draft = testing.text_draft_from_target(model)
-    gen = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        head = draft.get_output_embeddings().weight
-        head.add_(scale * head.std() * torch.randn(head.shape, generator=gen))
-    return draft
+    return testing.perturb_head(testing.text_draft_from_target(model), scale)
 
 
 def _samples(model, family, draft=None, seed=0, **extra):

@@ -22,12 +22,7 @@ GAMMAS = (1, 3, 5, 8)
 
 def noised_copy(model, scale: float = 0.5, seed: int = 7):
     """The target with a perturbed LM head: agrees often, not always."""
-    draft = copy.deepcopy(model)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        head = draft.get_output_embeddings().weight
-        head.add_(scale * head.std() * torch.randn(head.shape, generator=gen))
-    return draft
+    return testing.perturb_head(copy.deepcopy(model), scale, seed)
 
 
 def vlm_draft(family: str, kind: str, model):
