@@ -99,7 +99,8 @@ def speculative_decode(
     pad = _compat.pad_token_tensor(generation_config)
     rows = Rows(input_ids, generation_config.max_length, int(pad) if pad is not None else 0, stopping_criteria,
                 streamer)
-    outputs = GenerateOutputs(generation_config, batch, prompt_len, compacted=_compat.has_sliding_layers(target.config))
+    sliding = _compat.has_sliding_layers(target.config)  # full cache layers, holes moved left (cache_state)
+    outputs = GenerateOutputs(generation_config, batch, prompt_len, compacted=sliding)
     stats.batch_size, stats.gamma = batch, schedule.gamma
 
     select = DraftSelector(logits_processor, rows, do_sample, schedule.confidence)
@@ -110,7 +111,6 @@ def speculative_decode(
     prompt = Prompt(input_ids, attention_mask, dict(image_inputs or {}))
     # the family's position rule bound to this prompt (M-RoPE grids; where stock continues a right-padded row)
     positions = family.positions.bind(target, input_ids, attention_mask, model_kwargs)
-    sliding = _compat.has_sliding_layers(target.config)
     # right padding is followed where stock's prompt positions are known, and windows count no moved holes
     if positions.offset is None or sliding:
         check_left_padded(attention_mask)
