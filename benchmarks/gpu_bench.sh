@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# One call on a lent GPU machine (device tool): install hf_specmm from the working tree, check that
-# the speculative path is lossless on the GPU, then time the GPU presets. Results land in $OUT.
-#   device run: bash benchmarks/gpu_bench.sh
+# One call per section on a lent GPU machine (device tool): hf_specmm runs from the working tree, checks
+# that the speculative path is lossless on the GPU, then times the GPU presets. Results land in $OUT.
+#   device run: bash benchmarks/gpu_bench.sh [p0] [p1] [p3] [q1]    (no section named: all of them)
+#   p0  tiny LLaVA, the draft's own proposals (no controlled acceptance), batch 1/3: lossless smoke test
+#   p1  LLaVA-1.5-7B shape, batch 1, α 0.7, γ 3/5/7: plain vs stock vs ours, small LM vs feature head
+#   p3  LLaVA-1.5-7B shape, γ 5, batch 1/4/8 (stock refuses batch > 1): small LM vs feature head
+#   q1  Qwen2.5-VL-7B shape, batch 1/4, γ 5 (stock raises on Qwen-VL with a text draft)
 # The machine has torch/transformers; carry extra wheels in .whl/ if its transformers is outside the
 # tested range (see README).
 set -euo pipefail
@@ -13,12 +17,23 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH=$(pwd)${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+sections=${*:-p0 p1 p3 q1}
 python3 - <<'PY' 2>&1 | tee "$OUT/env.txt"
 import torch, transformers, hf_specmm
 print("gpu", torch.cuda.get_device_name(0), "| torch", torch.__version__, "| transformers", transformers.__version__)
 PY
-# P1: batch 1, α = 0.7, γ sweep; P3: batch 8
-python3 -m hf_specmm.cli bench --preset llava-1.5-7b-shape --device cuda --gammas 3 5 7 --batch-sizes 1 \
-  --acceptance 0.7 --max-new-tokens 128 --warmup 2 --repeats 5 --out "$OUT/p1" 2>&1 | tee "$OUT/p1.txt"
-python3 -m hf_specmm.cli bench --preset llava-1.5-7b-shape --device cuda --gammas 5 --batch-sizes 8 \
-  --acceptance 0.7 --max-new-tokens 128 --warmup 2 --repeats 5 --no-stock --out "$OUT/p3" 2>&1 | tee "$OUT/p3.txt"
+bench() { local name=$1; shift; python3 -m hf_specmm.cli bench "$@" --out "$OUT/$name" 2>&1 | tee "$OUT/$name.txt"; }
+kinds=(--draft-kind text_only feature_head)
+for s in $sections; do
+  case $s in
+    p0) bench p0 --preset tiny --device cuda "${kinds[@]}" --gammas 1 3 8 --batch-sizes 1 3 --max-new-tokens 32 \
+          --warmup 1 --repeats 1 ;;
+    p1) bench p1 --preset llava-1.5-7b-shape --device cuda "${kinds[@]}" --gammas 3 5 7 --batch-sizes 1 \
+          --acceptance 0.7 --max-new-tokens 128 --warmup 2 --repeats 5 ;;
+    p3) bench p3 --preset llava-1.5-7b-shape --device cuda "${kinds[@]}" --gammas 5 --batch-sizes 1 4 8 \
+          --acceptance 0.7 --max-new-tokens 128 --warmup 2 --repeats 5 --no-stock ;;
+    q1) bench q1 --preset qwen2.5-vl-7b-shape --device cuda "${kinds[@]}" --gammas 5 --batch-sizes 1 4 \
+          --acceptance 0.7 --max-new-tokens 128 --warmup 2 --repeats 5 ;;
+    *) echo "unknown section $s (p0 p1 p3 q1)"; exit 2 ;;
+  esac
+done
