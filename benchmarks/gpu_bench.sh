@@ -3,9 +3,13 @@
 # that the speculative path is lossless on the GPU, then times the GPU presets. Results land in $OUT.
 #   device run: bash benchmarks/gpu_bench.sh [p0] [p1] [p3] [q1]    (no section named: all of them)
 #   p0  tiny LLaVA, the draft's own proposals (no controlled acceptance), batch 1/3: lossless smoke test
-#   p1  LLaVA-1.5-7B shape, batch 1, α 0.7, γ 3/5/7: plain vs stock vs ours, small LM vs feature head
+#   p1  LLaVA-1.5-7B shape, batch 1, α 0.7, γ 3/5: plain vs stock vs ours, small LM vs feature head
 #   p3  LLaVA-1.5-7B shape, γ 5, batch 1/4/8 (stock refuses batch > 1): small LM vs feature head
 #   q1  Qwen2.5-VL-7B shape, batch 1/4, γ 5 (stock raises on Qwen-VL with a text draft)
+# The 7B presets time float32 weights (DTYPE=bfloat16 to change): controlled acceptance replays the plain
+# greedy run's tokens, and in bf16 a (γ+1)-token verification and a 1-token step (different kernels) flip
+# near-tied argmaxes of a random-weight target, after which that reference no longer applies (measured on
+# an H100: lossless False and τ 1.1-1.2 instead of 2.5-3.1 at α 0.7).
 # The machine has torch/transformers; carry extra wheels in .whl/ if its transformers is outside the
 # tested range (see README).
 set -euo pipefail
@@ -24,16 +28,14 @@ print("gpu", torch.cuda.get_device_name(0), "| torch", torch.__version__, "| tra
 PY
 bench() { local name=$1; shift; python3 -m hf_specmm.cli bench "$@" --out "$OUT/$name" 2>&1 | tee "$OUT/$name.txt"; }
 kinds=(--draft-kind text_only feature_head)
+big=(--dtype "${DTYPE:-float32}" --acceptance 0.7 --max-new-tokens 128 --warmup 1 --repeats 3)
 for s in $sections; do
   case $s in
     p0) bench p0 --preset tiny --device cuda "${kinds[@]}" --gammas 1 3 8 --batch-sizes 1 3 --max-new-tokens 32 \
           --warmup 1 --repeats 1 ;;
-    p1) bench p1 --preset llava-1.5-7b-shape --device cuda "${kinds[@]}" --gammas 3 5 7 --batch-sizes 1 \
-          --acceptance 0.7 --max-new-tokens 128 --warmup 2 --repeats 5 ;;
-    p3) bench p3 --preset llava-1.5-7b-shape --device cuda "${kinds[@]}" --gammas 5 --batch-sizes 1 4 8 \
-          --acceptance 0.7 --max-new-tokens 128 --warmup 2 --repeats 5 --no-stock ;;
-    q1) bench q1 --preset qwen2.5-vl-7b-shape --device cuda "${kinds[@]}" --gammas 5 --batch-sizes 1 4 \
-          --acceptance 0.7 --max-new-tokens 128 --warmup 2 --repeats 5 ;;
+    p1) bench p1 --preset llava-1.5-7b-shape --device cuda "${kinds[@]}" --gammas 3 5 --batch-sizes 1 "${big[@]}" ;;
+    p3) bench p3 --preset llava-1.5-7b-shape --device cuda "${kinds[@]}" --gammas 5 --batch-sizes 1 4 8 "${big[@]}" --no-stock ;;
+    q1) bench q1 --preset qwen2.5-vl-7b-shape --device cuda "${kinds[@]}" --gammas 5 --batch-sizes 1 4 "${big[@]}" ;;
     *) echo "unknown section $s (p0 p1 p3 q1)"; exit 2 ;;
   esac
 done

@@ -160,3 +160,21 @@ def test_device_map_auto_dispatches_the_target_and_stays_lossless(tmp_path, caps
     assert exc.value.code == 2 and "--device-map" in capsys.readouterr().err
     with pytest.raises(ValueError, match="device_map='everywhere'"):
         run_benchmark(BenchConfig(preset="tiny", device_map="everywhere"), progress=False)
+
+
+def test_reference_ids_outside_the_drafts_vocabulary_are_misses():
+    """A random target may pick a reserved/extra id (LLaVA-1.5-7B: 64 rows past a 32000-id draft). No draft can
+    propose it, so it is a miss for every method; the override never indexes past the draft's logits
+    (before the fix: a device-side assert on CUDA at batch 4 of the 7B preset)."""
+    from hf_specmm import testing
+
+    target = testing.tiny_target("llava")
+    draft = testing.random_text_draft(target)
+    vocab = draft.config.vocab_size
+    view = controlled_acceptance(draft, 1.0, wrong_modulus=vocab - 8)
+    reference = torch.tensor([[5, vocab - 8, 6, vocab - 1], [vocab - 9, 7, vocab - 3, 8]])
+    set_reference(view, reference, torch.tensor([10, 10]))
+    assert view.hits.tolist() == [[False, False, True, False], [False, True, False, True]]
+    tokens = view._controlled_tokens(torch.tensor([10, 11]))  # predicts generated tokens 1 and 2
+    assert tokens.tolist() == [(vocab - 8 + 1) % (vocab - 8), vocab - 3 + 1 - (vocab - 8)]
+    assert bool((tokens < vocab - 8).all())

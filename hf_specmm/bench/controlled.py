@@ -147,4 +147,7 @@ def set_reference(draft: Any, reference: torch.Tensor, prompt_positions: torch.T
     # that one token, so its later rounds line up with ours: same rounds, same τ (stock pays γ wasted draft
     # steps once, ~γ·Td per call)
     hits[:, 0] = False
+    # a reference id no draft can propose (a random target's greedy pick among its reserved or extra rows,
+    # e.g. 32000-32063 of LLaVA-1.5's 32064 beside a 32000-id draft) is a miss for every method alike
+    hits &= reference.cpu() < draft.wrong_modulus
     draft.hits = hits.to(device)

@@ -181,6 +181,11 @@ def run_benchmark(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
             return run_ours
 
         stock_error = None
+        if config.stock and SMALL_LM in drafts and batch == 1 and not same_vocab:
+            # not attempted: stock takes a draft with another vocabulary size for another tokenizer
+            # (its universal path needs both tokenizers, which synthetic presets do not have)
+            stock_error = (f"not run: the draft's vocabulary ({draft_vocab_size(preset.draft)} ids) differs from the "
+                           f"target's ({spec.vocab_size})")
         if stock_runs:  # stock may refuse even where it should run (5.17 passes pixel_values to the draft)
             try:
                 run_stock()
