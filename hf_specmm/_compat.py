@@ -3,13 +3,16 @@
 Everything hf_specmm needs from transformers beyond its public API goes through here, behind a
 version check, so that a transformers upgrade breaks in one place with a clear message.
 
-Private things used (all read in the installed transformers source, 5.17 – 5.23):
+Private things used (all read in the installed transformers source, 5.17 – 5.24):
 - ``GenerationMixin.generate(custom_generate=<callable>)`` hands the callable fully prepared inputs
   (generation config, logits processors, stopping criteria, cache, multimodal kwargs).
 - ``GenerationMixin._prefill`` runs the first forward exactly as plain ``generate`` does.
 - ``GenerationConfig._pad_token_tensor`` / ``_eos_token_tensor``, set by ``_prepare_special_tokens``.
 - ``Cache.crop(-n)`` with a negative count (positive counts were removed in 5.18).
-- ``DynamicCache.layers[i].keys`` / ``.values`` (per-row compaction of sliding-window models' caches).
+- ``DynamicCache.layers[i].keys`` / ``.values`` (per-row compaction of sliding-window models' caches, and
+  dropping finished rows from a batch).
+- The name of the KV cache in forward kwargs, model outputs and ``generate``'s ``model_kwargs``:
+  ``past_key_values`` up to 5.23, ``cache`` from 5.24 (the old name still works there, with a warning).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from packaging.version import Version
 from transformers import GenerationMixin
 
 MIN_TRANSFORMERS = Version("5.17.0")
-MAX_TRANSFORMERS_EXCLUSIVE = Version("5.24.0")
+MAX_TRANSFORMERS_EXCLUSIVE = Version("5.25.0")
 TESTED_RANGE = f">={MIN_TRANSFORMERS},<{MAX_TRANSFORMERS_EXCLUSIVE}"
 
 _INSTALLED = Version(transformers.__version__)
@@ -40,6 +43,29 @@ def check_transformers_version() -> None:
 
 
 check_transformers_version()
+
+#: the KV cache's keyword in a model's forward, its outputs and generate's model_kwargs (renamed in 5.24)
+CACHE_KWARG = "cache" if _INSTALLED >= Version("5.24.0.dev0") else "past_key_values"
+#: every name a user may pass a cache under (the old one is still accepted by 5.24, with a warning)
+CACHE_KWARG_NAMES = ("cache", "past_key_values")
+
+
+def cache_kwargs(cache: Any) -> dict[str, Any]:
+    """``{<this transformers' cache keyword>: cache}`` for a model forward."""
+    return {CACHE_KWARG: cache}
+
+
+def output_cache(out: Any) -> Any:
+    """The KV cache a model forward returned (``out.cache`` from 5.24, ``out.past_key_values`` before)."""
+    return getattr(out, CACHE_KWARG, None)
+
+
+def passed_cache(kwargs: dict) -> Any:
+    """The cache a user passed to ``generate`` under either name, or None."""
+    for name in CACHE_KWARG_NAMES:
+        if kwargs.get(name) is not None:
+            return kwargs[name]
+    return None
 
 
 def stock_generate(model: Any, *args: Any, **kwargs: Any) -> Any:
@@ -99,6 +125,14 @@ def reorder_cache_slots(cache: Any, order: torch.Tensor) -> None:
             b, h, length, d = states.shape
             index = order.to(states.device)[:, None, :, None].expand(b, h, length, d)
             setattr(layer, name, states.gather(2, index))
+
+
+def select_cache_rows(cache: Any, keep: torch.Tensor) -> None:
+    """Keep only the rows ``keep`` [k] (batch indices, in the new order) of every layer of ``cache``."""
+    for layer in cache.layers:
+        if getattr(layer, "keys", None) is not None and layer.keys.numel() > 0:
+            index = keep.to(layer.keys.device)  # a dispatched model's layers sit on several devices
+            layer.keys, layer.values = layer.keys[index], layer.values[index]
 
 
 def is_static_cache(cache: Any) -> bool:

@@ -55,6 +55,14 @@ class SlottedCache:
         self.mask = attention_mask
         self.length += width
 
+    def select_rows(self, keep: torch.Tensor) -> None:
+        """Keep only the rows ``keep`` [k] (finished rows leave the batch: later forwards skip them)."""
+        _compat.select_cache_rows(self.cache, keep)
+        if self.mask is not None:
+            self.mask = self.mask[keep.to(self.mask.device)]
+        self.positions = self.positions.select(keep)
+        self.batch_size = int(keep.numel())
+
     def rollback(self, keep_from: int, valid: torch.Tensor) -> None:
         """Keep slots ``[0, keep_from + valid.shape[1])``; ``valid`` [B, k] marks which of the last k stay valid."""
         new_length = keep_from + valid.shape[1]

@@ -89,12 +89,13 @@ def _check_config(config: Any, kwargs: dict, batch: int, streamer: Any) -> None:
     elif config.use_cache is False:
         bad = "use_cache=False: the draft and the target must keep KV caches; remove use_cache=False"
     elif (config.cache_implementation not in (None, "dynamic")
-          or _compat.is_static_cache(kwargs.get("past_key_values"))):
-        bad = (f"cache_implementation={config.cache_implementation or type(kwargs.get('past_key_values')).__name__!r}: "
+          or _compat.is_static_cache(_compat.passed_cache(kwargs))):
+        bad = (f"cache_implementation={config.cache_implementation or type(_compat.passed_cache(kwargs)).__name__!r}: "
                "rejected drafts are rolled back by cropping the default dynamic cache; remove "
-               "cache_implementation / past_key_values")
-    elif kwargs.get("past_key_values") is not None:
-        bad = "past_key_values: a speculative call starts from the prompt; do not pass a cache"
+               "cache_implementation / the cache passed to generate")
+    elif _compat.passed_cache(kwargs) is not None:
+        bad = (f"{_compat.CACHE_KWARG}: a speculative call starts from the prompt; do not pass a cache "
+               "(past_key_values / cache)")
     elif config.prompt_lookup_num_tokens is not None or config.assistant_early_exit is not None:
         bad = ("prompt_lookup_num_tokens / assistant_early_exit together with assistant_model: choose one kind "
                "of drafting")

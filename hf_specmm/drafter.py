@@ -14,6 +14,7 @@ The loop (``loop.speculative_decode``) calls, per ``generate`` call::
             out = target([cur, d_1..d_γ])
         drafter.observe_verification(out)
         drafter.accept(proposal, n, next_token)   # keep n drafts per row, queue the target's token
+        drafter.select_rows(keep)                 # rows finished: drop them (only if selects_rows)
 
 Everything a drafter needs between ``propose`` and ``accept`` travels in the :class:`Proposal` it
 returned, never in attributes left behind for later.
@@ -80,6 +81,10 @@ class Drafter(ABC):
     #: True when :meth:`observe_verification` needs :meth:`watch` entered around verification forwards
     #: too (the loop skips the context otherwise: it is on the hot path)
     observes_verification: bool = False
+    #: True when :meth:`select_rows` is implemented: the loop then drops finished rows from the batch
+    #: (from the target's cache and through this method from the drafter's state), so later rounds run
+    #: only the unfinished rows. False: every row stays in both batches until the call ends.
+    selects_rows: bool = False
 
     def __init__(self, draft: Any, vocab: VocabMap):
         self.draft = draft
@@ -118,3 +123,14 @@ class Drafter(ABC):
     def accept(self, proposal: Proposal, n: torch.Tensor, next_tokens: torch.Tensor) -> None:
         """Keep the first ``n`` [B] drafts of ``proposal`` per row and queue ``next_tokens`` [B] (the
         target's correction or bonus token), so the next :meth:`propose` continues from there."""
+
+    def select_rows(self, keep: torch.Tensor) -> None:
+        """After :meth:`accept`: keep only rows ``keep`` [k] (indices into the current batch, in order) of
+        every per-row state; later calls see a batch of k rows. Only called when :attr:`selects_rows`.
+        A subclass drops its own state and calls ``super().select_rows(keep)``, which tells a draft module
+        that keeps per-row state of its own (one with a ``select_rows`` method) too."""
+        if not self.selects_rows:
+            raise NotImplementedError(f"{type(self).__name__} keeps every row (selects_rows is False)")
+        select = getattr(self.draft, "select_rows", None)
+        if callable(select):
+            select(keep)

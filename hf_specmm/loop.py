@@ -42,6 +42,14 @@ class GammaSchedule:
             self.gamma = self.gamma + 2 if min(accepted) == gamma_used else max(1, self.gamma - 1)
 
 
+def _full(x: torch.Tensor, active: torch.Tensor | None, batch: int) -> torch.Tensor:
+    """``x`` [A, ...] of the rows ``active`` still in the caches, as a [batch, ...] tensor (zeros for rows that
+    left): processors, stopping criteria and the row histories always see the whole batch."""
+    if active is None:
+        return x
+    return x.new_zeros((batch, *x.shape[1:])).index_copy_(0, active, x)
+
+
 def _choose(scores: torch.Tensor, do_sample: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     if not do_sample:
         return scores.argmax(-1), None
@@ -57,17 +65,23 @@ class DraftSelector:
 
     def __init__(self, processors: Any, rows: Rows, do_sample: bool, threshold: float | None):
         self.processors, self.rows, self.do_sample, self.threshold = processors, rows, do_sample, threshold
-        self.lengths: torch.Tensor | None = None  # [B] drafts each row proposes this round
+        self.lengths: torch.Tensor | None = None  # [A] drafts each row in the caches proposes this round
         self.stop = False
+        self.active: torch.Tensor | None = None  # [A] batch rows still in the caches (None: all of them)
+        self.batch = rows.history.ids.shape[0]
 
-    def start_round(self, batch: int, gamma: int, device: torch.device) -> None:
-        self.lengths = torch.full((batch,), gamma, device=device) if self.threshold is not None else None
+    def start_round(self, active: torch.Tensor | None, rows_in: int, gamma: int, device: torch.device) -> None:
+        self.active = active
+        self.lengths = torch.full((rows_in,), gamma, device=device) if self.threshold is not None else None
         self.stop = False
 
     def __call__(self, draft_logits: torch.Tensor, j: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        draft_scores = apply_processors(self.processors, self.rows.history, draft_logits[:, None], offset=j)[:, 0]
+        full = _full(draft_logits[:, None], self.active, self.batch)
+        draft_scores = apply_processors(self.processors, self.rows.history, full, offset=j)[:, 0]
+        if self.active is not None:
+            draft_scores = draft_scores[self.active]
         token, q_j = _choose(draft_scores, self.do_sample)
-        self.rows.history.write(token[:, None], offset=j)  # d_{j+1} is history for the next positions
+        self.rows.history.write(_full(token[:, None], self.active, self.batch), offset=j)  # history for later positions
         if self.lengths is not None:
             probs = q_j if q_j is not None else draft_scores.softmax(-1)
             unsure = probs.gather(1, token[:, None]).squeeze(1) < self.threshold
@@ -115,11 +129,11 @@ def speculative_decode(
     if positions.offset is None or sliding:
         check_left_padded(attention_mask)
     if sliding:  # full layers, so rejected tokens can be cropped at any length (see cache_state)
-        model_kwargs["past_key_values"] = _compat.new_dynamic_cache()
+        model_kwargs[_compat.CACHE_KWARG] = _compat.new_dynamic_cache()
     with drafter.watch(target):
         out = _compat.prefill(target, input_ids, generation_config, model_kwargs)
     drafter.observe_prefill(out)
-    target_kv = SlottedCache(out.past_key_values, None if attention_mask is None else attention_mask.long(),
+    target_kv = SlottedCache(_compat.output_cache(out), None if attention_mask is None else attention_mask.long(),
                              prompt_len, batch, device, positions, compact=sliding)
     logits = out.logits[:, -1:].to(dtype=torch.float32, device=device)
     scores = apply_processors(logits_processor, rows.history, logits)
@@ -131,18 +145,23 @@ def speculative_decode(
     if rows.any_unfinished():
         drafter.prefill(prompt, cur)
 
+    # finished rows leave both caches (later rounds run only the others) unless every per-step output is
+    # kept for the whole batch (return_dict_in_generate) or the drafter keeps all its rows
+    drops_rows = drafter.selects_rows and not outputs.return_dict
+    active: torch.Tensor | None = None  # [A] batch rows in the caches, in cache order (None: all B rows)
+
     while rows.any_unfinished():
         budget = rows.budget()
-        live = rows.live(device)
+        live = rows.live(device) if active is None else rows.live(device)[active]  # [A]
         gamma = min(schedule.gamma, max(b for b, u in zip(budget, rows.unfinished) if u) - 1)
 
         # 1. draft d_1..d_γ (with one token left for every row, a plain target step ends the call);
         #    a confidence threshold may end a row's drafts early (select.lengths) or the whole round
-        select.start_round(batch, gamma, device)
+        select.start_round(active, cur.shape[0], gamma, device)
         if gamma > 0:
             proposal = drafter.propose(gamma, select)
         else:
-            proposal = Proposal(cur.new_zeros(batch, 0), logits.new_zeros(batch, 0, logits.shape[-1]))
+            proposal = Proposal(cur.new_zeros(cur.shape[0], 0), logits.new_zeros(cur.shape[0], 0, logits.shape[-1]))
         drafts, gamma = proposal.tokens, proposal.gamma
         lengths = None if select.lengths is None or gamma == 0 else select.lengths.clamp_max(gamma)
 
@@ -150,37 +169,51 @@ def speculative_decode(
         block = torch.cat([cur[:, None], drafts], dim=1)
         inputs = target_kv.block_inputs(None, gamma + 1)
         with drafter.watch(target) if drafter.observes_verification else contextlib.nullcontext():
-            out = target(input_ids=block, past_key_values=target_kv.cache, use_cache=True,
+            out = target(input_ids=block, **_compat.cache_kwargs(target_kv.cache), use_cache=True,
                          logits_to_keep=gamma + 1, **inputs, **outputs.forward_kwargs())
         drafter.observe_verification(out)
         target_kv.commit(inputs["attention_mask"], gamma + 1)
         logits = out.logits[:, -(gamma + 1):].to(dtype=torch.float32, device=device)
-        scores = apply_processors(logits_processor, rows.history, logits)  # p_0..p_γ (processed)
+        scores = apply_processors(logits_processor, rows.history, _full(logits, active, batch))  # p_0..p_γ
+        if active is not None:
+            scores = scores[active]
 
         # 3. accept n drafts + one target token per row; a row keeps what plain generate would (EOS, max_length)
         if do_sample:
             n, emitted = rejection_sample(drafts, proposal.probs, scores.softmax(-1), lengths=lengths)
         else:
             n, emitted = greedy_verify(drafts, scores, lengths=lengths)
-        kept = rows.emit(emitted, torch.where(live, n + 1, torch.zeros_like(n)))
+        offered = torch.where(live, n + 1, torch.zeros_like(n))
+        kept = rows.emit(_full(emitted, active, batch), _full(offered, active, batch))  # [B] host ints
         outputs.record(out, kept, scores, logits, target_kv.mask, target_kv.length - (gamma + 1))
         del out
         # a draft counts as drafted only if its row could have kept it (not past max_length, not after an
         # accepted EOS: a row that stopped at its k-th accepted draft had k drafts that counted)
-        per_row = [gamma] * batch if lengths is None else lengths.tolist()
-        drafted = [min(g, b - 1, k if k <= a else g) if u else 0
-                   for g, b, u, k, a in zip(per_row, budget, live.tolist(), kept, n.tolist())]
-        accepted = [min(a, k, d) for a, k, d in zip(n.tolist(), kept, drafted)]  # drafts among the kept tokens
+        per_row = [gamma] * batch if lengths is None else _full(lengths, active, batch).tolist()
+        drafted = [min(g, b - 1, k if k <= a else g) if u else 0 for g, b, u, k, a in
+                   zip(per_row, budget, _full(live, active, batch).tolist(), kept, _full(n, active, batch).tolist())]
+        accepted = [min(a, k, d) for a, k, d in zip(_full(n, active, batch).tolist(), kept, drafted)]
         stats.record_round(gamma, kept, accepted, drafted)
         schedule.update([k - 1 for k in kept if k], gamma)
 
         # 4. roll back both caches: each row keeps [cur, d_1..d_m], m = kept - 1; emitted[m] is the new cur
-        m = (n.new_tensor(kept) - 1).clamp_min(0)
+        m = n.new_tensor(kept) if active is None else n.new_tensor(kept)[active]
+        m = (m - 1).clamp_min(0)
         valid = torch.arange(int(m.max()) + 1, device=device)[None] <= m[:, None]
         target_kv.rollback(target_kv.length - (gamma + 1), valid)
         cur = emitted.gather(1, m[:, None]).squeeze(1)
         if gamma > 0:
             drafter.accept(proposal, m, cur)
+
+        # 5. rows that finished leave both batches: later rounds run only the others
+        if drops_rows and rows.any_unfinished():
+            unfinished = rows.live(device) if active is None else rows.live(device)[active]
+            if not bool(unfinished.all()):
+                keep = unfinished.nonzero().squeeze(1)
+                active = (torch.arange(batch, device=device) if active is None else active)[keep]
+                cur = cur[keep]
+                target_kv.select_rows(keep)
+                drafter.select_rows(keep)
 
     if streamer is not None:
         streamer.end()

@@ -112,4 +112,4 @@ class GenerateOutputs:
         past = None if self.compacted else _compat.compact_cache(cache, cache_mask, self.prompt_len,
                                                                   sequences.shape[1] - 1)
         return GenerateDecoderOnlyOutput(sequences=sequences, scores=scores, logits=logits, attentions=attentions,
-                                         hidden_states=hidden, past_key_values=past)
+                                         hidden_states=hidden, **_compat.cache_kwargs(past))

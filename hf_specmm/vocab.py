@@ -73,6 +73,9 @@ class VocabMap:
             if i < visible.numel():
                 visible[i] = False
         self.draft_visible = visible.to(device)
+        # what the draft reads in place of a generated id it cannot read (outside its vocabulary, a placeholder):
+        # a readable stand-in keeps the draft's positions counting the target's generated tokens one for one
+        self.stand_in = int(visible.nonzero()[0]) if bool(visible.any()) else 0
 
     def to_target(self, draft_logits: torch.Tensor) -> torch.Tensor:
         vt, vd = self.target_vocab, draft_logits.shape[-1]
@@ -94,3 +97,8 @@ class VocabMap:
         """Bool mask of target ids the draft reads (placeholders and out-of-vocabulary ids are dropped)."""
         visible = self.draft_visible.to(ids.device)
         return visible[ids.clamp(0, visible.numel() - 1)] & (ids >= 0)
+
+    def readable(self, ids: torch.Tensor) -> torch.Tensor:
+        """Generated target ids as the draft reads them: ids it cannot read become :attr:`stand_in`. Unlike a
+        prompt's placeholders (dropped, see :meth:`visible_prompt`), a generated token keeps its slot."""
+        return ids.masked_fill(~self.visible_to_draft(ids), self.stand_in)

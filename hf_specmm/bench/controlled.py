@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from .. import _compat
+
 _MASK = (1 << 64) - 1
 
 
@@ -51,6 +53,7 @@ class _Controlled:
     alpha: float
     seed: int
     wrong_modulus: int
+    proposable: torch.Tensor  # [V] bool: target ids every compared draft can propose
     reference: torch.Tensor  # [B, R] the target's greedy continuation per row
     prompt_positions: torch.Tensor  # [B] draft position of the first generated token, per row
     hits: torch.Tensor  # [B, R] bool, from hit_table
@@ -66,6 +69,11 @@ class _Controlled:
         hit = self.hits.gather(1, at).squeeze(1) & inside
         return torch.where(hit, ref, (ref + 1) % self.wrong_modulus)
 
+    def select_rows(self, keep: torch.Tensor) -> None:
+        """Rows that finished left the batch (the drafter tells its draft): keep the others' references."""
+        keep = keep.to(self.reference.device)
+        self.reference, self.prompt_positions, self.hits = self.reference[keep], self.prompt_positions[keep], self.hits[keep]
+
     def _override_last(self, logits: torch.Tensor, last_positions: torch.Tensor) -> None:
         """Replace ``logits[:, -1]`` (in place) by a one-hot of the controlled proposal."""
         token = self._controlled_tokens(last_positions).to(logits.device)
@@ -78,11 +86,12 @@ class _ControlledAcceptanceMixin(_Controlled):
     """Mixed into a causal LM draft's own class so stock ``assistant_model.generate()`` works on it too."""
 
     def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None, past_key_values: Any = None,
+                position_ids: torch.Tensor | None = None,
                 logits_to_keep: int | torch.Tensor = 0, **kwargs: Any) -> Any:
-        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        cache = _compat.passed_cache(kwargs)  # under this transformers' name for it, left in kwargs
+        past = cache.get_seq_length() if cache is not None else 0
         out = super().forward(input_ids=input_ids, attention_mask=attention_mask,  # type: ignore[misc]
-                              position_ids=position_ids, past_key_values=past_key_values,
+                              position_ids=position_ids,
                               logits_to_keep=logits_to_keep, **kwargs)
         batch, width = input_ids.shape
         last = _last_positions(position_ids) if position_ids is not None else torch.full((batch,), past + width - 1)
@@ -105,10 +114,13 @@ class _ControlledHeadMixin(_Controlled):
         return logits
 
 
-def controlled_acceptance(draft: Any, alpha: float, seed: int = 0, wrong_modulus: int | None = None) -> Any:
+def controlled_acceptance(draft: Any, alpha: float, seed: int = 0, wrong_modulus: int | None = None,
+                          proposable: torch.Tensor | None = None) -> Any:
     """A view of ``draft`` (same weights, same cost) whose proposals are right with probability ``alpha``,
     decided per (row, generated position) by :func:`uniform_draw`. Works for causal LM drafts and for a
     ``FeatureHeadDraft``. Call :func:`set_reference` before each generate call.
+    ``wrong_modulus``: a miss proposes an id below it; ``proposable`` [V] bool: the target ids every compared
+    draft can propose (default: the ids below ``wrong_modulus``); a reference id outside it is a miss.
 
         >>> from hf_specmm import testing
         >>> target = testing.tiny_target("llava")
@@ -125,6 +137,9 @@ def controlled_acceptance(draft: Any, alpha: float, seed: int = 0, wrong_modulus
     wrapped.alpha = alpha
     wrapped.seed = seed
     wrapped.wrong_modulus = wrong_modulus or draft.config.get_text_config().vocab_size
+    if proposable is None:
+        proposable = torch.arange(wrapped.wrong_modulus) >= 0
+    wrapped.proposable = proposable.cpu()
     return wrapped
 
 
@@ -149,5 +164,7 @@ def set_reference(draft: Any, reference: torch.Tensor, prompt_positions: torch.T
     hits[:, 0] = False
     # a reference id no draft can propose (a random target's greedy pick among its reserved or extra rows,
     # e.g. 32000-32063 of LLaVA-1.5's 32064 beside a 32000-id draft) is a miss for every method alike
-    hits &= reference.cpu() < draft.wrong_modulus
+    ref = reference.cpu()
+    inside = ref < draft.proposable.numel()
+    hits &= inside & draft.proposable[ref.clamp(0, draft.proposable.numel() - 1)]
     draft.hits = hits.to(device)

@@ -30,7 +30,7 @@ from ..targets import target_spec
 from ..vocab import VocabMap, draft_vocab_size
 from .controlled import controlled_acceptance, set_reference
 from ..devices import execution_device
-from .presets import DEVICE_MAPS, DRAFT_KINDS, SMALL_LM, build_preset, synthetic_inputs
+from .presets import DEVICE_MAPS, DRAFT_KINDS, SMALL_LM, Preset, build_preset, synthetic_inputs
 from .timing import draft_step_cost, interleaved_medians, target_step_costs
 
 
@@ -76,6 +76,17 @@ class BenchConfig:
             raise ValueError("invalid benchmark config: " + "; ".join(problems))
 
 
+def _note(config: BenchConfig, target: Any) -> str | None:
+    if config.acceptance is None:
+        return None
+    note = "controlled acceptance: systems benchmark (random weights)"
+    if target.dtype in (torch.bfloat16, torch.float16):
+        # measured on an H100 (benchmarks/results/gpu-h100/p1-bf16): outputs differed from plain, τ 1.1 at α 0.7
+        note += ("; in reduced precision a random target's near-tied argmaxes can flip between a verification and "
+                 "a 1-token step, which breaks the replayed reference (lossless False, τ collapses): use --dtype float32")
+    return note
+
+
 def _n_params(model: Any) -> int:
     return sum(p.numel() for p in model.parameters())
 
@@ -98,17 +109,21 @@ def _prompt_positions(draft: Any, vocab: VocabMap, inputs: dict) -> torch.Tensor
     return kind_of(draft).drafter.prompt_lengths(draft, vocab, inputs["input_ids"], inputs["attention_mask"])
 
 
-def run_benchmark(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
+def run_benchmark(config: BenchConfig, progress: bool = True, preset: Preset | None = None) -> dict[str, Any]:
     """Run every (batch, γ) configuration of ``config``: plain, stock and hf_specmm with each draft kind,
-    timed in turns on the same inputs; returns ``{"env": ..., "rows": [...]}`` (a row per draft kind)."""
+    timed in turns on the same inputs; returns ``{"env": ..., "rows": [...]}`` (a row per draft kind).
+    ``preset``: a prebuilt target and small-LM draft to use instead of building ``config.preset``."""
     config.validate()  # before the preset is built: a bad value must not cost a model build
-    preset = build_preset(config.preset, config.device, config.dtype, config.seed, config.device_map)
+    if preset is None:
+        preset = build_preset(config.preset, config.device, config.dtype, config.seed, config.device_map)
     target = preset.target
     device = execution_device(target)  # where its inputs go (a dispatched target's first layer)
     api.disable(target)
     spec = target_spec(target)
     drafts = {kind: _build_draft(kind, preset, config.seed) for kind in config.draft_kinds}
     vocabs = {kind: VocabMap(spec, draft_vocab_size(d), device) for kind, d in drafts.items()}
+    # the target ids every compared draft can propose: any other reference id is a miss for all of them alike
+    proposable = torch.stack([v.proposable.cpu() for v in vocabs.values()]).all(0)
     same_vocab = draft_vocab_size(preset.draft) == spec.vocab_size
     n_target = _n_params(target)
     n_drafts = {kind: _n_params(d) for kind, d in drafts.items()}
@@ -125,8 +140,8 @@ def run_benchmark(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
         new_tokens = batch * config.max_new_tokens
         proposers = dict(drafts)
         if config.acceptance is not None:  # every draft sees the same (row, position) acceptance pattern
-            proposers = {kind: controlled_acceptance(d, config.acceptance, seed=config.seed,
-                                                     wrong_modulus=preset.text_vocab) for kind, d in drafts.items()}
+            proposers = {kind: controlled_acceptance(d, config.acceptance, seed=config.seed, wrong_modulus=preset.text_vocab,
+                                                     proposable=proposable) for kind, d in drafts.items()}
         # stock assisted generation: the small LM draft only, batch 1, same vocabulary
         stock_runs = config.stock and SMALL_LM in drafts and batch == 1 and same_vocab
         stock_proposer = proposers.get(SMALL_LM)
@@ -248,7 +263,7 @@ def run_benchmark(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
         "target_device_map": {k: str(v) for k, v in getattr(target, "hf_device_map", {}).items()} or None,
         "cpu_threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers.__version__,
         "target_params": n_target, "draft_params": n_drafts, "config": asdict(config),
-        "note": "controlled acceptance: systems benchmark (random weights)" if config.acceptance is not None else None,
+        "note": _note(config, target),
     }
     return {"env": env, "rows": rows}
 

@@ -63,7 +63,7 @@ def _step_time(model: Any, cache: Any, length: int, mask: torch.Tensor | None, i
     positions = positions + torch.arange(width, device=ids.device)
 
     def step() -> None:
-        model(input_ids=ids, attention_mask=full_mask, position_ids=positions, past_key_values=cache,
+        model(input_ids=ids, attention_mask=full_mask, position_ids=positions, **_compat.cache_kwargs(cache),
               use_cache=True, logits_to_keep=width, **extra)
         _compat.crop_cache(cache, length)
 
@@ -78,7 +78,7 @@ def target_step_costs(target: Any, inputs: dict, gamma: int, warmup: int = 2, re
     cache = _compat.new_dynamic_cache()
     sync(device)
     start = time.perf_counter()
-    target(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    target(**inputs, **_compat.cache_kwargs(cache), use_cache=True, logits_to_keep=1)
     sync(device)
     tp = time.perf_counter() - start
     length, mask = cache.get_seq_length(), inputs.get("attention_mask")
@@ -112,7 +112,7 @@ def draft_step_cost(draft: Any, target: Any, inputs: dict, vocab: Any, warmup: i
         positions = (mask.cumsum(-1) - 1).clamp_min(0)
         sync(device)
         start = time.perf_counter()
-        draft(features=features, input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+        draft(features=features, input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
               use_cache=True)
         extra = {"features": torch.randn(batch, 1, hidden, device=device, dtype=draft.dtype)}
     else:
@@ -120,7 +120,7 @@ def draft_step_cost(draft: Any, target: Any, inputs: dict, vocab: Any, warmup: i
         ids, mask, extra = ids.to(device), valid.long().to(device), {}
         sync(device)
         start = time.perf_counter()
-        draft(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        draft(input_ids=ids, attention_mask=mask, **_compat.cache_kwargs(cache), use_cache=True, logits_to_keep=1)
     sync(device)
     tpd = time.perf_counter() - start
     td = _step_time(draft, cache, cache.get_seq_length(), mask, token, device, warmup, repeats, **extra)

@@ -54,7 +54,7 @@ class ChainDrafter(Drafter):
             input_ids=ids.to(self.device),
             attention_mask=None if inputs["attention_mask"] is None else inputs["attention_mask"].to(self.device),
             position_ids=inputs["position_ids"].to(self.device),
-            past_key_values=self.state.cache,
+            **_compat.cache_kwargs(self.state.cache),
             use_cache=True,
             **kwargs,
             **extra,
@@ -71,10 +71,18 @@ class ChainDrafter(Drafter):
         self._queue(first_tokens)
 
     def _queue(self, tokens: torch.Tensor) -> None:
-        """One new target token per row, read at the start of the next proposal (hidden if unreadable)."""
-        tokens = tokens[:, None]
-        valid = self.vocab.visible_to_draft(tokens)
-        self.pending, self.pending_valid = tokens.masked_fill(~valid, 0), valid
+        """One new target token per row, read at the start of the next proposal (as the stand-in if unreadable)."""
+        tokens = self.vocab.readable(tokens[:, None])
+        self.pending, self.pending_valid = tokens, torch.ones_like(tokens, dtype=torch.bool)
+
+    selects_rows = True  # a subclass with more per-row state than the cache and the pending tokens extends select_rows
+
+    def select_rows(self, keep: torch.Tensor) -> None:
+        assert self.state is not None and self.pending is not None and self.pending_valid is not None
+        super().select_rows(keep)
+        self.state.select_rows(keep)
+        keep = keep.to(self.pending.device)
+        self.pending, self.pending_valid = self.pending[keep], self.pending_valid[keep]
 
     def propose(self, gamma: int, select: SelectFn) -> Proposal:
         assert self.pending is not None and self.state is not None and gamma >= 1

@@ -52,6 +52,14 @@ class Rope1D:
         """Positions [B, L] of a left-padded prompt (or ``[prompt | answer]`` training row) with ``mask`` [B, L]."""
         return self.block_positions(mask.new_zeros(mask.shape[0]), mask, mask.shape[1])
 
+    def select(self, keep: torch.Tensor) -> "Rope1D":
+        """The rule for the rows ``keep`` [k] of the batch it was bound to (finished rows dropped)."""
+        if self.offset is None:
+            return self
+        bound = Rope1D()
+        bound.offset = self.offset[keep.to(self.offset.device)]
+        return bound
+
 
 ROPE_1D = Rope1D()
 
@@ -107,6 +115,14 @@ class BoundMRope(Rope1D):
     def bind(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
              inputs: dict[str, Any] | None = None) -> "BoundMRope":
         return MROPE.bind(model, input_ids, attention_mask, inputs)
+
+    def select(self, keep: torch.Tensor) -> "BoundMRope":
+        bound = BoundMRope.__new__(BoundMRope)
+        bound.prompt = self.prompt[:, keep.to(self.prompt.device)]
+        bound.deltas = self.deltas[:, keep.to(self.deltas.device)]
+        if self.offset is not None:
+            bound.offset = self.offset[keep.to(self.offset.device)]
+        return bound
 
     def block_positions(self, start: torch.Tensor, valid: torch.Tensor | None, width: int) -> torch.Tensor:
         text = super().block_positions(start, valid, width)  # [B, width]

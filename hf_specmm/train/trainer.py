@@ -87,10 +87,9 @@ class Trainer:
 
     def _draft_logits(self, batch: Batch, view: Drafter) -> torch.Tensor:
         ids, valid, extra = view.draft_inputs(Prompt(batch.prompt_ids, batch.prompt_mask, batch.inputs))
-        # response ids the draft cannot read (outside its vocabulary) are hidden, as the drafters' _queue does
-        seen = self.vocab.visible_to_draft(batch.response_ids) & batch.response_mask
-        draft_ids = torch.cat([ids, batch.response_ids.masked_fill(~seen, 0)], 1)
-        mask = torch.cat([valid, seen], 1).long()
+        # response ids the draft cannot read (outside its vocabulary) are read as a stand-in, as the drafters' _queue does
+        draft_ids = torch.cat([ids, self.vocab.readable(batch.response_ids)], 1)
+        mask = torch.cat([valid, batch.response_mask], 1).long()
         width = batch.response_ids.shape[1]
         with self._autocast():
             out = view.model(input_ids=draft_ids, attention_mask=mask, position_ids=view.positions.prompt_positions(mask),

@@ -40,10 +40,10 @@ def step_costs(world: Any, example: Example, repeats: int = 50) -> list[dict[str
     inputs = encode_prompts(world.processor, [example], "raw", device)
     ids, mask = inputs.pop("input_ids"), inputs.pop("attention_mask")
     out = target(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1, **inputs)
-    cache, length, token = out.past_key_values, ids.shape[1], out.logits[:, -1].argmax(-1)
+    cache, length, token = _compat.output_cache(out), ids.shape[1], out.logits[:, -1].argmax(-1)
 
     def target_step() -> None:
-        target(input_ids=token[:, None], past_key_values=cache, use_cache=True, logits_to_keep=1,
+        target(input_ids=token[:, None], **_compat.cache_kwargs(cache), use_cache=True, logits_to_keep=1,
                attention_mask=torch.ones(1, length + 1, dtype=mask.dtype, device=device),
                position_ids=torch.full((1, 1), length, device=device))
         _compat.crop_cache(cache, length)

@@ -110,7 +110,7 @@ class FeatureHeadDrafter(Drafter):
         positions = inputs["position_ids"] if position_ids is None else position_ids
         out = self.model(features=features.to(self.device), inputs_embeds=embeds.to(self.device),
                          attention_mask=None if mask is None else mask.to(self.device),
-                         position_ids=positions.to(self.device), past_key_values=self.state.cache,
+                         position_ids=positions.to(self.device), cache=self.state.cache,
                          use_cache=True)
         self.state.commit(mask, features.shape[1])
         last = out.hidden_states[:, -1:]
@@ -149,6 +149,14 @@ class FeatureHeadDrafter(Drafter):
             if j + 1 < gamma:  # d_{j+1} read with the head's own predicted feature (dropped after verification)
                 feature, logits = self.forward(feature, self.model.embed(token[:, None]), None)
         return Proposal(torch.stack(tokens, 1), torch.stack(probs, 1) if probs[0] is not None else None, restore)
+
+    selects_rows = True
+
+    def select_rows(self, keep: torch.Tensor) -> None:
+        assert self.state is not None and self.pending is not None
+        super().select_rows(keep)
+        self.state.select_rows(keep)
+        self.pending = tuple(t[keep.to(t.device)] for t in self.pending)
 
     def accept(self, proposal: Proposal, n: torch.Tensor, next_tokens: torch.Tensor) -> None:
         """Keep the pending slots (true features), drop the drafted ones, queue the accepted tokens with the

@@ -28,6 +28,7 @@ from torch import nn
 from transformers import AutoModel, PreTrainedModel
 from transformers.utils import ModelOutput
 
+from ... import _compat
 from ..checkpoints import DraftCheckpointMixin
 from ...errors import IncompatibleDraftError
 from .configuration import FeatureHeadDraftConfig
@@ -75,7 +76,7 @@ class FeatureHeadOutput(ModelOutput):
 
     hidden_states: torch.Tensor | None = None
     logits: torch.Tensor | None = None
-    past_key_values: Any = None
+    cache: Any = None  # the head's KV cache (``past_key_values`` before transformers 5.24)
 
 
 class FeatureHeadDraft(DraftCheckpointMixin, PreTrainedModel):
@@ -171,19 +172,21 @@ class FeatureHeadDraft(DraftCheckpointMixin, PreTrainedModel):
     # ---- forward ---------------------------------------------------------------------------------
     def forward(self, features: torch.Tensor, inputs_embeds: torch.Tensor | None = None,
                 input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None, past_key_values: Any = None, use_cache: bool = False,
+                position_ids: torch.Tensor | None = None, cache: Any = None, use_cache: bool = False,
                 logits_to_keep: int = 0, **kwargs: Any) -> FeatureHeadOutput:
         """``features`` [B, k, H] f_t, and the next tokens as ``inputs_embeds`` [B, k, H] (the target's own
         embeddings, image features included) or ``input_ids`` [B, k] -> predicted f_{t+1} [B, k, H]."""
+        if cache is None:  # the name before transformers 5.24
+            cache = kwargs.pop("past_key_values", None)
         if inputs_embeds is None:
             inputs_embeds = self.embed(input_ids)
         dtype = self.fc.weight.dtype
         fused = self.fc(torch.cat([inputs_embeds.to(dtype), features.to(device=inputs_embeds.device, dtype=dtype)], -1))
         out = self.body(inputs_embeds=fused, attention_mask=attention_mask, position_ids=position_ids,
-                        past_key_values=past_key_values, use_cache=use_cache, **kwargs)
+                        **_compat.cache_kwargs(cache), use_cache=use_cache, **kwargs)
         hidden = out.last_hidden_state
         logits = self.lm_logits(hidden[:, -logits_to_keep:]) if logits_to_keep else None
-        return FeatureHeadOutput(hidden_states=hidden, logits=logits, past_key_values=out.past_key_values)
+        return FeatureHeadOutput(hidden_states=hidden, logits=logits, cache=_compat.output_cache(out))
 
     # ---- construction, saving, loading -----------------------------------------------------------
     @classmethod
