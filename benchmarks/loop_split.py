@@ -2,7 +2,8 @@
 
 Times every target and draft forward with forward hooks (the rest is our loop: processors, stopping
 criteria, rows, caches, host syncs) and counts rounds: the batch runs as many rounds as its slowest
-row needs, while the per-row τ of the cost model averages over rows.
+row needs, while the per-row τ of the cost model averages over rows. Each batch size runs twice in turns:
+finished rows leaving both caches (the loop's behaviour) and, for comparison, every row kept to the end.
 
     PYTHONPATH=. python benchmarks/loop_split.py --batch-sizes 1 4 8 > benchmarks/results/<name>/loop_split.txt
 """
@@ -17,6 +18,7 @@ import torch
 
 import hf_specmm
 from hf_specmm.bench import build_preset, controlled_acceptance, set_reference, synthetic_inputs
+from hf_specmm.drafts.chain import ChainDrafter
 from hf_specmm.drafts.registry import kind_of
 from hf_specmm.targets import target_spec
 from hf_specmm.vocab import VocabMap, draft_vocab_size
@@ -48,8 +50,9 @@ def main() -> None:
     args = parser.parse_args()
     preset = build_preset("cpu-proxy")
     target, draft = preset.target, preset.draft
-    view = controlled_acceptance(draft, args.acceptance, seed=0, wrong_modulus=preset.text_vocab)
     vocab = VocabMap(target_spec(target), draft_vocab_size(draft), torch.device("cpu"))
+    view = controlled_acceptance(draft, args.acceptance, seed=0, wrong_modulus=preset.text_vocab,
+                                 proposable=vocab.proposable)
     target_clock, draft_clock = Clock(target), Clock(draft)
     gen = dict(max_new_tokens=args.max_new_tokens, do_sample=False)
     print(f"cpu-proxy, α={args.acceptance}, γ={args.gamma}, {args.max_new_tokens} new tokens, "
@@ -60,29 +63,32 @@ def main() -> None:
         hf_specmm.disable(target)
         plain = target.generate(**inputs, **gen)
         lengths = kind_of(draft).drafter.prompt_lengths(draft, vocab, inputs["input_ids"], inputs["attention_mask"])
-        samples = []
+        samples: dict[bool, list[tuple[float, float, float]]] = {True: [], False: []}
         for i in range(args.repeats + 1):  # the first call warms up
-            hf_specmm.enable(target)
-            set_reference(view, plain[:, width:], lengths)
-            target_clock.total = draft_clock.total = 0.0
-            target_clock.calls = 0
-            start = time.perf_counter()
-            out = target.generate(**inputs, **gen, assistant_model=view, num_assistant_tokens=args.gamma)
-            total = time.perf_counter() - start
-            stats = hf_specmm.last_stats(target)
-            hf_specmm.disable(target)
-            assert torch.equal(out, plain)
-            if i:
-                samples.append((total, target_clock.total, draft_clock.total))
-        total, in_target, in_draft = (statistics.median(s[k] for s in samples) for k in range(3))
+            for drops in (True, False):  # in turns: finished rows leave both caches, or stay to the end
+                ChainDrafter.selects_rows = drops
+                hf_specmm.enable(target)
+                set_reference(view, plain[:, width:], lengths)
+                target_clock.total = draft_clock.total = 0.0
+                target_clock.calls = 0
+                start = time.perf_counter()
+                out = target.generate(**inputs, **gen, assistant_model=view, num_assistant_tokens=args.gamma)
+                total = time.perf_counter() - start
+                stats = hf_specmm.last_stats(target)
+                hf_specmm.disable(target)
+                ChainDrafter.selects_rows = True
+                assert torch.equal(out, plain)
+                if i:
+                    samples[drops].append((total, target_clock.total, draft_clock.total))
         rounds = len(stats.tokens_per_round)
         per_row = [sum(1 for r in stats.tokens_per_round if r[i]) for i in range(batch)]
-        loop = total - in_target - in_draft
-        print(f"batch {batch}: total {total:.2f} | target {in_target:.2f} ({target_clock.calls} forwards, prefill "
-              f"included) | draft {in_draft:.2f} | loop {loop:.3f} ({1e3 * loop / rounds:.1f} ms/round, "
-              f"{100 * loop / total:.1f} %) | rounds {rounds}, per-row rounds mean {statistics.mean(per_row):.1f} "
-              f"(min {min(per_row)}, max {max(per_row)})")
-
+        for drops in (True, False):
+            total, in_target, in_draft = (statistics.median(s[k] for s in samples[drops]) for k in range(3))
+            loop = total - in_target - in_draft
+            print(f"batch {batch}, {'finished rows leave' if drops else 'all rows to the end'}: total {total:.2f} | "
+                  f"target {in_target:.2f} ({target_clock.calls} forwards, prefill included) | draft {in_draft:.2f} | "
+                  f"loop {loop:.3f} ({1e3 * loop / rounds:.1f} ms/round, {100 * loop / total:.1f} %) | rounds "
+                  f"{rounds}, per-row rounds mean {statistics.mean(per_row):.1f} (min {min(per_row)}, max {max(per_row)})")
 
 if __name__ == "__main__":
     main()

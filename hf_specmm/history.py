@@ -47,12 +47,19 @@ class RowHistory:
         self.lengths = [prompt_len] * batch  # host ints: used for grouping and slicing
         self.prompt_len = prompt_len
 
-    def write(self, block: torch.Tensor, offset: int = 0) -> None:
-        """Tentatively write ``block`` [B, m] at ``offset`` after each row's history (later writes overwrite it)."""
+    def write(self, block: torch.Tensor, offset: int = 0, rows: torch.Tensor | None = None) -> None:
+        """Tentatively write ``block`` [B, m] at ``offset`` after each row's history (later writes overwrite it);
+        ``rows`` [A]: ``block`` holds only these batch rows ([A, m])."""
         start = torch.tensor(self.lengths, device=block.device)[:, None] + offset
+        if rows is not None:
+            start = start[rows.to(block.device)]
         cols = start + torch.arange(block.shape[1], device=block.device)
         cols = cols.clamp_max(self.ids.shape[1] - 1)
-        self.ids.scatter_(1, cols, block)
+        if rows is None:
+            self.ids.scatter_(1, cols, block)
+        else:
+            index = rows.to(self.ids.device)
+            self.ids[index] = self.ids[index].scatter(1, cols.to(self.ids.device), block.to(self.ids.device))
 
     def advance(self, counts: list[int]) -> None:
         self.lengths = [n + c for n, c in zip(self.lengths, counts)]
@@ -75,15 +82,20 @@ def _call(processors: Any, input_ids: torch.Tensor, scores: torch.Tensor) -> tor
     return scores
 
 
-def apply_processors(processors: Any, history: RowHistory, logits: torch.Tensor, offset: int = 0) -> torch.Tensor:
+def apply_processors(processors: Any, history: RowHistory, logits: torch.Tensor, offset: int = 0,
+                     rows: torch.Tensor | None = None) -> torch.Tensor:
     """Processed scores for a block: position j of row i sees its history plus the ``offset + j`` tokens
-    written after it with :meth:`RowHistory.write`. ``logits`` [B, m, V] float32."""
+    written after it with :meth:`RowHistory.write`. ``logits`` [B, m, V] float32, or [A, m, V] for the batch
+    rows ``rows`` [A] only (rows that finished left the caches)."""
     if processors is None or len(processors) == 0:
         return logits
     batch, width, vocab = logits.shape
     if all(type(p) in HISTORY_FREE_PROCESSORS for p in processors):
         flat = _call(processors, history.ids[:1].expand(batch * width, -1), logits.reshape(batch * width, vocab).clone())
         return flat.view(batch, width, vocab)
+    if rows is not None:  # processors may keep per-row state (padding lengths): they see the whole batch
+        full = logits.new_zeros((history.ids.shape[0], width, vocab)).index_copy_(0, rows.to(logits.device), logits)
+        return apply_processors(processors, history, full, offset)[rows.to(logits.device)]
     out = torch.empty_like(logits)
     for length, rows in history.groups():
         index = torch.tensor(rows, device=logits.device)

@@ -68,7 +68,6 @@ class DraftSelector:
         self.lengths: torch.Tensor | None = None  # [A] drafts each row in the caches proposes this round
         self.stop = False
         self.active: torch.Tensor | None = None  # [A] batch rows still in the caches (None: all of them)
-        self.batch = rows.history.ids.shape[0]
 
     def start_round(self, active: torch.Tensor | None, rows_in: int, gamma: int, device: torch.device) -> None:
         self.active = active
@@ -76,12 +75,10 @@ class DraftSelector:
         self.stop = False
 
     def __call__(self, draft_logits: torch.Tensor, j: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        full = _full(draft_logits[:, None], self.active, self.batch)
-        draft_scores = apply_processors(self.processors, self.rows.history, full, offset=j)[:, 0]
-        if self.active is not None:
-            draft_scores = draft_scores[self.active]
+        draft_scores = apply_processors(self.processors, self.rows.history, draft_logits[:, None], offset=j,
+                                        rows=self.active)[:, 0]
         token, q_j = _choose(draft_scores, self.do_sample)
-        self.rows.history.write(_full(token[:, None], self.active, self.batch), offset=j)  # history for later positions
+        self.rows.history.write(token[:, None], offset=j, rows=self.active)  # history for later positions
         if self.lengths is not None:
             probs = q_j if q_j is not None else draft_scores.softmax(-1)
             unsure = probs.gather(1, token[:, None]).squeeze(1) < self.threshold
@@ -149,11 +146,12 @@ def speculative_decode(
     # kept for the whole batch (return_dict_in_generate) or the drafter keeps all its rows
     drops_rows = drafter.selects_rows and not outputs.return_dict
     active: torch.Tensor | None = None  # [A] batch rows in the caches, in cache order (None: all B rows)
+    in_cache = list(range(batch))  # the same on the host
 
     while rows.any_unfinished():
-        budget = rows.budget()
-        live = rows.live(device) if active is None else rows.live(device)[active]  # [A]
-        gamma = min(schedule.gamma, max(b for b, u in zip(budget, rows.unfinished) if u) - 1)
+        budget, unfinished = rows.budget(), list(rows.unfinished)
+        live = torch.tensor([unfinished[r] for r in in_cache], device=device)  # [A]
+        gamma = min(schedule.gamma, max(b for b, u in zip(budget, unfinished) if u) - 1)
 
         # 1. draft d_1..d_γ (with one token left for every row, a plain target step ends the call);
         #    a confidence threshold may end a row's drafts early (select.lengths) or the whole round
@@ -174,9 +172,7 @@ def speculative_decode(
         drafter.observe_verification(out)
         target_kv.commit(inputs["attention_mask"], gamma + 1)
         logits = out.logits[:, -(gamma + 1):].to(dtype=torch.float32, device=device)
-        scores = apply_processors(logits_processor, rows.history, _full(logits, active, batch))  # p_0..p_γ
-        if active is not None:
-            scores = scores[active]
+        scores = apply_processors(logits_processor, rows.history, logits, rows=active)  # p_0..p_γ
 
         # 3. accept n drafts + one target token per row; a row keeps what plain generate would (EOS, max_length)
         if do_sample:
@@ -190,9 +186,10 @@ def speculative_decode(
         # a draft counts as drafted only if its row could have kept it (not past max_length, not after an
         # accepted EOS: a row that stopped at its k-th accepted draft had k drafts that counted)
         per_row = [gamma] * batch if lengths is None else _full(lengths, active, batch).tolist()
-        drafted = [min(g, b - 1, k if k <= a else g) if u else 0 for g, b, u, k, a in
-                   zip(per_row, budget, _full(live, active, batch).tolist(), kept, _full(n, active, batch).tolist())]
-        accepted = [min(a, k, d) for a, k, d in zip(_full(n, active, batch).tolist(), kept, drafted)]
+        n_host = _full(n, active, batch).tolist()
+        drafted = [min(g, b - 1, k if k <= a else g) if u else 0
+                   for g, b, u, k, a in zip(per_row, budget, unfinished, kept, n_host)]
+        accepted = [min(a, k, d) for a, k, d in zip(n_host, kept, drafted)]
         stats.record_round(gamma, kept, accepted, drafted)
         schedule.update([k - 1 for k in kept if k], gamma)
 
@@ -205,12 +202,13 @@ def speculative_decode(
         if gamma > 0:
             drafter.accept(proposal, m, cur)
 
-        # 5. rows that finished leave both batches: later rounds run only the others
+        # 5. rows that finished leave both batches: later rounds run only the others. Leaving copies both
+        #    caches once, so rows leave in groups of at least a quarter of the rows still in them
         if drops_rows and rows.any_unfinished():
-            unfinished = rows.live(device) if active is None else rows.live(device)[active]
-            if not bool(unfinished.all()):
-                keep = unfinished.nonzero().squeeze(1)
-                active = (torch.arange(batch, device=device) if active is None else active)[keep]
+            keep_host = [k for k, r in enumerate(in_cache) if rows.unfinished[r]]  # host lists: no device sync
+            if len(in_cache) - len(keep_host) >= max(1, len(in_cache) // 4):
+                in_cache = [in_cache[k] for k in keep_host]
+                keep, active = torch.tensor(keep_host, device=device), torch.tensor(in_cache, device=device)
                 cur = cur[keep]
                 target_kv.select_rows(keep)
                 drafter.select_rows(keep)

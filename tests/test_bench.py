@@ -119,6 +119,12 @@ def test_cli_writes_table_json_and_plot(tmp_path, capsys):
     data = json.loads((out / "bench.json").read_text())
     assert [(r["batch"], r["gamma"]) for r in data["rows"]] == [(1, 1), (1, 3), (2, 1), (2, 3)]
     assert all(r["stock_speedup"] is None for r in data["rows"] if r["batch"] > 1)  # stock: batch 1 only
+    for r in data["rows"]:  # the decoding phase: each call's time after its prefill forward, one per timed call
+        for name, decode in r["decode_times_s"].items():
+            assert len(decode) == len(r["times_s"][name]) == 1 and 0 < decode[0] < r["times_s"][name][0]
+        plain, ours = (r["decode_times_s"][k][0] for k in ("plain", "ours_text_only"))
+        assert r["decode_speedup"] == pytest.approx(plain / ours)
+        assert r["efficiency_decode"] == pytest.approx(r["decode_speedup"] / r["ideal_speedup"])
     assert "n/a" in (out / "bench.md").read_text()
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

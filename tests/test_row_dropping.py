@@ -77,3 +77,23 @@ def test_rows_leave_the_batch_when_sampling_too():
     for row in out[:, inputs["input_ids"].shape[1]:].tolist():  # after a row's EOS: padding only
         if eos in row:
             assert all(t == pad for t in row[row.index(eos) + 1:])
+
+
+@pytest.mark.parametrize("family", ["llava", "qwen2_5_vl", "gemma3"])
+def test_rows_leave_the_batch_under_a_confidence_threshold(family):
+    """Per-row draft lengths (assistant_confidence_threshold) index the rows still in the caches."""
+    model = testing.tiny_target(family, seed=3, eos_bias=2.0)
+    inputs = batch_inputs(family, 3)
+    plain = model.generate(**inputs, **KWARGS)
+    hf_specmm.enable(model)
+    try:
+        draft = testing.feature_head_from_target(model, noise=0.05)
+        out, stats, sizes = _run(model, inputs, draft, assistant_confidence_threshold=0.4)
+        _, no_threshold, _ = _run(model, inputs, draft)
+    finally:
+        hf_specmm.disable(model)
+    assert torch.equal(out, plain)
+    assert sizes[0] == 3 and sizes[-1] < 3, sizes
+    # the threshold cut some rows' drafts short: fewer drafted tokens per round than without it
+    per_round = lambda st: st.drafted_tokens / len(st.tokens_per_round)  # noqa: E731
+    assert per_round(stats) < per_round(no_threshold)

@@ -33,23 +33,50 @@ def median_time(fn: Callable[[], Any], device: torch.device, warmup: int, repeat
     return statistics.median(times), result
 
 
-def interleaved_medians(fns: dict[str, Callable[[], Any]], device: torch.device, warmup: int,
-                        repeats: int) -> dict[str, tuple[float, Any, list[float]]]:
+class PrefillClock:
+    """When the first forward of ``model`` after :meth:`arm` ended (device synchronised then: once per call).
+    A generate call's time after it is its decoding phase: what the per-row cost model describes."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device):
+        self.device, self.armed, self.end = device, False, None
+        self.handle = model.register_forward_hook(self._post)
+
+    def arm(self) -> None:
+        self.armed, self.end = True, None
+
+    def _post(self, *args: Any) -> None:
+        if self.armed:
+            sync(self.device)
+            self.armed, self.end = False, time.perf_counter()
+
+    def remove(self) -> None:
+        self.handle.remove()
+
+
+def interleaved_medians(fns: dict[str, Callable[[], Any]], device: torch.device, warmup: int, repeats: int,
+                        clock: PrefillClock | None = None) -> dict[str, tuple[float, Any, list[float], list[float]]]:
     """Median time of each function, measured in turns (a, b, c, a, b, c, ...) so that load from
-    other processes affects every method alike; returns ``{name: (median_s, last_result, all_times_s)}``."""
+    other processes affects every method alike; returns ``{name: (median_s, last_result, all_times_s,
+    decode_times_s)}``, the last: each call's time after its first forward of ``clock``'s model (empty without)."""
     results: dict[str, Any] = {}
     times: dict[str, list[float]] = {name: [] for name in fns}
+    decode: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(warmup):
         for name, fn in fns.items():
             results[name] = fn()
     for _ in range(repeats):
         for name, fn in fns.items():
             sync(device)
+            if clock is not None:
+                clock.arm()
             start = time.perf_counter()
             results[name] = fn()
             sync(device)
-            times[name].append(time.perf_counter() - start)
-    return {name: (statistics.median(times[name]), results.get(name), times[name]) for name in fns}
+            end = time.perf_counter()
+            times[name].append(end - start)
+            if clock is not None and clock.end is not None:
+                decode[name].append(end - clock.end)
+    return {name: (statistics.median(times[name]), results.get(name), times[name], decode[name]) for name in fns}
 
 
 @torch.no_grad()
