@@ -298,8 +298,12 @@ def test_gradient_accumulation_matches_one_big_batch(target_dir, mixed_data):
     kw = dict(data=data, steps=3, eval_fraction=0.0, response_cache=str(root / "answers.jsonl"))
     big = train_draft(base_config(target_dir, root, output_dir=str(root / "big"), batch_size=8, **kw))
     acc = train_draft(base_config(target_dir, root, output_dir=str(root / "acc"), batch_size=2, grad_accum=4, **kw))
+    # the sums differ only in order; AdamW divides each gradient element by its running scale, so an element
+    # whose gradient is near rounding size moves by a visible fraction of lr either way. Measured here: one
+    # embedding row off by 6.6e-6 (lr 3e-3), every other row by < 1e-8; over 1e-5 once in CI, hence 5e-5
+    # (still 60x below lr)
     for (name, p), q in zip(big.draft.named_parameters(), acc.draft.parameters()):
-        torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4, msg=name)
+        torch.testing.assert_close(p, q, atol=5e-5, rtol=1e-4, msg=name)
 
 
 # ---- publishing ---------------------------------------------------------------------------------------
