@@ -74,6 +74,14 @@ class RowHistory:
         return self.ids[row, self.prompt_len : self.lengths[row]]
 
 
+def to_batch(x: torch.Tensor, rows: torch.Tensor | None, batch: int) -> torch.Tensor:
+    """``x`` [A, ...] of the batch rows ``rows`` [A] (the rows still in the caches) as a [batch, ...] tensor,
+    zeros for the other rows; ``x`` itself when ``rows`` is None (every row)."""
+    if rows is None:
+        return x
+    return x.new_zeros((batch, *x.shape[1:])).index_copy_(0, rows.to(x.device), x)
+
+
 def _call(processors: Any, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
     """``LogitsProcessorList.__call__`` without its per-call ``inspect.signature`` of every processor
     (measurable at γ+1 target and γ draft calls per round); we pass no extra kwargs anyway."""
@@ -94,11 +102,11 @@ def apply_processors(processors: Any, history: RowHistory, logits: torch.Tensor,
         flat = _call(processors, history.ids[:1].expand(batch * width, -1), logits.reshape(batch * width, vocab).clone())
         return flat.view(batch, width, vocab)
     if rows is not None:  # processors may keep per-row state (padding lengths): they see the whole batch
-        full = logits.new_zeros((history.ids.shape[0], width, vocab)).index_copy_(0, rows.to(logits.device), logits)
+        full = to_batch(logits, rows, history.ids.shape[0])
         return apply_processors(processors, history, full, offset)[rows.to(logits.device)]
     out = torch.empty_like(logits)
-    for length, rows in history.groups():
-        index = torch.tensor(rows, device=logits.device)
+    for length, members in history.groups():
+        index = torch.tensor(members, device=logits.device)
         for j in range(width):
             full = _call(processors, history.ids[:, : length + offset + j], logits[:, j].clone())
             out[index, j] = full[index]

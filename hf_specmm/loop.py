@@ -17,7 +17,7 @@ import torch
 from . import _compat
 from .cache_state import SlottedCache
 from .drafter import Drafter, Prompt, Proposal
-from .history import apply_processors
+from .history import apply_processors, to_batch
 from .outputs import GenerateOutputs
 from .prompt_checks import check_left_padded
 from .rows import Rows
@@ -40,14 +40,6 @@ class GammaSchedule:
     def update(self, accepted: list[int], gamma_used: int) -> None:
         if self.kind.startswith("heuristic") and accepted:
             self.gamma = self.gamma + 2 if min(accepted) == gamma_used else max(1, self.gamma - 1)
-
-
-def _full(x: torch.Tensor, active: torch.Tensor | None, batch: int) -> torch.Tensor:
-    """``x`` [A, ...] of the rows ``active`` still in the caches, as a [batch, ...] tensor (zeros for rows that
-    left): processors, stopping criteria and the row histories always see the whole batch."""
-    if active is None:
-        return x
-    return x.new_zeros((batch, *x.shape[1:])).index_copy_(0, active, x)
 
 
 def _choose(scores: torch.Tensor, do_sample: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -180,13 +172,13 @@ def speculative_decode(
         else:
             n, emitted = greedy_verify(drafts, scores, lengths=lengths)
         offered = torch.where(live, n + 1, torch.zeros_like(n))
-        kept = rows.emit(_full(emitted, active, batch), _full(offered, active, batch))  # [B] host ints
+        kept = rows.emit(to_batch(emitted, active, batch), to_batch(offered, active, batch))  # [B] host ints
         outputs.record(out, kept, scores, logits, target_kv.mask, target_kv.length - (gamma + 1))
         del out
         # a draft counts as drafted only if its row could have kept it (not past max_length, not after an
         # accepted EOS: a row that stopped at its k-th accepted draft had k drafts that counted)
-        per_row = [gamma] * batch if lengths is None else _full(lengths, active, batch).tolist()
-        n_host = _full(n, active, batch).tolist()
+        per_row = [gamma] * batch if lengths is None else to_batch(lengths, active, batch).tolist()
+        n_host = to_batch(n, active, batch).tolist()
         drafted = [min(g, b - 1, k if k <= a else g) if u else 0
                    for g, b, u, k, a in zip(per_row, budget, unfinished, kept, n_host)]
         accepted = [min(a, k, d) for a, k, d in zip(n_host, kept, drafted)]
@@ -194,8 +186,7 @@ def speculative_decode(
         schedule.update([k - 1 for k in kept if k], gamma)
 
         # 4. roll back both caches: each row keeps [cur, d_1..d_m], m = kept - 1; emitted[m] is the new cur
-        m = n.new_tensor(kept) if active is None else n.new_tensor(kept)[active]
-        m = (m - 1).clamp_min(0)
+        m = (n.new_tensor([kept[r] for r in in_cache]) - 1).clamp_min(0)
         valid = torch.arange(int(m.max()) + 1, device=device)[None] <= m[:, None]
         target_kv.rollback(target_kv.length - (gamma + 1), valid)
         cur = emitted.gather(1, m[:, None]).squeeze(1)

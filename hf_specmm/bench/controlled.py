@@ -138,7 +138,7 @@ def controlled_acceptance(draft: Any, alpha: float, seed: int = 0, wrong_modulus
     wrapped.seed = seed
     wrapped.wrong_modulus = wrong_modulus or draft.config.get_text_config().vocab_size
     if proposable is None:
-        proposable = torch.arange(wrapped.wrong_modulus) >= 0
+        proposable = torch.ones(wrapped.wrong_modulus, dtype=torch.bool)
     wrapped.proposable = proposable.cpu()
     return wrapped
 
