@@ -176,3 +176,96 @@ def hub_file(repo_id: str, filename: str, **hub_kwargs: Any) -> str | None:
     from transformers.utils import cached_file
 
     return cached_file(repo_id, filename, _raise_exceptions_for_missing_entries=False, **hub_kwargs)
+
+
+# ---- static caches and compilation (issue 20) --------------------------------------------------------
+# Read in transformers 5.17 and 5.24 (identical where used here): a ``StaticLayer`` preallocates
+# ``keys`` / ``values`` [B, H, max_cache_len, D] on its first update and writes every row's new states at
+# the same slots, ``arange(k) + layer.cumulative_length`` (a 0-d long tensor it advances in place); neither
+# version's models take a ``cache_position`` argument any more. The mask is sized from the layer
+# (``get_mask_sizes`` -> ``(max_cache_len, 0)``: a 2-D mask is zero-padded to the full width) and the causal
+# offset of the queries is ``cumulative_length`` itself (``Cache.get_query_offset``). 5.17's StaticLayer has
+# no ``crop`` (5.24 added one that moves ``cumulative_length``), so the write pointer is set here directly.
+# Stock ``generate`` builds ``StaticCache(config=text_config, max_cache_len=max(max_length - 1,
+# generation_config.max_cache_len, model._previous_max_cache_length))`` and records the size on the model.
+# Sliding layers become ``StaticSlidingWindowLayer``: a buffer of ``sliding_window`` slots that rolls once
+# full (states past the window are dropped for good: not croppable, and a hole would waste a window slot).
+
+
+def static_cache_length(model: Any, needed: int, generation_config: Any = None) -> int:
+    """The slots stock ``generate`` would give a static cache that must hold ``needed`` slots: never less than
+    ``generation_config.max_cache_len`` nor than the model's previous static cache (so later calls, up to that
+    size, reuse compiled graphs). Records the size on the model, as stock does."""
+    length = max(needed, getattr(generation_config, "max_cache_len", None) or 0,
+                 getattr(model, "_previous_max_cache_length", -1))
+    model._previous_max_cache_length = length
+    return length
+
+
+def new_static_cache(model: Any, max_cache_len: int, full_layers: bool = False) -> Any:
+    """``StaticCache`` exactly as stock ``generate`` creates it for ``model``; ``full_layers``: sliding-window
+    layers replaced by full-length ``StaticLayer``s (the attention mask then applies the window)."""
+    from transformers import StaticCache
+    from transformers.cache_utils import StaticLayer
+
+    cache = StaticCache(config=model.config.get_text_config(decoder=True), max_cache_len=max_cache_len)
+    if full_layers:
+        cache.layers = [StaticLayer(max_cache_len=max_cache_len) if getattr(layer, "is_sliding", False) else layer
+                        for layer in cache.layers]
+    return cache
+
+
+def static_capacity(cache: Any) -> int:
+    """Slots per row of a static cache (every layer of a full-layer static cache has the same)."""
+    return min(layer.max_cache_len for layer in cache.layers)
+
+
+def set_static_length(cache: Any, length: int) -> None:
+    """Move every layer's write pointer to slot ``length`` in place (the tensors keep their static addresses,
+    so compiled graphs and CUDA graphs stay valid): later writes overwrite the slots from there on."""
+    for layer in cache.layers:
+        if layer.is_initialized:
+            layer.cumulative_length.fill_(length)
+
+
+def permute_static_slots(cache: Any, index: torch.Tensor) -> None:
+    """In place: per row, slot ``j < k`` of every layer becomes old slot ``index[b, j]`` ([B, k])."""
+    for layer in cache.layers:
+        if not layer.is_initialized:
+            continue
+        for states in (layer.keys, layer.values):
+            b, h, _, d = states.shape
+            k = index.shape[1]
+            idx = index.to(states.device)[:, None, :, None].expand(b, h, k, d)
+            states[:, :, :k] = states.gather(2, idx)
+
+
+def select_static_rows(cache: Any, keep: torch.Tensor) -> None:
+    """Keep only rows ``keep`` of a static cache: new (smaller) tensors, marked static again, so a compiled
+    forward recompiles once for the new batch size."""
+    for layer in cache.layers:
+        if not layer.is_initialized:
+            continue
+        index = keep.to(layer.keys.device)
+        layer.keys, layer.values = layer.keys[index].contiguous(), layer.values[index].contiguous()
+        layer.batch_size = int(keep.numel())
+        torch._dynamo.mark_static_address(layer.keys)
+        torch._dynamo.mark_static_address(layer.values)
+
+
+def compile_requested(model: Any, model_kwargs: dict, generation_config: Any) -> bool:
+    """Whether stock ``generate`` would decode with a compiled forward (``_valid_auto_compile_criteria``:
+    not ``disable_compile``; a compileable, non-dynamic cache in ``model_kwargs``; a CUDA/XPU/... device, or
+    any device with ``compile_config._compile_all_devices``; no quantizer that forbids it, no CPU/disk
+    offload). 5.17 reads the cache from ``model_kwargs['past_key_values']``, 5.24 from ``['cache']``."""
+    kwargs = dict(model_kwargs)
+    cache = passed_cache(kwargs)
+    for name in CACHE_KWARG_NAMES:
+        kwargs[name] = cache
+    return bool(model._valid_auto_compile_criteria(kwargs, generation_config))
+
+
+def compiled_call(model: Any, compile_config: Any = None) -> Callable[..., Any]:
+    """``torch.compile(model.__call__, **compile_config.to_dict())`` as stock builds it (cached on the model,
+    rebuilt when the config changes; ``CompileConfig()`` defaults: inductor, ``mode="reduce-overhead"``)."""
+    return model.get_compiled_call(compile_config)

@@ -1,4 +1,5 @@
-"""The ``feature_head`` draft kind: an EAGLE-1 style head on the target's last hidden states."""
+"""The ``feature_head`` draft kind: an EAGLE-1 style head on the target's last hidden states, and its
+``eagle3`` variant (registered as the kind ``eagle3``): an EAGLE-3 head on three of the target's layers."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import torch
 from ..registry import DraftKind, register_draft_kind
 from .configuration import FeatureHeadDraftConfig
 from .drafter import FeatureHeadDrafter
-from .losses import feature_head_loss
+from .eagle3 import Eagle3FeatureHead, Eagle3HeadConfig
+from .eagle3_drafter import Eagle3Drafter
+from .losses import eagle3_loss, feature_head_loss
 from .modeling import FeatureHeadDraft, target_fingerprint
 
 
@@ -54,4 +57,56 @@ FEATURE_HEAD = register_draft_kind(DraftKind(
     loss=feature_head_loss,
 ))
 
-__all__ = ["FEATURE_HEAD", "FeatureHeadDraft", "FeatureHeadDraftConfig", "FeatureHeadDrafter", "target_fingerprint"]
+def _build_eagle3(target: Any, language_model: Any, cfg: Any, target_name: str | None) -> Eagle3FeatureHead:
+    """A fresh EAGLE-3 head: the ``draft_config``'s layer count, ``cfg.aux_layers`` / ``cfg.draft_vocab_size``
+    (the vocabulary itself is chosen from the answers once they are known: ``select_draft_vocab``)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed + 2)
+        return Eagle3FeatureHead.for_target(target, num_layers=language_model.config.num_hidden_layers,
+                                            target_name=target_name, aux_layers=getattr(cfg, "aux_layers", None),
+                                            draft_vocab_size=getattr(cfg, "draft_vocab_size", None))
+
+
+def _eagle3_card_rows(draft: Eagle3FeatureHead) -> str:
+    config = draft.config
+    hidden, aux = config.layer_config.hidden_size, config.aux_layers
+    return (f"| EAGLE-3 head | fc {len(aux) * hidden} → {hidden} over the inputs of target layers {aux}; "
+            f"{config.layer_config.num_hidden_layers} × LlamaDecoderLayer (the first reads [embedding; feature]); "
+            f"LM head over a {config.draft_vocab_size:,}-id draft vocabulary (d2t / t2d); "
+            f"{sum(p.numel() for p in draft.parameters()):,} parameters |\n"
+            f"| needs | its target ({config.target or config.target_class}): uses that target's token embedding "
+            "(not stored here) and its hidden states |\n"
+            "| serving | `save_pretrained(path, format=\"speculators\")` (vLLM) or `format=\"sglang\"` (SGLang) |\n")
+
+
+EAGLE3 = register_draft_kind(DraftKind(
+    name="eagle3",
+    title="EAGLE-3 feature-head",
+    drafter=Eagle3Drafter,
+    claims=lambda draft: isinstance(draft, Eagle3FeatureHead),
+    priority=26,  # before feature_head: an Eagle3FeatureHead is a FeatureHeadDraft too
+    loads=lambda config: Eagle3FeatureHead if isinstance(config, Eagle3HeadConfig) else None,
+    training_view=lambda draft, vocab, stage: Eagle3Drafter(draft, vocab),
+    param_groups=_param_groups,
+    stages=(1, 2),
+    language_model=lambda draft: draft,
+    card_rows=_eagle3_card_rows,
+    build=_build_eagle3,
+    loss=eagle3_loss,
+))
+
+
+def _register_auto_class() -> None:
+    """``AutoConfig`` / ``AutoModelForCausalLM`` load a saved EAGLE-3 head (no remote code)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        AutoConfig.register(Eagle3HeadConfig.model_type, Eagle3HeadConfig)
+        AutoModelForCausalLM.register(Eagle3HeadConfig, Eagle3FeatureHead)
+    except ValueError:  # already registered (module reloaded)
+        pass
+
+
+_register_auto_class()
+
+__all__ = ["EAGLE3", "Eagle3Drafter", "Eagle3FeatureHead", "Eagle3HeadConfig", "FEATURE_HEAD", "FeatureHeadDraft", "FeatureHeadDraftConfig", "FeatureHeadDrafter", "target_fingerprint"]

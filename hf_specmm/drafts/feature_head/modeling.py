@@ -61,6 +61,17 @@ def fingerprint_mismatch(saved: dict[str, Any], current: dict[str, Any]) -> str 
     return None
 
 
+def family_body(text: Any) -> nn.Module:
+    """The decoder stack of ``text``'s family (its layers, rotary embedding, masks and position rule) without
+    its token table (1 row at build time, then dropped)."""
+    body_config = copy.deepcopy(text)
+    body_config.vocab_size, body_config.pad_token_id = 1, None
+    body_config._attn_implementation = text._attn_implementation
+    body = AutoModel.from_config(body_config)
+    body.set_input_embeddings(None)
+    return body
+
+
 class _TargetRef(dict):
     """The target's embedding and LM head as the head references them: a plain dict (never registered as
     submodules, so never saved or moved with the head) that ``copy.deepcopy(head)`` shares, not copies."""
@@ -104,17 +115,15 @@ class FeatureHeadDraft(DraftCheckpointMixin, PreTrainedModel):
 
     def __init__(self, config: FeatureHeadDraftConfig):
         super().__init__(config)
-        text = config.text_config
-        hidden = text.hidden_size
-        self.fc = nn.Linear(2 * hidden, hidden, bias=True)
-        # the target family's decoder stack without its token table (1 row at build time, then dropped)
-        body_config = copy.deepcopy(text)
-        body_config.vocab_size, body_config.pad_token_id = 1, None
-        body_config._attn_implementation = text._attn_implementation
-        self.body = AutoModel.from_config(body_config)
-        self.body.set_input_embeddings(None)
         self._target = _TargetRef()  # the target's modules: referenced, never registered or saved
+        self.build_modules(config)
         self.post_init()
+
+    def build_modules(self, config: FeatureHeadDraftConfig) -> None:
+        """EAGLE-1: ``fc`` over [embedding; feature], then the target family's decoder layers and final norm."""
+        hidden = config.text_config.hidden_size
+        self.fc = nn.Linear(2 * hidden, hidden, bias=True)
+        self.body = family_body(config.text_config)
 
     # ---- the target's embedding and LM head (used, not stored) -------------------------------------
     def check_target(self, target: PreTrainedModel) -> None:
@@ -190,20 +199,37 @@ class FeatureHeadDraft(DraftCheckpointMixin, PreTrainedModel):
 
     # ---- construction, saving, loading -----------------------------------------------------------
     @classmethod
-    def for_target(cls, target: PreTrainedModel, num_layers: int = 1,
-                   target_name: str | None = None) -> "FeatureHeadDraft":
+    def for_target(cls, target: PreTrainedModel, num_layers: int = 1, target_name: str | None = None,
+                   variant: str = "eagle1", aux_layers: list[int] | None = None,
+                   draft_vocab_size: int | None = None) -> "FeatureHeadDraft":
         """A randomly initialised head sized for ``target`` (its text family's decoder layers, its width),
-        attached to it."""
-        if num_layers < 1:
-            raise ValueError(f"num_layers must be >= 1, got {num_layers}")
-        text = copy.deepcopy(target.config.get_text_config())
-        text.num_hidden_layers = num_layers
-        for name in ("layer_types", "max_window_layers"):  # per-layer lists sized for the target's depth
-            if isinstance(getattr(text, name, None), list):
-                setattr(text, name, getattr(text, name)[:num_layers])
-        config = FeatureHeadDraftConfig(
-            text_config=text.to_dict(), target=target_name or getattr(target.config, "_name_or_path", None) or None,
-            target_class=type(target).__name__, target_fingerprint=target_fingerprint(target))
+        attached to it. ``variant="eagle3"``: an :class:`~hf_specmm.drafts.feature_head.eagle3.Eagle3FeatureHead`
+        reading ``aux_layers`` of the target (EAGLE-3's three by default) with a ``draft_vocab_size``-row LM head."""
+        if variant == "eagle3":
+            from .eagle3 import Eagle3FeatureHead
+
+            return Eagle3FeatureHead.for_target(target, num_layers, target_name, aux_layers=aux_layers,
+                                                draft_vocab_size=draft_vocab_size)
+        if variant != "eagle1" or aux_layers is not None or draft_vocab_size is not None:
+            raise ValueError(f"variant={variant!r}: an EAGLE-1 head (variant='eagle1') takes no aux_layers / "
+                             "draft_vocab_size; variant='eagle3' does")
+        config = FeatureHeadDraftConfig(**head_config_fields(target, num_layers, target_name))
+        return cls(config).to_target_device(target)
+
+    def to_target_device(self, target: PreTrainedModel) -> "FeatureHeadDraft":
         param = target.get_output_embeddings().weight
-        head = cls(config).to(device=param.device, dtype=param.dtype)
-        return head.attach(target, check=False).eval()
+        return self.to(device=param.device, dtype=param.dtype).attach(target, check=False).eval()
+
+
+def head_config_fields(target: PreTrainedModel, num_layers: int, target_name: str | None) -> dict[str, Any]:
+    """The config fields every feature head records: the target's text config with ``num_layers`` layers (the
+    per-layer lists cut to that depth), what the target is, and the fingerprint of its embedding / LM head."""
+    if num_layers < 1:
+        raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+    text = copy.deepcopy(target.config.get_text_config())
+    text.num_hidden_layers = num_layers
+    for name in ("layer_types", "max_window_layers"):  # per-layer lists sized for the target's depth
+        if isinstance(getattr(text, name, None), list):
+            setattr(text, name, getattr(text, name)[:num_layers])
+    return dict(text_config=text.to_dict(), target=target_name or getattr(target.config, "_name_or_path", None) or None,
+                target_class=type(target).__name__, target_fingerprint=target_fingerprint(target))

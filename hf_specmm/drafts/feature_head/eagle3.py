@@ -1,0 +1,284 @@
+"""``Eagle3FeatureHead``: an EAGLE-3 draft head (the ``feature_head`` kind's ``eagle3`` variant).
+
+Where the EAGLE-1 head reads the target's last hidden state, EAGLE-3 reads three of its layers (low,
+middle, high) and fuses them::
+
+    h_t = fc([a_t; b_t; c_t])                        (a, b, c: inputs of the target's decoder layers ``aux_layers``)
+    g_{t+1} = layers([norm_e(emb(x_{t+1})); norm_h(h_t)], residual h_t)        (pre-norm output, fed back)
+    logits_{t+1} = lm_head(norm(g_{t+1}))  over the draft vocabulary, mapped to target ids by ``d2t``
+
+While drafting, the next step's h is the head's own g (no ``fc``): a feature of width 3H goes through
+``fc``, one of width H is already fused. The draft vocabulary is the ``draft_vocab_size`` target ids the
+head may propose (the most frequent ones of the training answers); ``d2t[i]`` is the offset of draft id i
+(target id = i + d2t[i]) and ``t2d`` marks the chosen target ids: the tensors and semantics of the
+``speculators`` / vLLM / SGLang checkpoints (see :mod:`.formats`).
+
+The layers are Llama decoder layers (the layer every serving engine runs for EAGLE-3; the first one's
+attention reads [embedding; feature], 2H wide, and it has the extra ``hidden_norm``), inside the target
+family's own text model (its rotary embedding, M-RoPE for Qwen-VL, masks and position rule): so the
+head's slots sit at the target's positions, as the EAGLE-1 head's do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AutoConfig, LlamaConfig, PretrainedConfig, PreTrainedModel
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm
+
+from ... import _compat
+from ...errors import IncompatibleDraftError
+from .configuration import FeatureHeadDraftConfig
+from .modeling import FeatureHeadDraft, FeatureHeadOutput, family_body, head_config_fields
+
+
+def default_aux_layers(num_layers: int) -> list[int]:
+    """EAGLE-3's choice, (2, L // 2, L - 3), for a target of ``num_layers`` = L decoder layers (L >= 8; a
+    shallower target gets its first, middle and last layers' inputs). Index k is the input of decoder layer
+    k (the output of layer k - 1; 0 = the embeddings), as vLLM and ``speculators`` count them."""
+    if num_layers >= 8:
+        return [2, num_layers // 2, num_layers - 3]
+    return [0, num_layers // 2, num_layers - 1]
+
+
+def rope_parameters(text: PretrainedConfig) -> dict[str, Any] | None:
+    """The target's full-attention RoPE parameters (Gemma 3 keeps one set per layer type)."""
+    rope = getattr(text, "rope_parameters", None)
+    if isinstance(rope, dict) and "full_attention" in rope:
+        rope = rope["full_attention"]
+    return dict(rope) if isinstance(rope, dict) else None
+
+
+def layer_config_for(text: PretrainedConfig, num_layers: int, vocab_size: int) -> LlamaConfig:
+    """The Llama decoder-layer config of a head on a target with text config ``text``: its width, heads,
+    head size, MLP width, norm epsilon and RoPE; SiLU MLP, no biases (EAGLE-3's layer)."""
+    heads = int(text.num_attention_heads)
+    return LlamaConfig(
+        vocab_size=vocab_size, hidden_size=text.hidden_size, intermediate_size=text.intermediate_size,
+        num_hidden_layers=num_layers, num_attention_heads=heads,
+        num_key_value_heads=int(getattr(text, "num_key_value_heads", None) or heads),
+        head_dim=int(getattr(text, "head_dim", None) or text.hidden_size // heads), hidden_act="silu",
+        max_position_embeddings=int(getattr(text, "max_position_embeddings", 4096)),
+        rms_norm_eps=float(getattr(text, "rms_norm_eps", 1e-6)),
+        # M-RoPE's sections are the text family's business (the body's rotary embedding); exports add them back
+        rope_parameters={k: v for k, v in (rope_parameters(text) or {"rope_type": "default", "rope_theta": 10000.0}).items()
+                         if not k.startswith("mrope")},
+        attention_bias=False, mlp_bias=False, tie_word_embeddings=False)
+
+
+class Eagle3HeadConfig(FeatureHeadDraftConfig):
+    """:class:`FeatureHeadDraftConfig` plus EAGLE-3's fields.
+
+    Args:
+        layer_config: the Llama config of the head's decoder layers (``transformer_layer_config`` in a
+            ``speculators`` checkpoint); its ``vocab_size`` is the target's.
+        aux_layers: the target decoder layers whose inputs are fused (``eagle_aux_hidden_state_layer_ids``).
+        draft_vocab_size: rows of the head's LM head.
+        norm_before_residual: the first layer's residual is the normed feature (else the raw one).
+        target_num_layers: decoder layers of the target it was made for (checked when attached).
+    """
+
+    model_type = "hf_specmm_eagle3_head"
+    sub_configs = {"text_config": AutoConfig, "layer_config": AutoConfig}
+
+    def __init__(self, layer_config: dict | PretrainedConfig | None = None, aux_layers: list[int] | None = None,
+                 draft_vocab_size: int | None = None, norm_before_residual: bool = False,
+                 target_num_layers: int | None = None, **kwargs: Any):
+        super().__init__(**kwargs)
+        if isinstance(layer_config, dict):
+            layer_config = LlamaConfig(**{k: v for k, v in layer_config.items() if k != "model_type"})
+        elif layer_config is None:
+            layer_config = layer_config_for(self.text_config, self.num_layers, self.text_config.vocab_size)
+        self.layer_config = layer_config
+        self.aux_layers = list(aux_layers) if aux_layers is not None else [0, 0, 0]
+        self.draft_vocab_size = int(draft_vocab_size or layer_config.vocab_size)
+        self.norm_before_residual = bool(norm_before_residual)
+        self.target_num_layers = target_num_layers
+
+
+class Eagle3FirstLayer(LlamaDecoderLayer):
+    """A Llama decoder layer whose attention reads [input_layernorm(embedding); hidden_norm(feature)] (2H
+    wide) and whose residual stream starts from the feature (normed first when ``norm_before_residual``)."""
+
+    def __init__(self, config: LlamaConfig, norm_before_residual: bool = False):
+        super().__init__(config, layer_idx=0)
+        width, attn = 2 * config.hidden_size, self.self_attn
+        self.self_attn.q_proj = nn.Linear(width, attn.q_proj.out_features, bias=config.attention_bias)
+        self.self_attn.k_proj = nn.Linear(width, attn.k_proj.out_features, bias=config.attention_bias)
+        self.self_attn.v_proj = nn.Linear(width, attn.v_proj.out_features, bias=config.attention_bias)
+        self.hidden_norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm_before_residual = norm_before_residual
+
+    def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        embeds, feature = hidden_states.chunk(2, dim=-1)
+        normed = self.hidden_norm(feature)
+        residual = normed if self.norm_before_residual else feature
+        attended, _ = self.self_attn(hidden_states=torch.cat([self.input_layernorm(embeds), normed], -1), **kwargs)
+        hidden = residual + attended
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class Eagle3FeatureHead(FeatureHeadDraft):
+    """EAGLE-3 head tied to one target (its embedding is used, not stored). Pass it as ``assistant_model``.
+
+    Example::
+
+        >>> import hf_specmm
+        >>> from hf_specmm import testing
+        >>> target = testing.tiny_target("llava")
+        >>> head = hf_specmm.FeatureHeadDraft.for_target(target, variant="eagle3", draft_vocab_size=64)
+        >>> hf_specmm.enable(target)  # doctest: +ELLIPSIS
+        Llava...
+        >>> inputs = testing.make_inputs("llava", testing.tiny_processor("llava"), ["hi"], [testing.tiny_image(0)])
+        >>> out = target.generate(**inputs, assistant_model=head, max_new_tokens=8)
+    """
+
+    config_class = Eagle3HeadConfig
+
+    def build_modules(self, config: Eagle3HeadConfig) -> None:
+        layer = config.layer_config
+        layer._attn_implementation = config.text_config._attn_implementation or "sdpa"
+        hidden = layer.hidden_size
+        if hidden != config.text_config.hidden_size:
+            raise ValueError(f"an EAGLE-3 head's hidden size ({hidden}) must be its target's "
+                             f"({config.text_config.hidden_size}): it reads the target's token embeddings")
+        self.fc = nn.Linear(len(config.aux_layers) * hidden, hidden, bias=False)
+        self.body = family_body(config.text_config)  # positions, rotary, masks of the target's family
+        self.body.layers = nn.ModuleList(
+            [Eagle3FirstLayer(layer, config.norm_before_residual)]
+            + [LlamaDecoderLayer(layer, i) for i in range(1, layer.num_hidden_layers)])
+        self.body.norm = nn.Identity()  # the pre-norm output is fed back; ``norm`` is applied for the logits
+        self.norm = LlamaRMSNorm(hidden, eps=layer.rms_norm_eps)
+        self.lm_head = nn.Linear(hidden, config.draft_vocab_size, bias=False)
+        vocab = int(layer.vocab_size)
+        self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(vocab, dtype=torch.bool))
+        self.t2d[: config.draft_vocab_size] = True  # the first ids until a vocabulary is chosen
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if module is self:  # the vocabulary maps are data, not weights
+            return
+        super()._init_weights(module)
+
+    # ---- the draft vocabulary ------------------------------------------------------------------------
+    @property
+    def draft_ids(self) -> torch.Tensor:
+        """[Vd] the target id of each draft id."""
+        return torch.arange(self.d2t.numel(), device=self.d2t.device) + self.d2t
+
+    def set_draft_vocab(self, target_ids: torch.Tensor) -> None:
+        """Make the head's vocabulary the ``draft_vocab_size`` distinct ``target_ids`` (kept in increasing
+        order: every offset ``d2t`` is then >= 0, as the engines store them)."""
+        ids = torch.as_tensor(target_ids, dtype=torch.long).flatten().unique(sorted=True)
+        if ids.numel() != self.d2t.numel() or int(ids.min()) < 0 or int(ids.max()) >= self.t2d.numel():
+            raise ValueError(f"a draft vocabulary of {self.d2t.numel()} distinct ids in [0, {self.t2d.numel()}) is "
+                             f"needed, got {ids.numel()} distinct ids in [{int(ids.min())}, {int(ids.max())}]")
+        with torch.no_grad():
+            self.d2t.copy_(ids.to(self.d2t.device) - torch.arange(ids.numel(), device=self.d2t.device))
+            self.t2d.zero_()
+            self.t2d[ids.to(self.t2d.device)] = True
+
+    def select_draft_vocab(self, counts: torch.Tensor) -> torch.Tensor:
+        """Choose the vocabulary from ``counts`` [V] (occurrences of each target id in the training answers):
+        the most frequent ids, ties to the smaller id. Returns the chosen ids."""
+        order = torch.argsort(-counts.to(torch.float64).cpu(), stable=True)
+        chosen = order[: self.d2t.numel()].sort().values
+        self.set_draft_vocab(chosen)
+        return chosen
+
+    # ---- forward -------------------------------------------------------------------------------------
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        """Target features [.., k·H] through ``fc``; the head's own features [.., H] as they are."""
+        dtype = self.fc.weight.dtype
+        features = features.to(device=self.fc.weight.device, dtype=dtype)
+        return features if features.shape[-1] == self.fc.out_features else self.fc(features)
+
+    def forward(self, features: torch.Tensor, inputs_embeds: torch.Tensor | None = None,
+                input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, cache: Any = None, use_cache: bool = False,
+                logits_to_keep: int = 0, **kwargs: Any) -> FeatureHeadOutput:
+        """``features`` [B, k, 3H] (target layers' inputs, concatenated) or [B, k, H] (the head's own
+        pre-norm outputs), the next tokens as ``inputs_embeds`` or ``input_ids`` -> pre-norm outputs g."""
+        if cache is None:  # the name before transformers 5.24
+            cache = kwargs.pop("past_key_values", None)
+        if inputs_embeds is None:
+            inputs_embeds = self.embed(input_ids)
+        fused = self.fuse(features)
+        joined = torch.cat([inputs_embeds.to(device=fused.device, dtype=fused.dtype), fused], -1)
+        out = self.body(inputs_embeds=joined, attention_mask=attention_mask, position_ids=position_ids,
+                        **_compat.cache_kwargs(cache), use_cache=use_cache, **kwargs)
+        hidden = out.last_hidden_state
+        logits = self.lm_logits(hidden[:, -logits_to_keep:]) if logits_to_keep else None
+        return FeatureHeadOutput(hidden_states=hidden, logits=logits, cache=_compat.output_cache(out))
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[.., Vd] logits over the draft vocabulary."""
+        return self.lm_head(self.norm(hidden.to(device=self.fc.weight.device, dtype=self.fc.weight.dtype)))
+
+    def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[.., V] target-vocabulary logits: the draft vocabulary's at their target ids, -inf elsewhere."""
+        small = self.draft_logits(hidden)
+        full = small.new_full((*small.shape[:-1], self.t2d.numel()), float("-inf"))
+        return full.index_copy(-1, self.draft_ids.to(small.device), small)
+
+    # ---- the target ------------------------------------------------------------------------------------
+    def check_target(self, target: PreTrainedModel) -> None:
+        """Shapes first (hidden size, vocabulary, layers: a checkpoint imported from another format records no
+        fingerprint), then the fingerprint of the target's weights when the head records one."""
+        config, text = self.config, target.config.get_text_config()
+        made_for = config.target or config.target_class or "another target"
+        layers = int(text.num_hidden_layers)
+        vocab = int(target.get_input_embeddings().weight.shape[0])
+        problems = []
+        if int(text.hidden_size) != int(config.layer_config.hidden_size):
+            problems.append(f"hidden size {text.hidden_size} (the head's is {config.layer_config.hidden_size})")
+        if vocab != self.t2d.numel():
+            problems.append(f"vocabulary of {vocab} ids (the head maps {self.t2d.numel()})")
+        if max(config.aux_layers) >= layers or (config.target_num_layers and config.target_num_layers != layers):
+            problems.append(f"{layers} decoder layers (the head reads the inputs of layers {config.aux_layers}"
+                            + (f" of a {config.target_num_layers}-layer target)" if config.target_num_layers else ")"))
+        if problems:
+            raise IncompatibleDraftError(
+                f"This EAGLE-3 head was made for {made_for}, not for this {type(target).__name__}: the target has "
+                + "; ".join(problems) + ". Use a head made for this target (FeatureHeadDraft.for_target(target, "
+                "variant='eagle3'), then train it).")
+        if config.target_fingerprint is not None:
+            super().check_target(target)
+
+    # ---- construction, saving ------------------------------------------------------------------------
+    @classmethod
+    def for_target(cls, target: PreTrainedModel, num_layers: int = 1, target_name: str | None = None,
+                   aux_layers: list[int] | None = None, draft_vocab_size: int | None = None,
+                   norm_before_residual: bool = False, **kwargs: Any) -> "Eagle3FeatureHead":
+        """A randomly initialised EAGLE-3 head for ``target``: ``aux_layers`` (default
+        :func:`default_aux_layers`), ``draft_vocab_size`` rows (default: the whole vocabulary; the first
+        ids until :meth:`select_draft_vocab`), ``num_layers`` decoder layers."""
+        if kwargs.pop("variant", "eagle3") != "eagle3" or kwargs:
+            raise ValueError(f"Eagle3FeatureHead.for_target: unexpected arguments {sorted(kwargs)}")
+        fields = head_config_fields(target, num_layers, target_name)
+        if isinstance(fields["text_config"].get("layer_types"), list):  # Llama layers attend to the whole context
+            fields["text_config"]["layer_types"] = ["full_attention"] * num_layers
+        text = target.config.get_text_config()
+        depth, vocab = int(text.num_hidden_layers), int(target.get_input_embeddings().weight.shape[0])
+        aux = list(aux_layers) if aux_layers is not None else default_aux_layers(depth)
+        if len(aux) < 1 or any(not 0 <= int(k) < depth for k in aux):
+            raise ValueError(f"aux_layers={aux}: layer inputs 0..{depth - 1} of this {depth}-layer target")
+        size = vocab if draft_vocab_size is None else int(draft_vocab_size)
+        if not 1 <= size <= vocab:
+            raise ValueError(f"draft_vocab_size={draft_vocab_size}: between 1 and the target's {vocab} ids")
+        config = Eagle3HeadConfig(layer_config=layer_config_for(text, num_layers, vocab).to_dict(),
+                                  aux_layers=[int(k) for k in aux], draft_vocab_size=size,
+                                  norm_before_residual=norm_before_residual, target_num_layers=depth, **fields)
+        return cls(config).to_target_device(target)
+
+    def save_pretrained(self, save_directory: Any, *args: Any, format: str = "hf_specmm", **kwargs: Any) -> None:
+        """``format="hf_specmm"`` (default: config, safetensors, model card), ``"speculators"`` (vLLM's
+        ``--speculative-config '{"method": "eagle3", "model": PATH}'``) or ``"sglang"`` (SGLang /
+        SpecForge's ``LlamaForCausalLMEagle3``)."""
+        if format == "hf_specmm":
+            return super().save_pretrained(save_directory, *args, **kwargs)
+        from .formats import export_head
+
+        export_head(self, save_directory, format)

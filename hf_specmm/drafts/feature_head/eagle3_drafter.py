@@ -1,0 +1,72 @@
+"""Runs an :class:`~.eagle3.Eagle3FeatureHead` in the speculative loop.
+
+Everything but the features is the EAGLE-1 drafter's (:class:`~.drafter.FeatureHeadDrafter`: the head's
+slotted cache, pending true-feature slots, rollback). The feature of a true slot is the concatenation of
+the inputs of the target's decoder layers ``aux_layers`` (3H wide; the head's ``fc`` fuses it), captured
+by forward pre-hooks on those layers during the target's own prefill and verification forwards: no extra
+target forward, no ``output_hidden_states`` of every layer. A drafted slot's feature is the head's own
+pre-norm output (H wide), as in vLLM and SGLang.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch
+
+from ...errors import IncompatibleDraftError
+from .drafter import FeatureHeadDrafter
+
+
+def decoder_layers(target: Any) -> Any:
+    """The target's text decoder layers (``ModuleList``)."""
+    layers = getattr(target.get_decoder(), "layers", None)
+    if layers is None:
+        raise IncompatibleDraftError(f"{type(target).__name__}'s text decoder has no .layers for an EAGLE-3 head")
+    return layers
+
+
+class Eagle3Drafter(FeatureHeadDrafter):
+    @classmethod
+    def check(cls, target: Any, draft: Any) -> None:
+        from .eagle3 import Eagle3FeatureHead
+
+        if not isinstance(draft, Eagle3FeatureHead):
+            raise IncompatibleDraftError(f"an eagle3 draft must be an Eagle3FeatureHead, got {type(draft).__name__}")
+        draft.check_target(target)
+
+    @contextlib.contextmanager
+    def watch(self, target: Any) -> Iterator[None]:
+        """Attach the head and capture, during the forward, the decoder's input embeddings and the inputs of
+        the ``aux_layers`` decoder layers (concatenated in that order)."""
+        self.draft.attach(target, check=False)
+        self.target = target
+        wanted = list(self.draft.config.aux_layers)
+        seen: dict[int, torch.Tensor] = {}
+        embeds: list[torch.Tensor | None] = [None]
+
+        def on_decoder(module: Any, args: tuple, kwargs: dict) -> None:
+            given = kwargs.get("inputs_embeds")
+            embeds[0] = None if given is None else given.detach()
+            seen.clear()
+
+        def on_layer(index: int) -> Any:
+            def hook(module: Any, args: tuple, kwargs: dict) -> None:
+                seen[index] = (args[0] if args else kwargs["hidden_states"]).detach()
+            return hook
+
+        def on_done(module: Any, args: tuple, kwargs: dict, output: Any) -> None:
+            first = seen[wanted[0]]  # a dispatched target's layers may sit on several devices
+            self.captured = (embeds[0], torch.cat([seen[k].to(first.device) for k in wanted], -1))
+
+        layers = decoder_layers(target)
+        decoder = target.get_decoder()
+        handles = [decoder.register_forward_pre_hook(on_decoder, with_kwargs=True),
+                   decoder.register_forward_hook(on_done, with_kwargs=True)]
+        handles += [layers[k].register_forward_pre_hook(on_layer(k), with_kwargs=True) for k in sorted(set(wanted))]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
