@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from hf_specmm import _compat
-from hf_specmm.cache_state import SlottedCache
 from hf_specmm.caches_static import StaticSlottedCache, WindowMasks
 from hf_specmm.targets import target_family
 from conftest import batch_inputs, target
@@ -20,26 +19,44 @@ WIDTH = 4  # γ + 1 with γ = 3
 ACCEPTED = [[4, 1, 2], [1, 4, 1], [2, 2, 4], [1, 1, 1], [4, 3, 1], [1, 4, 2], [3, 1, 4], [4, 4, 4], [2, 1, 3], [1, 2, 1]]
 
 
-def _prefill(model, inputs, cache):
-    out = model(**inputs, **_compat.cache_kwargs(cache), use_cache=True)
-    return out.logits[:, -1]
+def _prefill(model, inputs, cache, positions):
+    """The prompt's forward as plain generate runs it: its positions from the mask (``cumsum - 1``, M-RoPE grids)."""
+    position_ids = positions.prompt_positions(inputs["attention_mask"].long())
+    model(**inputs, position_ids=position_ids, **_compat.cache_kwargs(cache), use_cache=True)
 
 
-def _slotted_pair(model, inputs, capacity):
-    """The same prompt prefilled into today's dynamic SlottedCache and into a StaticSlottedCache."""
+def _static(model, inputs, capacity):
+    """The prompt prefilled into a StaticSlottedCache of ``capacity`` slots, as the loop's target cache."""
     ids, mask = inputs["input_ids"], inputs["attention_mask"]
-    batch, prompt = ids.shape
     sliding = _compat.has_sliding_layers(model.config)
     positions = target_family(model).positions.bind(model, ids, mask, dict(inputs))
-    dynamic_cache = _compat.new_dynamic_cache()
-    first_dynamic = _prefill(model, inputs, dynamic_cache)
-    dynamic = SlottedCache(dynamic_cache, mask.long(), prompt, batch, ids.device, positions, compact=sliding)
-    static_cache = _compat.new_static_cache(model, capacity, full_layers=sliding)
-    first_static = _prefill(model, inputs, static_cache)
+    cache = _compat.new_static_cache(model, capacity, full_layers=sliding)
+    _prefill(model, inputs, cache, positions)
     windows = WindowMasks(model.config, model.dtype) if sliding else None
-    static = StaticSlottedCache(static_cache, mask, prompt, batch, ids.device, positions, windows)
-    torch.testing.assert_close(first_static, first_dynamic, atol=1e-5, rtol=0)
-    return dynamic, static
+    return StaticSlottedCache(cache, mask, ids.shape[1], ids.shape[0], ids.device, positions, windows)
+
+
+def _without_cache(model, inputs, rows):
+    """Logits [B, L, V] of one cache-free forward over ``rows`` (each row's valid prompt tokens, then its own
+    list of later ids), left-padded again as plain generate lays out a batch, images as in the prompt."""
+    mask = inputs["attention_mask"].bool()
+    batch, prompt = mask.shape
+    width = max(int(mask[b].sum()) + len(rows[b]) for b in range(batch))
+    out = {k: v for k, v in inputs.items() if not (torch.is_tensor(v) and v.shape[:2] == (batch, prompt))}
+    for key, value in inputs.items():
+        if key in out:
+            continue
+        laid = value.new_zeros(batch, width) + (value[~mask].flatten()[:1] if key == "input_ids" else 0)
+        for b in range(batch):
+            row = torch.cat([value[b][mask[b]], value.new_tensor(rows[b]) if key == "input_ids" else
+                             value.new_zeros(len(rows[b]))])
+            laid[b, width - len(row):] = row
+        out[key] = laid
+    out["attention_mask"] = (torch.arange(width)[None] >= width - torch.tensor(
+        [int(mask[b].sum()) + len(rows[b]) for b in range(batch)])[:, None]).long()
+    bound = target_family(model).positions.bind(model, out["input_ids"], out["attention_mask"], dict(out))
+    out["position_ids"] = bound.prompt_positions(out["attention_mask"])
+    return model(**out, use_cache=False).logits
 
 
 def _round(model, kv, block, valid, forward=None):
@@ -58,64 +75,58 @@ def _kept(accepted):
 
 
 @pytest.mark.parametrize("family", ["llava", "qwen2_5_vl", "gemma3"])
-def test_static_equals_dynamic_with_holes(family):
-    """Fixed-width blocks, per-row partial acceptance (holes), rollbacks, one block with invalid slots and a
-    capacity small enough that holes must be compacted away: logits equal the dynamic cache's."""
+def test_static_equals_cache_free_forward_with_holes(family):
+    """Fixed-width blocks, per-row partial acceptance (holes), rollbacks, one block with unread slots and a
+    capacity small enough that holes must be compacted away: every read slot's logits equal those of one
+    cache-free forward over that row's prompt and kept tokens (Gemma 3: its sliding window included)."""
     model = target(family)
     inputs = batch_inputs(family, 3)
     prompt = inputs["input_ids"].shape[1]
     # without compaction the 10 rounds need prompt + 40 slots; the longest row holds prompt + 29 at most
-    dynamic, static = _slotted_pair(model, inputs, capacity=prompt + 34)
+    static = _static(model, inputs, capacity=prompt + 34)
     text_ids = inputs["input_ids"][:, -6:]  # ordinary text ids of this family's prompts
     gen = torch.Generator().manual_seed(0)
+    kept: list[list[int]] = [[] for _ in range(3)]
     compactions = 0
     for step, accepted in enumerate(ACCEPTED):
         block = text_ids.gather(1, torch.randint(0, 6, (3, WIDTH), generator=gen))
         # one round reads a block with unread (invalid) slots, as a drafter's pending tokens can be
         valid = torch.tensor([[True] * WIDTH, [False, True, True, True], [True] * WIDTH]) if step == 3 else None
-        before = static.length
-        logits_dynamic = _round(model, dynamic, block, valid)
-        logits_static = _round(model, static, block, valid)
-        compactions += static.length < before + WIDTH
         read = torch.ones(3, WIDTH, dtype=torch.bool) if valid is None else valid
-        torch.testing.assert_close(logits_static[read], logits_dynamic[read], atol=1e-5, rtol=0,
-                                   msg=lambda m: f"{family} round {step}: {m}")
-        keep = _kept(accepted)
-        if valid is not None:
-            keep &= valid
-        width = int(torch.tensor(accepted).max())
-        dynamic.rollback(dynamic.length - WIDTH, keep[:, :width])
-        static.rollback(static.length - WIDTH, keep[:, :width])
-        assert torch.equal(static.mask.sum(-1), dynamic.mask.sum(-1))
+        before = static.length
+        logits = _round(model, static, block, valid)
+        compactions += static.length < before + WIDTH
+        reference = _without_cache(model, inputs, [kept[b] + block[b][read[b]].tolist() for b in range(3)])
+        for b in range(3):
+            torch.testing.assert_close(logits[b][read[b]], reference[b, -int(read[b].sum()):], atol=1e-5, rtol=0,
+                                       msg=lambda m: f"{family} round {step} row {b}: {m}")
+        keep = _kept(accepted) & read
+        for b in range(3):
+            kept[b] += block[b][keep[b]].tolist()
+        static.rollback(static.length - WIDTH, keep[:, : max(accepted)])
+        assert static.mask.sum(-1).tolist() == [int(m) + len(k) for m, k in zip(inputs["attention_mask"].sum(-1), kept)]
     assert compactions >= 1, "the capacity was meant to force a compaction"
     assert static.capacity == prompt + 34 and static.mask.shape[1] == static.length <= static.capacity
 
 
 def test_select_rows_and_bad_capacity():
+    """Rows leaving the batch keep their slots; a block that cannot fit even after compaction is refused."""
     model = target("llava")
     inputs = batch_inputs("llava", 3)
     prompt = inputs["input_ids"].shape[1]
-    dynamic, static = _slotted_pair(model, inputs, capacity=prompt + 8)
-    block = inputs["input_ids"][:, -WIDTH:]
-    for kv in (dynamic, static):
+    whole, selected = _static(model, inputs, prompt + 8), _static(model, inputs, prompt + 8)
+    block = inputs["input_ids"][:, -WIDTH:].contiguous()
+    for kv in (whole, selected):
         _round(model, kv, block, None)
-        kv.rollback(kv.length - WIDTH, _kept([2, 1, 3])[:, :3])
-        kv.select_rows(torch.tensor([0, 2]))
-    torch.testing.assert_close(_round(model, static, block[[0, 2]], None), _round(model, dynamic, block[[0, 2]], None),
+        kv.rollback(kv.length - WIDTH, torch.tensor([2, 1, 3]))  # counts: the first 2 / 1 / 3 slots stay
+    selected.select_rows(torch.tensor([0, 2]))
+    assert selected.cache.layers[0].keys.shape[0] == 2 and selected.mask.shape == (2, prompt + 3)
+    torch.testing.assert_close(_round(model, selected, block[[0, 2]], None), _round(model, whole, block, None)[[0, 2]],
                                atol=1e-5, rtol=0)
-    assert static.cache.layers[0].keys.shape[0] == 2
     with pytest.raises(ValueError, match="max_cache_len"):  # 8 + 7 slots cannot hold another block of 4
-        _round(model, static, block[[0, 2]], None)
+        _round(model, selected, block[[0, 2]], None)
     with pytest.raises(ValueError, match="max_cache_len"):
         StaticSlottedCache(_compat.new_static_cache(model, prompt - 1), None, prompt, 1, torch.device("cpu"))
-
-
-def _static(model, inputs, capacity):
-    ids, mask = inputs["input_ids"], inputs["attention_mask"]
-    positions = target_family(model).positions.bind(model, ids, mask, dict(inputs))
-    cache = _compat.new_static_cache(model, capacity)
-    _prefill(model, inputs, cache)
-    return StaticSlottedCache(cache, mask, ids.shape[1], ids.shape[0], ids.device, positions)
 
 
 def test_compiled_forward_replays_one_graph():
