@@ -181,15 +181,62 @@ def _check_weight_files(folder: Path, where: str) -> None:
         _check_safetensors_file(path)
 
 
+def _engine_checkpoint(name: str, hub_kwargs: dict) -> tuple[Path, str] | None:
+    """(folder, layout) when ``name``'s config.json, read as JSON data, is a speculators / SGLang EAGLE-3
+    config; None otherwise (and when there is no config.json: the usual errors follow)."""
+    import json
+
+    from .drafts.feature_head.formats import checkpoint_format
+
+    if _looks_local(name):
+        config_file = Path(name).expanduser() / "config.json"
+        config_file = config_file if config_file.is_file() else None
+    else:
+        found = _compat.hub_file(name, "config.json", **hub_kwargs)
+        config_file = None if found is None else Path(found)
+    if config_file is None:
+        return None
+    try:
+        layout = checkpoint_format(json.loads(config_file.read_text()))
+    except (ValueError, AttributeError):
+        return None  # not a JSON object: AutoConfig reports it
+    return None if layout is None else (config_file.parent, layout)
+
+
+def _import_engine_checkpoint(name: str, found: tuple[Path, str], kwargs: dict, hub_kwargs: dict) -> PreTrainedModel:
+    from .drafts.feature_head.formats import import_head
+
+    folder, layout = found
+    target = kwargs.get("target")
+    if target is None:
+        raise DraftLoadError(f"{name} is an EAGLE-3 draft in the {layout} layout: it reads its target's hidden states "
+                             "and embedding, so load it with its target: hf_specmm.load_draft(path, target=model)")
+    if not _looks_local(name):  # every safetensors file of the repo next to the cached config.json
+        from huggingface_hub import list_repo_files
+
+        for file in list_repo_files(name, revision=hub_kwargs.get("revision"), token=hub_kwargs.get("token")):
+            if file.endswith(".safetensors"):
+                folder = Path(_compat.hub_file(name, file, **hub_kwargs)).parent
+    _check_weight_files(folder, f"{layout} EAGLE-3 checkpoint {name}")
+    return import_head(folder, target, name).eval()
+
+
 def load_draft(repo_or_path: str | Path, **kwargs: Any) -> PreTrainedModel:
     """Load a draft of any registered kind (strict: missing or unexpected weights are an error; safetensors
     only). A local path that does not exist, a Hub id that cannot be found, a corrupt weight file or a
     pickle-only checkpoint is a :class:`~hf_specmm.errors.DraftLoadError` naming what was looked for.
 
+    EAGLE-3 drafts saved by vLLM's ``speculators`` or by SGLang / SpecForge (``LlamaForCausalLMEagle3``) are
+    detected from their config.json (read as data: an ``auto_map`` is never followed) and need ``target=``:
+
     >>> draft = hf_specmm.load_draft("org/my-llava-draft")  # doctest: +SKIP
+    >>> eagle3 = hf_specmm.load_draft("org/qwen2.5-vl-eagle3", target=model)  # doctest: +SKIP
     """
     name = str(repo_or_path)
     hub_kwargs = {k: v for k, v in kwargs.items() if k in ("revision", "token", "cache_dir", "local_files_only")}
+    engine_layout = _engine_checkpoint(name, hub_kwargs)
+    if engine_layout is not None:  # an EAGLE-3 draft in vLLM's speculators or SGLang's layout
+        return _import_engine_checkpoint(name, engine_layout, kwargs, hub_kwargs)
     if _looks_local(name):
         folder = Path(name).expanduser()
         if not (folder / "config.json").is_file():
@@ -209,7 +256,10 @@ def load_draft(repo_or_path: str | Path, **kwargs: Any) -> PreTrainedModel:
         if weights is not None:
             _check_safetensors_file(Path(weights))
     cls = loading_class(config)  # the registered kind that loads this config (AutoModelForCausalLM last)
+    target = kwargs.pop("target", None)
     model, info = cls.from_pretrained(name, output_loading_info=True, use_safetensors=True, **kwargs)
     check_strict_load(info, f"draft checkpoint {name}")
+    if target is not None:  # checked now, before any forward (generate checks it again)
+        kind_of(model).drafter.check(target, model)
     return model.eval()
 

@@ -1,0 +1,240 @@
+"""EAGLE-3 checkpoints in the serving engines' layouts: export and import of :class:`~.eagle3.Eagle3FeatureHead`.
+
+Two published layouts hold the same tensors under different names:
+
+- ``speculators`` (vLLM's ``--speculative-config '{"method": "eagle3", "model": PATH}'``, RedHatAI drafts):
+  ``config.json`` with ``speculators_model_type: "eagle3"``, ``transformer_layer_config`` (a Llama config;
+  its ``vocab_size`` is the target's), ``draft_vocab_size``, ``norm_before_residual``,
+  ``eagle_aux_hidden_state_layer_ids`` (index k = the input of target layer k) and ``speculators_config``
+  (algorithm, proposal methods, verifier); tensors ``fc.weight``, ``layers.<i>.*``, ``norm.weight``,
+  ``lm_head.weight``, ``d2t`` (int64 [Vd], target id = draft id + d2t) and ``t2d`` (bool [V]).
+- SGLang / SpecForge's ``LlamaForCausalLMEagle3``: a flat Llama ``config.json`` (``architectures``,
+  ``draft_vocab_size``, ``rope_scaling`` with ``mrope_section`` for Qwen-VL targets, optional
+  ``eagle_config.eagle_aux_hidden_state_layer_ids`` counted as *outputs* of layer k, i.e. ours - 1);
+  tensors ``midlayer.*`` (the first layer), ``additional_layers.<i-1>.*`` (layers after it: their pre-attention
+  norm is ``hidden_norm``), ``fc.weight``, ``norm.weight``, ``lm_head.weight``, ``d2t``, ``t2d``.
+
+Import reads ``config.json`` as JSON data (an ``auto_map`` pointing at the checkpoint's own Python files is
+never followed) and tensors from safetensors only; the head is checked against the target (hidden size,
+vocabulary, layer count) before anything runs.
+
+    >>> head.save_pretrained("draft-speculators", format="speculators")  # doctest: +SKIP
+    >>> again = hf_specmm.load_draft("draft-speculators", target=model)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from transformers import PreTrainedModel
+
+from ...errors import DraftLoadError, IncompatibleDraftError
+from .eagle3 import Eagle3FeatureHead, Eagle3HeadConfig, default_aux_layers
+from .modeling import head_config_fields
+
+FORMATS = ("speculators", "sglang")
+SGLANG_ARCHITECTURE = "LlamaForCausalLMEagle3"
+# speculators options this head does not implement (refused on import rather than silently ignored)
+_UNSUPPORTED_FLAGS = ("norm_before_fc", "fc_norm", "norm_output")
+
+
+def checkpoint_format(config: dict[str, Any]) -> str | None:
+    """``"speculators"`` / ``"sglang"`` for an EAGLE-3 checkpoint's config.json (as data), else None."""
+    if config.get("speculators_model_type") is not None:
+        return "speculators"
+    if SGLANG_ARCHITECTURE in (config.get("architectures") or []):
+        return "sglang"
+    return None
+
+
+# ---- names ----------------------------------------------------------------------------------------------
+def _speculators_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {re.sub(r"^body\.layers\.", "layers.", k): v for k, v in state.items()}
+
+
+def _sglang_name(name: str) -> str:
+    match = re.match(r"^body\.layers\.(\d+)\.(.*)$", name)
+    if match is None:
+        return name
+    index, rest = int(match.group(1)), match.group(2)
+    if index == 0:
+        return f"midlayer.{rest}"
+    return f"additional_layers.{index - 1}.{'hidden_norm' + rest[len('input_layernorm'):] if rest.startswith('input_layernorm') else rest}"
+
+
+def _ours_from(name: str, layout: str) -> str:
+    if layout == "speculators":
+        return re.sub(r"^layers\.", "body.layers.", name)
+    if name.startswith("midlayer."):
+        return "body.layers.0." + name[len("midlayer."):]
+    match = re.match(r"^additional_layers\.(\d+)\.(.*)$", name)
+    if match is None:
+        return name
+    rest = match.group(2)
+    rest = "input_layernorm" + rest[len("hidden_norm"):] if rest.startswith("hidden_norm") else rest
+    return f"body.layers.{int(match.group(1)) + 1}.{rest}"
+
+
+# ---- export ---------------------------------------------------------------------------------------------
+def _mrope_section(head: Eagle3FeatureHead) -> list[int] | None:
+    rope = getattr(head.config.text_config, "rope_parameters", None) or {}
+    return list(rope["mrope_section"]) if isinstance(rope, dict) and "mrope_section" in rope else None
+
+
+def _layer_dict(head: Eagle3FeatureHead) -> dict[str, Any]:
+    layer = copy.deepcopy(head.config.layer_config).to_dict()
+    for key in ("_attn_implementation_autoset", "transformers_version", "architectures", "dtype", "torch_dtype"):
+        layer.pop(key, None)
+    rope = dict(layer.get("rope_parameters") or {})
+    section = _mrope_section(head)
+    if section is not None:  # the engines read M-RoPE from the layer config's rope_scaling
+        rope["mrope_section"] = section
+    layer["rope_parameters"] = rope
+    layer["rope_scaling"] = {**rope, "rope_type": "default"} if section is not None else None
+    layer["rope_theta"] = rope.get("rope_theta", 10000.0)
+    layer["model_type"] = "llama"
+    return layer
+
+
+def export_head(head: Eagle3FeatureHead, save_directory: str | Path, layout: str) -> Path:
+    """Write ``head`` in ``layout`` (``"speculators"`` or ``"sglang"``): config.json + model.safetensors."""
+    if layout not in FORMATS:
+        raise ValueError(f"format={layout!r}: choose from hf_specmm, {', '.join(FORMATS)}")
+    config = head.config
+    folder = Path(save_directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}
+    target = config.target or config.target_class
+    layer = _layer_dict(head)
+    if layout == "speculators":
+        tensors = _speculators_names(state)
+        out: dict[str, Any] = {
+            "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+            "transformer_layer_config": layer, "draft_vocab_size": config.draft_vocab_size,
+            "norm_before_residual": config.norm_before_residual, "target_hidden_size": None,
+            "eagle_aux_hidden_state_layer_ids": list(config.aux_layers),
+            "speculators_config": {
+                "algorithm": "eagle3", "default_proposal_method": "greedy",
+                "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 5}],
+                "verifier": {"name_or_path": target, "architectures": [config.target_class] if config.target_class else []}},
+        }
+    else:
+        if config.norm_before_residual:
+            raise ValueError("SGLang's LlamaForCausalLMEagle3 has no norm_before_residual: export this head with "
+                             "format='speculators'")
+        tensors = {_sglang_name(k): v for k, v in state.items()}
+        out = {**layer, "architectures": [SGLANG_ARCHITECTURE], "draft_vocab_size": config.draft_vocab_size,
+               "tie_word_embeddings": False}
+        if config.target_num_layers is None or list(config.aux_layers) != default_aux_layers(config.target_num_layers) \
+                or config.target_num_layers < 8:
+            out["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [k - 1 for k in config.aux_layers],
+                                   "use_aux_hidden_state": True}
+    out["hf_specmm"] = {"target": config.target, "target_class": config.target_class,
+                        "target_num_layers": config.target_num_layers,
+                        **{k: v for k, v in (getattr(config, "hf_specmm", None) or {}).items() if k == "results"}}
+    (folder / "config.json").write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
+
+
+# ---- import ---------------------------------------------------------------------------------------------
+def _read_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise DraftLoadError(f"{folder} has no .safetensors weights; hf_specmm reads EAGLE-3 checkpoints from "
+                             "safetensors only (a pickle checkpoint can run code when loaded)")
+    tensors: dict[str, torch.Tensor] = {}
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            for key in f.keys():
+                tensors[key] = f.get_tensor(key)
+    return tensors
+
+
+def _check_shapes(name: str, layer: dict[str, Any], draft_vocab: int, aux: list[int], target: PreTrainedModel) -> None:
+    """The checkpoint against ``target`` (hidden size, vocabulary, layers), before any weight is read."""
+    text = target.config.get_text_config()
+    vocab = int(target.get_input_embeddings().weight.shape[0])
+    depth = int(text.num_hidden_layers)
+    problems = []
+    if int(layer["hidden_size"]) != int(text.hidden_size):
+        problems.append(f"hidden size {layer['hidden_size']} (the target's is {text.hidden_size})")
+    if int(layer["vocab_size"]) != vocab:
+        problems.append(f"target vocabulary of {layer['vocab_size']} ids (the target has {vocab})")
+    if not 1 <= draft_vocab <= int(layer["vocab_size"]):
+        problems.append(f"draft_vocab_size {draft_vocab} (must be 1..{layer['vocab_size']})")
+    if not aux or min(aux) < 0 or max(aux) >= depth:
+        problems.append(f"auxiliary layers {aux} (the target has {depth} decoder layers: 0..{depth - 1})")
+    if problems:
+        raise IncompatibleDraftError(f"The EAGLE-3 checkpoint {name} was made for another target than this "
+                                     f"{type(target).__name__}: its " + "; its ".join(problems) + ".")
+
+
+def import_head(folder: str | Path, target: PreTrainedModel, name: str | None = None) -> Eagle3FeatureHead:
+    """Read a ``speculators`` or SGLang EAGLE-3 checkpoint folder as an :class:`Eagle3FeatureHead` for
+    ``target`` (strict: every tensor used, none missing; the target's embedding, if stored, must be the
+    target's)."""
+    folder = Path(folder)
+    name = name or str(folder)
+    raw = json.loads((folder / "config.json").read_text())
+    layout = checkpoint_format(raw)
+    if layout is None:
+        raise DraftLoadError(f"{name}: config.json is neither a speculators nor an SGLang EAGLE-3 config")
+    depth = int(target.config.get_text_config().num_hidden_layers)
+    if layout == "speculators":
+        if raw["speculators_model_type"] != "eagle3":
+            raise DraftLoadError(f"{name} is a speculators {raw['speculators_model_type']!r} checkpoint; hf_specmm "
+                                 "imports speculators_model_type 'eagle3'")
+        flags = [f for f in _UNSUPPORTED_FLAGS if raw.get(f)]
+        if flags or raw.get("target_hidden_size") not in (None, raw["transformer_layer_config"].get("hidden_size")):
+            raise DraftLoadError(f"{name} uses {flags or ['target_hidden_size']}, which hf_specmm's EAGLE-3 head "
+                                 "does not implement")
+        layer = dict(raw["transformer_layer_config"])
+        aux = raw.get("eagle_aux_hidden_state_layer_ids")
+        norm_before_residual = bool(raw.get("norm_before_residual", False))
+    else:
+        layer = {k: v for k, v in raw.items() if k not in ("architectures", "draft_vocab_size", "eagle_config", "hf_specmm")}
+        ids = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+        aux = None if ids is None else [int(k) + 1 for k in ids]  # SGLang counts layer outputs
+        norm_before_residual = False
+    aux = [int(k) for k in aux] if aux is not None else [2, depth // 2, depth - 3]  # the engines' default
+    draft_vocab = int(raw.get("draft_vocab_size") or layer["vocab_size"])
+    _check_shapes(name, layer, draft_vocab, aux, target)
+    tensors = {_ours_from(k, layout): v for k, v in _read_tensors(folder).items()}
+    stored_embed = tensors.pop("embed_tokens.weight", None)
+    if stored_embed is not None:
+        own = target.get_input_embeddings().weight
+        if stored_embed.shape != own.shape or not torch.allclose(stored_embed.float(), own.detach().float().cpu(),
+                                                                 rtol=1e-2, atol=1e-3):
+            raise IncompatibleDraftError(f"{name} stores a token embedding that is not this target's; the head reads "
+                                         "the target's embedding (and its hidden states): use it with its own target")
+    layer_fields = dict(layer)
+    fields = head_config_fields(target, int(layer["num_hidden_layers"]), raw.get("hf_specmm", {}).get("target") or name)
+    fields["target_fingerprint"] = None  # shapes were checked; the engines' checkpoints record no fingerprint
+    if isinstance(fields["text_config"].get("layer_types"), list):
+        fields["text_config"]["layer_types"] = ["full_attention"] * int(layer["num_hidden_layers"])
+    layer_fields.pop("rope_scaling", None)
+    rope = dict(layer_fields.get("rope_parameters") or {"rope_type": "default",
+                                                          "rope_theta": layer_fields.get("rope_theta", 10000.0)})
+    layer_fields["rope_parameters"] = {k: v for k, v in rope.items() if not k.startswith("mrope") and k != "type"}
+    layer_fields["rope_parameters"].setdefault("rope_type", "default")
+    config = Eagle3HeadConfig(layer_config=layer_fields, aux_layers=aux, draft_vocab_size=draft_vocab,
+                              norm_before_residual=norm_before_residual,
+                              target_num_layers=(raw.get("hf_specmm") or {}).get("target_num_layers"), **fields)
+    head = Eagle3FeatureHead(config)
+    expected = set(head.state_dict())
+    if "d2t" not in tensors and draft_vocab == int(layer["vocab_size"]):  # a full-vocabulary head may omit the maps
+        tensors.update(d2t=head.d2t.clone(), t2d=torch.ones_like(head.t2d))
+    missing, unexpected = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
+    if missing or unexpected:
+        raise DraftLoadError(f"{name} ({layout} layout) does not hold this head's tensors: missing {missing}, "
+                             f"unexpected {unexpected}")
+    head.load_state_dict({k: v.to(head.state_dict()[k].dtype) for k, v in tensors.items()}, strict=True)
+    return head.to_target_device(target)
