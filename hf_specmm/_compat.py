@@ -269,3 +269,27 @@ def compiled_call(model: Any, compile_config: Any = None) -> Callable[..., Any]:
     """``torch.compile(model.__call__, **compile_config.to_dict())`` as stock builds it (cached on the model,
     rebuilt when the config changes; ``CompileConfig()`` defaults: inductor, ``mode="reduce-overhead"``)."""
     return model.get_compiled_call(compile_config)
+
+
+# ---- draft trees (issue 19) ----------------------------------------------------------------------------
+# Read in transformers 5.17 and 5.24 (masking_utils._preprocess_mask_arguments): an attention mask that is
+# already 4-D is returned as-is by create_causal_mask / create_sliding_window_causal_mask, so neither the
+# causal pattern nor a sliding window is applied to it. Models that mix layer types (Gemma 3) build one mask
+# per type and take a dict {layer type: mask} as-is instead (``isinstance(attention_mask, dict)``).
+
+
+def tree_attention_argument(config: Any, make_mask: Callable[[int | None], torch.Tensor]) -> Any:
+    """The ``attention_mask`` argument that makes a model attend through a custom 4-D mask. ``make_mask(window)``
+    builds it, with sliding window ``window`` applied (None: none). A model with both full and sliding layers
+    (Gemma 3) gets ``{"full_attention": make_mask(None), "sliding_attention": make_mask(window)}``; one whose
+    every layer slides (Mistral) the windowed mask; others the plain one."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    window = getattr(text, "sliding_window", None)
+    if not has_sliding_layers(config) or window is None:
+        return make_mask(None)
+    types = set(getattr(text, "layer_types", None) or ["sliding_attention"])
+    if types == {"sliding_attention"}:
+        return make_mask(window)
+    if types != {"full_attention", "sliding_attention"}:
+        raise NotImplementedError(f"draft trees support full and sliding-window attention layers, not {sorted(types)}")
+    return {"full_attention": make_mask(None), "sliding_attention": make_mask(window)}
