@@ -9,12 +9,12 @@ import hf_specmm
 
 def lagged_head(target, draft_vocab_size: int | None = None, seed: int = 1):
     """An EAGLE-3 head that proposes what the target would say *after its last true token*: ``fc`` picks the
-    input of the target's last decoder layer, the head's attention and MLP add nothing, and its norm and LM
+    output of the target's last decoder layer, the head's attention and MLP add nothing, and its norm and LM
     head are the target's. It agrees with the target wherever the target repeats itself (often, for the
     tiny targets): partial acceptance, rollbacks at different offsets per row."""
     torch.manual_seed(seed)
     depth = target.config.get_text_config().num_hidden_layers
-    head = hf_specmm.FeatureHeadDraft.for_target(target, variant="eagle3", aux_layers=[0, depth // 2, depth - 1],
+    head = hf_specmm.FeatureHeadDraft.for_target(target, variant="eagle3", aux_layers=[0, depth // 2, depth],
                                                  draft_vocab_size=draft_vocab_size)
     lm = target.get_decoder()
     hidden = head.fc.out_features

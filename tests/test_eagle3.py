@@ -95,8 +95,13 @@ def test_features_come_from_the_target_forwards_only():
     with drafter.watch(model), torch.no_grad():
         out = model(**inputs, output_hidden_states=True)
     embeds, features = drafter.captured
-    expected = torch.cat([out.hidden_states[k] for k in head.config.aux_layers], -1)
-    assert torch.equal(features, expected) and torch.equal(embeds, out.hidden_states[0])
+    depth = model.config.get_text_config().num_hidden_layers
+    assert head.config.aux_layers[-1] == depth  # index L: the last layer's output, before the final norm
+    chunks = features.chunk(3, -1)
+    for k, chunk in zip(head.config.aux_layers[:-1], chunks):
+        assert torch.equal(chunk, out.hidden_states[k])
+    assert torch.allclose(model.get_decoder().norm(chunks[-1]), out.hidden_states[depth], atol=1e-6)
+    assert torch.equal(embeds, out.hidden_states[0])
     calls = []
     handle = model.register_forward_pre_hook(lambda module, args: calls.append(1))
     hf_specmm.enable(model)

@@ -75,7 +75,7 @@ def q_proj_width(folder, layout):
         return f.get_tensor(name).shape[1]
 
 
-def _fixture(folder, model, layout, hidden=None, vocab=None, draft_vocab=24, aux=(0, 1, 1), layers=1, seed=0):
+def _fixture(folder, model, layout, hidden=None, vocab=None, draft_vocab=24, aux=(0, 1, 2), layers=1, seed=0):
     """A checkpoint written from the format's documented fields only (no hf_specmm code)."""
     text = model.config.get_text_config()
     hidden = hidden or text.hidden_size
@@ -135,7 +135,7 @@ def test_published_layouts_draft_losslessly_and_run_no_code(tmp_path, family, la
     model = target(family)
     folder = _fixture(tmp_path / "ckpt", model, layout, layers=2)
     head = hf_specmm.load_draft(folder, target=model)
-    assert hf_specmm.kind_of(head).name == "eagle3" and head.config.aux_layers == [0, 1, 1]
+    assert hf_specmm.kind_of(head).name == "eagle3" and head.config.aux_layers == [0, 1, 2]
     with safe_open(str(folder / "model.safetensors"), "pt") as f:
         assert torch.equal(head.lm_head.weight, f.get_tensor("lm_head.weight"))
         key = "layers.1.input_layernorm.weight" if layout == "speculators" else "additional_layers.0.hidden_norm.weight"

@@ -36,11 +36,12 @@ from .modeling import FeatureHeadDraft, FeatureHeadOutput, family_body, head_con
 
 def default_aux_layers(num_layers: int) -> list[int]:
     """EAGLE-3's choice, (2, L // 2, L - 3), for a target of ``num_layers`` = L decoder layers (L >= 8; a
-    shallower target gets its first, middle and last layers' inputs). Index k is the input of decoder layer
-    k (the output of layer k - 1; 0 = the embeddings), as vLLM and ``speculators`` count them."""
+    shallower target gets three distinct indices spread over 0..L). Index k is the input of decoder layer k
+    (the output of layer k - 1; 0 = the embeddings, L = the last layer's output before the final norm), as
+    vLLM and ``speculators`` count them."""
     if num_layers >= 8:
         return [2, num_layers // 2, num_layers - 3]
-    return [0, num_layers // 2, num_layers - 1]
+    return sorted({round(i * num_layers / 2) for i in range(3)})
 
 
 def rope_parameters(text: PretrainedConfig) -> dict[str, Any] | None:
@@ -236,7 +237,7 @@ class Eagle3FeatureHead(FeatureHeadDraft):
             problems.append(f"hidden size {text.hidden_size} (the head's is {config.layer_config.hidden_size})")
         if vocab != self.t2d.numel():
             problems.append(f"vocabulary of {vocab} ids (the head maps {self.t2d.numel()})")
-        if max(config.aux_layers) >= layers or (config.target_num_layers and config.target_num_layers != layers):
+        if max(config.aux_layers) > layers or (config.target_num_layers and config.target_num_layers != layers):
             problems.append(f"{layers} decoder layers (the head reads the inputs of layers {config.aux_layers}"
                             + (f" of a {config.target_num_layers}-layer target)" if config.target_num_layers else ")"))
         if problems:
@@ -263,8 +264,9 @@ class Eagle3FeatureHead(FeatureHeadDraft):
         text = target.config.get_text_config()
         depth, vocab = int(text.num_hidden_layers), int(target.get_input_embeddings().weight.shape[0])
         aux = list(aux_layers) if aux_layers is not None else default_aux_layers(depth)
-        if len(aux) < 1 or any(not 0 <= int(k) < depth for k in aux):
-            raise ValueError(f"aux_layers={aux}: layer inputs 0..{depth - 1} of this {depth}-layer target")
+        if len(aux) < 1 or any(not 0 <= int(k) <= depth for k in aux):
+            raise ValueError(f"aux_layers={aux}: layer inputs 0..{depth} of this {depth}-layer target ({depth}: the "
+                             "last layer's output)")
         size = vocab if draft_vocab_size is None else int(draft_vocab_size)
         if not 1 <= size <= vocab:
             raise ValueError(f"draft_vocab_size={draft_vocab_size}: between 1 and the target's {vocab} ids")

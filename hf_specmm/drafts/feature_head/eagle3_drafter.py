@@ -2,8 +2,8 @@
 
 Everything but the features is the EAGLE-1 drafter's (:class:`~.drafter.FeatureHeadDrafter`: the head's
 slotted cache, pending true-feature slots, rollback). The feature of a true slot is the concatenation of
-the inputs of the target's decoder layers ``aux_layers`` (3H wide; the head's ``fc`` fuses it), captured
-by forward pre-hooks on those layers during the target's own prefill and verification forwards: no extra
+the inputs of the target's decoder layers ``aux_layers`` (3H wide; the head's ``fc`` fuses it; index L =
+the last layer's output), captured by forward (pre-)hooks on those layers during the target's own prefill and verification forwards: no extra
 target forward, no ``output_hidden_states`` of every layer. A drafted slot's feature is the head's own
 pre-norm output (H wide), as in vLLM and SGLang.
 """
@@ -64,7 +64,15 @@ class Eagle3Drafter(FeatureHeadDrafter):
         decoder = target.get_decoder()
         handles = [decoder.register_forward_pre_hook(on_decoder, with_kwargs=True),
                    decoder.register_forward_hook(on_done, with_kwargs=True)]
-        handles += [layers[k].register_forward_pre_hook(on_layer(k), with_kwargs=True) for k in sorted(set(wanted))]
+        depth = len(layers)
+
+        def on_last(module: Any, args: tuple, kwargs: dict, output: Any) -> None:  # index L: the last layer's output
+            seen[depth] = (output[0] if isinstance(output, tuple) else output).detach()
+
+        handles += [layers[k].register_forward_pre_hook(on_layer(k), with_kwargs=True)
+                    for k in sorted(set(wanted)) if k < depth]
+        if depth in wanted:
+            handles.append(layers[depth - 1].register_forward_hook(on_last, with_kwargs=True))
         try:
             yield
         finally:

@@ -123,7 +123,7 @@ def export_head(head: Eagle3FeatureHead, save_directory: str | Path, layout: str
             "speculators_config": {
                 "algorithm": "eagle3", "default_proposal_method": "greedy",
                 "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 5}],
-                "verifier": {"name_or_path": target, "architectures": [config.target_class] if config.target_class else []}},
+                "verifier": {"name_or_path": config.target, "architectures": [config.target_class] if config.target_class else []}},
         }
     else:
         if config.norm_before_residual:
@@ -170,8 +170,8 @@ def _check_shapes(name: str, layer: dict[str, Any], draft_vocab: int, aux: list[
         problems.append(f"target vocabulary of {layer['vocab_size']} ids (the target has {vocab})")
     if not 1 <= draft_vocab <= int(layer["vocab_size"]):
         problems.append(f"draft_vocab_size {draft_vocab} (must be 1..{layer['vocab_size']})")
-    if not aux or min(aux) < 0 or max(aux) >= depth:
-        problems.append(f"auxiliary layers {aux} (the target has {depth} decoder layers: 0..{depth - 1})")
+    if not aux or min(aux) < 0 or max(aux) > depth:
+        problems.append(f"auxiliary layers {aux} (the target has {depth} decoder layers: inputs 0..{depth})")
     if problems:
         raise IncompatibleDraftError(f"The EAGLE-3 checkpoint {name} was made for another target than this "
                                      f"{type(target).__name__}: its " + "; its ".join(problems) + ".")

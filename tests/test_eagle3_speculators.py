@@ -1,0 +1,56 @@
+"""Our ``speculators`` export read by the ``speculators`` package's own classes (CI installs it, without its
+heavy dependencies, in the transformers 5.17 leg; it pins transformers <= 5.19): same tensors, and its
+modules compute what our head computes on the same inputs (fp32, atol 1e-5)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import target
+from eagle3_fixtures import lagged_head
+
+try:
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+except Exception as err:  # noqa: BLE001 - any import failure means: not installed here
+    pytest.skip(f"the speculators package is not importable here ({type(err).__name__}: {err}); CI installs it "
+                "in the transformers 5.17 leg (scripts/test.sh)", allow_module_level=True)
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_speculators_loads_our_export_and_computes_the_same(tmp_path, layers):
+    model = target("llava")
+    torch.manual_seed(0)
+    import hf_specmm
+
+    model.save_pretrained(tmp_path / "target")  # the verifier speculators reads the token embedding from
+    head = hf_specmm.FeatureHeadDraft.for_target(model, num_layers=layers, variant="eagle3", draft_vocab_size=40,
+                                                 target_name=str(tmp_path / "target"))
+    counts = torch.arange(head.t2d.numel(), dtype=torch.float) % 7
+    head.select_draft_vocab(counts)
+    with torch.no_grad():  # non-trivial norms
+        for p in head.parameters():
+            if p.dim() == 1:
+                p.add_(0.1 * torch.randn_like(p))
+    head.save_pretrained(tmp_path / "spec", format="speculators")
+    config = Eagle3SpeculatorConfig.from_pretrained(tmp_path / "spec")
+    config.transformer_layer_config._attn_implementation = "sdpa"
+    theirs = Eagle3DraftModel.from_pretrained(tmp_path / "spec", config=config).eval()
+    assert theirs.config.eagle_aux_hidden_state_layer_ids == head.config.aux_layers
+    assert torch.equal(theirs.d2t, head.d2t) and torch.equal(theirs.t2d, head.t2d)
+    with torch.no_grad():
+        # speculators fills embed_tokens from the verifier when it trains (load_verifier_weights), not on load
+        theirs.embed_tokens.weight.copy_(model.get_input_embeddings().weight)
+        ids = torch.randint(0, 60, (1, 9))
+        features = torch.randn(1, 9, 3 * head.fc.out_features)
+        positions = torch.arange(9)[None]
+        ours = head(features=features, input_ids=ids, position_ids=positions).hidden_states
+        hidden = torch.cat([theirs.embed_tokens(ids), theirs.fc(features)], -1)
+        rope = theirs.rotary_emb(hidden, positions)
+        for layer in theirs.layers:
+            hidden = layer(hidden, attention_mask=None, position_ids=positions, position_embeddings=rope)
+        assert torch.allclose(hidden, ours, atol=1e-5), (hidden - ours).abs().max()
+        their_logits = theirs.lm_head(theirs.norm(hidden))
+        assert torch.allclose(their_logits, head.draft_logits(ours), atol=1e-5)
+        # the draft ids map to the same target ids: speculators' d2t offsets
+        assert torch.equal(their_logits.argmax(-1) + theirs.d2t[their_logits.argmax(-1)], head.lm_logits(ours).argmax(-1))
