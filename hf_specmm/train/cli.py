@@ -102,6 +102,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="feature_head drafts: weight of the smooth-L1 regression of the target's next hidden state")
     g.add_argument("--token-loss-weight", type=number_in(0.0), default=0.1,
                    help="feature_head drafts: weight of the token loss (--loss) through the target's LM head")
+    g.add_argument("--variant", choices=("eagle1", "eagle3"), default=None,
+                   help="feature_head drafts: eagle3 = EAGLE-3 head on three target layers (the kind eagle3)")
+    g.add_argument("--ttt-steps", type=positive, default=3,
+                   help="eagle3 heads: training-time-test steps unrolled on the head's own outputs")
+    g.add_argument("--ttt-decay", type=number_in(0.0, low_open=True), default=1.0,
+                   help="eagle3 heads: weight of TTT step k is this ** k")
+    g.add_argument("--draft-vocab-size", type=positive, default=None,
+                   help="eagle3 heads: LM-head rows (the most frequent target ids of the training answers; "
+                        "default: the whole vocabulary)")
     g.add_argument("--mm-share-start", type=number_in(0.0, 1.0), default=0.5,
                    help="stage 2: first share of image lines per step, in [0, 1] (ramped to 1.0)")
     g.add_argument("--warmup-steps", type=at_least_0, default=0, help="linear learning-rate warm-up steps")

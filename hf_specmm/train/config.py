@@ -45,7 +45,8 @@ _NOT_HASHED = frozenset({
 
 # Fields only a kind's own loss reads: left out of the config hash at their defaults, so that adding them
 # did not change the hash (and resumability) of runs of the other kinds.
-_KIND_LOSS_DEFAULTS = {"feature_loss_weight": 1.0, "token_loss_weight": 0.1}
+_KIND_LOSS_DEFAULTS = {"feature_loss_weight": 1.0, "token_loss_weight": 0.1, "variant": None, "ttt_steps": 3,
+                       "ttt_decay": 1.0, "draft_vocab_size": None}
 
 
 @dataclass
@@ -84,6 +85,11 @@ class TrainConfig:
     # losses of kinds with their own (``DraftKind.loss``; feature heads: EAGLE's 1.0 and 0.1)
     feature_loss_weight: float = 1.0  # smooth-L1 regression of the target's next hidden state
     token_loss_weight: float = 0.1  # the token loss (`loss`) through the target's frozen LM head
+    # EAGLE-3 heads (``draft_kind="eagle3"``, or ``feature_head`` with ``variant="eagle3"``)
+    variant: str | None = None  # "eagle1" | "eagle3" for feature_head drafts
+    ttt_steps: int = 3  # training-time-test steps unrolled on the head's own outputs
+    ttt_decay: float = 1.0  # weight of step k: ttt_decay ** k
+    draft_vocab_size: int | None = None  # LM-head rows: the most frequent answer ids (None: the whole vocabulary)
     mm_share_start: float = 0.5  # stage 2: share of image examples per step, ramped linearly to 1.0
     warmup_steps: int = 0
     min_lr_ratio: float = 0.1  # cosine decay to lr × this at the end of each stage
@@ -117,6 +123,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.stages is not None:
             self.stages = tuple(int(s) for s in self.stages)
+        if self.variant == "eagle3" and self.draft_kind in (None, "feature_head"):
+            self.draft_kind = "eagle3"  # the registered kind of EAGLE-3 heads
 
     # ---- derived values ----------------------------------------------------------------------------
     def resolved_stages(self, kind: str) -> tuple[int, ...]:
@@ -157,6 +165,15 @@ class TrainConfig:
             problems.append(f"target_device_map={self.target_device_map!r} (\"auto\" or a {{module: device}} map)")
         if self.feature_loss_weight < 0 or self.token_loss_weight < 0:
             problems.append("feature_loss_weight and token_loss_weight must be >= 0")
+        if self.variant not in (None, "eagle1", "eagle3"):
+            problems.append(f"variant={self.variant!r} (eagle1 or eagle3)")
+        elif self.variant == "eagle1" and self.draft_kind not in (None, "feature_head"):
+            problems.append(f"variant='eagle1' is a feature_head variant, not of draft_kind={self.draft_kind!r}")
+        eagle3 = self.draft_kind == "eagle3"
+        if not eagle3 and (self.draft_vocab_size is not None or self.ttt_steps != 3 or self.ttt_decay != 1.0):
+            problems.append("ttt_steps / ttt_decay / draft_vocab_size are for EAGLE-3 heads (variant='eagle3')")
+        if self.ttt_steps < 1 or self.ttt_decay <= 0 or (self.draft_vocab_size is not None and self.draft_vocab_size < 1):
+            problems.append("ttt_steps and draft_vocab_size must be >= 1, ttt_decay > 0")
         if self.checkpoint_every < 0:
             problems.append(f"checkpoint_every={self.checkpoint_every} (0 = end of each stage only)")
         if problems:

@@ -66,6 +66,14 @@ class TrainResult:
         return out
 
 
+def answer_counts(examples: list, vocab: int) -> Any:
+    """Occurrences of each target id in the examples' answers ([vocab] float tensor)."""
+    import torch
+
+    ids = torch.tensor([i for e in examples for i in (e.response_ids or ()) if 0 <= i < vocab], dtype=torch.long)
+    return torch.bincount(ids, minlength=vocab).float()
+
+
 def _resume_path(cfg: TrainConfig) -> Path | None:
     if cfg.resume is None:
         return None
@@ -171,6 +179,8 @@ def train_draft(cfg: TrainConfig) -> TrainResult:
     cache = Path(cfg.response_cache) if cfg.response_cache else out.resolve().parent / "hf_specmm_responses.jsonl"
     generated, cached = fill_responses(target, processor, train, cfg, cache, fields["target"], spec.placeholder_ids,
                                        procs)
+    if cfg.draft is None and hasattr(draft, "select_draft_vocab"):  # a fresh EAGLE-3 head: its draft vocabulary
+        draft.select_draft_vocab(answer_counts(train, draft.t2d.numel()))  # is the answers' most frequent ids
     # 5. τ of the untrained draft, training, τ after
     eval_tokens = cfg.eval_max_new_tokens or cfg.max_new_tokens
     if resume is None and held and cfg.eval_before:
