@@ -122,6 +122,18 @@ class StaticSlottedCache:
         windows = WindowMasks(model.config, model.dtype) if sliding else None
         return cls(cache, None, 0, batch_size, device, positions, windows)
 
+    @classmethod
+    def prefill(cls, model: Any, inputs: dict[str, Any], capacity: int, positions: Rope1D) -> "StaticSlottedCache":
+        """Run the prompt ``inputs`` (images included) through ``model`` into a new cache of ``capacity`` slots,
+        with the positions plain ``generate`` gives a left-padded prompt (``positions`` bound to it)."""
+        ids, mask = inputs["input_ids"], inputs.get("attention_mask")
+        mask = torch.ones_like(ids) if mask is None else mask.long()
+        kv = cls.for_model(model, ids.shape[0], capacity, ids.device, positions)
+        model(**inputs, position_ids=positions.prompt_positions(mask), **kv.forward_kwargs(), use_cache=True)
+        kv._buffer[:, : ids.shape[1]] = mask
+        kv.length = ids.shape[1]
+        return kv
+
     # ---- what a forward over this cache passes -------------------------------------------------------
     def forward_kwargs(self) -> dict[str, Any]:
         return _compat.cache_kwargs(self.cache)

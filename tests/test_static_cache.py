@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hf_specmm import _compat
-from hf_specmm.caches_static import StaticSlottedCache, WindowMasks
+from hf_specmm.caches_static import StaticSlottedCache
 from hf_specmm.targets import target_family
 from conftest import batch_inputs, target
 
@@ -19,21 +19,10 @@ WIDTH = 4  # γ + 1 with γ = 3
 ACCEPTED = [[4, 1, 2], [1, 4, 1], [2, 2, 4], [1, 1, 1], [4, 3, 1], [1, 4, 2], [3, 1, 4], [4, 4, 4], [2, 1, 3], [1, 2, 1]]
 
 
-def _prefill(model, inputs, cache, positions):
-    """The prompt's forward as plain generate runs it: its positions from the mask (``cumsum - 1``, M-RoPE grids)."""
-    position_ids = positions.prompt_positions(inputs["attention_mask"].long())
-    model(**inputs, position_ids=position_ids, **_compat.cache_kwargs(cache), use_cache=True)
-
-
 def _static(model, inputs, capacity):
     """The prompt prefilled into a StaticSlottedCache of ``capacity`` slots, as the loop's target cache."""
-    ids, mask = inputs["input_ids"], inputs["attention_mask"]
-    sliding = _compat.has_sliding_layers(model.config)
-    positions = target_family(model).positions.bind(model, ids, mask, dict(inputs))
-    cache = _compat.new_static_cache(model, capacity, full_layers=sliding)
-    _prefill(model, inputs, cache, positions)
-    windows = WindowMasks(model.config, model.dtype) if sliding else None
-    return StaticSlottedCache(cache, mask, ids.shape[1], ids.shape[0], ids.device, positions, windows)
+    positions = target_family(model).positions.bind(model, inputs["input_ids"], inputs["attention_mask"], dict(inputs))
+    return StaticSlottedCache.prefill(model, inputs, capacity, positions)
 
 
 def _without_cache(model, inputs, rows):
