@@ -14,7 +14,7 @@ and replayed every round:
 
 Sliding-window models (Gemma 3): ``StaticCache``'s sliding layers are rolling buffers of ``sliding_window``
 slots that drop older states for good, so a rollback or a hole cannot be undone there. Sliding layers are
-full-length layers here, and each forward gets one 4-D mask per layer type (Gemma 3 accepts that mapping)
+full-length layers here, and each forward gets 4-D masks, one per layer type (Gemma 3 accepts that mapping),
 whose window is counted in *positions*, not physical slots: a token attends to the valid slots whose
 position is within ``sliding_window`` of its own. For a left-padded prompt (the loop requires one for
 sliding models) that is the window plain ``generate`` applies, holes or not, and no slot is moved.
@@ -46,28 +46,22 @@ from .targets.positions import ROPE_1D, Rope1D
 
 
 class WindowMasks:
-    """4-D masks, one per layer type, for a full-layer cache of a sliding-window model, the window counted in
-    positions (``cumsum`` of the slot mask). Built for the ``sdpa`` (bool masks) and ``eager`` (additive
-    float masks) attention implementations, the two that take a materialised 4-D mask as is."""
+    """4-D masks for a full-layer cache of a sliding-window model, the window counted in positions (``cumsum``
+    of the slot mask): one per layer type where layers differ (Gemma 3), through the same argument layout as
+    draft trees (``_compat.tree_attention_argument``). Built for the ``sdpa`` (bool masks) and ``eager``
+    (additive float masks) attention implementations, the two that take a materialised 4-D mask as is."""
 
     IMPLEMENTATIONS = ("sdpa", "eager")
 
     def __init__(self, config: Any, dtype: torch.dtype):
-        text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-        self.layer_types = sorted(set(getattr(text, "layer_types", None) or ()))
-        self.window = getattr(text, "sliding_window", None)
+        self.config, self.dtype = config, dtype
         self.implementation = getattr(config, "_attn_implementation", None) or "sdpa"
-        if not self.layer_types or self.window is None:
-            raise ValueError(f"a static cache with holes needs per-layer-type masks, but {type(config).__name__} "
-                             "declares no layer_types / sliding_window: use the dynamic cache for this model "
-                             "(leave cache_implementation unset)")
         if self.implementation not in self.IMPLEMENTATIONS:
             raise ValueError(f"attn_implementation={self.implementation!r} with a static cache on a sliding-window "
                              f"model: load the model with one of {self.IMPLEMENTATIONS}, or leave "
                              "cache_implementation unset")
-        self.dtype = dtype
 
-    def __call__(self, buffer: torch.Tensor, start: int, width: int) -> dict[str, torch.Tensor]:
+    def __call__(self, buffer: torch.Tensor, start: int, width: int) -> Any:
         """Masks [B, 1, width, capacity] of the ``width`` query slots from ``start`` over the whole buffer."""
         valid = buffer.bool()
         positions = buffer.cumsum(-1) - 1  # a hole repeats the previous valid slot's position (never attended)
@@ -75,13 +69,15 @@ class WindowMasks:
         causal = slots[None, :] <= slots[start : start + width, None]  # [width, capacity]
         full = valid[:, None, :] & causal[None]  # [B, width, capacity]
         distance = positions[:, start : start + width, None] - positions[:, None, :]
-        masks = {"full_attention": full, "sliding_attention": full & (distance < self.window)}
-        masks = {kind: mask[:, None] for kind, mask in masks.items() if kind in self.layer_types}
-        if self.implementation == "eager":
-            low = torch.finfo(self.dtype).min
-            masks = {kind: torch.zeros((), dtype=self.dtype, device=buffer.device).masked_fill(~m, low)
-                     for kind, m in masks.items()}
-        return masks
+
+        def make_mask(window: int | None) -> torch.Tensor:
+            mask = (full if window is None else full & (distance < window))[:, None]
+            if self.implementation == "eager":
+                low = torch.finfo(self.dtype).min
+                return torch.zeros((), dtype=self.dtype, device=buffer.device).masked_fill(~mask, low)
+            return mask
+
+        return _compat.tree_attention_argument(self.config, make_mask)
 
 
 class StaticSlottedCache:

@@ -3,6 +3,7 @@ and a compiled forward over it is traced once: later rounds and later calls repl
 
 from __future__ import annotations
 
+import copy
 import time
 
 import pytest
@@ -63,12 +64,18 @@ def _kept(accepted):
     return torch.arange(WIDTH)[None] < counts[:, None]  # [B, WIDTH]: the accepted prefix of every row
 
 
-@pytest.mark.parametrize("family", ["llava", "qwen2_5_vl", "gemma3"])
-def test_static_equals_cache_free_forward_with_holes(family):
+@pytest.mark.parametrize("family, attention", [("llava", None), ("qwen2_5_vl", None), ("gemma3", None),
+                                               ("gemma3", "eager")])
+def test_static_equals_cache_free_forward_with_holes(family, attention):
     """Fixed-width blocks, per-row partial acceptance (holes), rollbacks, one block with unread slots and a
     capacity small enough that holes must be compacted away: every read slot's logits equal those of one
-    cache-free forward over that row's prompt and kept tokens (Gemma 3: its sliding window included)."""
+    cache-free forward over that row's prompt and kept tokens (Gemma 3: its sliding window included, with
+    the sdpa fixture's bool masks and eager attention's additive ones)."""
     model = target(family)
+    if attention is not None:  # a copy: the shared fixture keeps its attention implementation
+        model = copy.deepcopy(model)
+        model.set_attn_implementation(attention)
+        assert model.config.get_text_config()._attn_implementation == attention
     inputs = batch_inputs(family, 3)
     prompt = inputs["input_ids"].shape[1]
     # without compaction the 10 rounds need prompt + 40 slots; the longest row holds prompt + 29 at most
