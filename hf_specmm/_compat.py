@@ -117,14 +117,18 @@ def has_sliding_layers(config: Any) -> bool:
     return getattr(text, "sliding_window", None) is not None and getattr(text, "use_sliding_window", True) is not False
 
 
-def reorder_cache_slots(cache: Any, order: torch.Tensor) -> None:
-    """Permute every layer's slots per row: slot j of row b becomes old slot ``order[b, j]`` ([B, L])."""
+def gather_cache_slots(cache: Any, start: int, index: torch.Tensor) -> None:
+    """Per row, slot ``start + j`` of every layer becomes old slot ``start + index[b, j]`` ([B, k]); slots
+    past ``start + k`` are left as they are (the caller crops them)."""
     for layer in cache.layers:
         for name in ("keys", "values"):
             states = getattr(layer, name)
-            b, h, length, d = states.shape
-            index = order.to(states.device)[:, None, :, None].expand(b, h, length, d)
-            setattr(layer, name, states.gather(2, index))
+            if states is None or states.numel() == 0:
+                continue
+            b, h, _, d = states.shape
+            k = index.shape[1]
+            idx = (index.to(states.device) + start)[:, None, :, None].expand(b, h, k, d)
+            states[:, :, start : start + k] = states.gather(2, idx)
 
 
 def select_cache_rows(cache: Any, keep: torch.Tensor) -> None:

@@ -16,7 +16,7 @@ import torch
 
 from . import _compat
 from .checks import resolve_plan
-from .loop import speculative_decode
+from .loop import SpeculativeDecoding
 from .stats import SpecStats
 from .targets import target_family
 
@@ -84,17 +84,11 @@ def _speculative_generate(self: Any, inputs: torch.Tensor | None = None, generat
     plan = resolve_plan(self, assistant_model, inputs, generation_config, streamer, kwargs)  # raises before work
     drafter = plan.kind.drafter(assistant_model, plan.vocab)  # the draft kind's runtime (drafts/<kind>/)
     image_inputs = target_family(self).model_inputs(plan.kwargs)  # before stock generate encodes and drops them
-    stats = SpecStats()
-
-    def decode(model: Any, input_ids: torch.Tensor, logits_processor: Any, stopping_criteria: Any,
-               generation_config: Any, **model_kwargs: Any) -> Any:
-        return speculative_decode(model, drafter, input_ids, logits_processor, stopping_criteria, generation_config,
-                                  model_kwargs, plan.schedule, stats, streamer, image_inputs)
-
+    decoding = SpeculativeDecoding(drafter, plan.budget, streamer, image_inputs)  # stock generate calls it
     result = _compat.generate_with_decoding_fn(
-        self, decode, inputs=inputs, generation_config=generation_config, streamer=streamer, **plan.kwargs)
-    if plan.schedule.kind == "heuristic" and getattr(assistant_model, "generation_config", None) is not None:
-        assistant_model.generation_config.num_assistant_tokens = plan.schedule.gamma  # persists, as stock's
-    stats.wall_time_s = time.perf_counter() - start
-    getattr(self, _STATE).last_stats = stats
+        self, decoding, inputs=inputs, generation_config=generation_config, streamer=streamer, **plan.kwargs)
+    if plan.budget.schedule == "heuristic" and getattr(assistant_model, "generation_config", None) is not None:
+        assistant_model.generation_config.num_assistant_tokens = plan.budget.gamma  # persists, as stock's
+    decoding.stats.wall_time_s = time.perf_counter() - start
+    getattr(self, _STATE).last_stats = decoding.stats
     return result

@@ -12,7 +12,7 @@ from . import _compat
 from .devices import execution_device
 from .errors import IncompatibleDraftError, UnsupportedGenerationError
 from .drafts import DraftKind, kind_of
-from .loop import GammaSchedule
+from .budget import DraftBudget
 from .prompt_checks import check_placeholders
 from .targets import target_spec
 from .vocab import VocabMap, check_vocab_compatible, draft_vocab_size
@@ -30,7 +30,7 @@ SCHEDULES = ("constant", "heuristic", "heuristic_transient")
 class Plan:
     kind: DraftKind  # the draft's kind (drafts/<kind>/): which Drafter runs it
     vocab: VocabMap
-    schedule: GammaSchedule
+    budget: DraftBudget  # γ, its schedule, the confidence threshold
     kwargs: dict  # what goes on to stock generate
 
 
@@ -58,7 +58,7 @@ def _explicit(name: str, kwargs: dict, generation_config: Any, *configs: Any) ->
     return None
 
 
-def _resolve_gamma(target: Any, draft: Any, generation_config: Any, kwargs: dict) -> GammaSchedule:
+def _resolve_budget(target: Any, draft: Any, generation_config: Any, kwargs: dict) -> DraftBudget:
     sources = (getattr(target, "generation_config", None), getattr(draft, "generation_config", None))
     gamma = _explicit("num_assistant_tokens", kwargs, generation_config, *sources)
     kind = _explicit("num_assistant_tokens_schedule", kwargs, generation_config, *sources)
@@ -76,7 +76,7 @@ def _resolve_gamma(target: Any, draft: Any, generation_config: Any, kwargs: dict
                                   or not 0 <= threshold <= 1):
         _fail(UnsupportedGenerationError, f"assistant_confidence_threshold must be a number in [0, 1], "
               f"got {threshold!r}.")
-    return GammaSchedule(gamma, kind, None if threshold is None else float(threshold))
+    return DraftBudget(gamma, kind, None if threshold is None else float(threshold))
 
 
 def _check_config(config: Any, kwargs: dict, batch: int, streamer: Any) -> None:
@@ -163,7 +163,7 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
         criteria = StoppingCriteriaList(kwargs.pop("stopping_criteria", None) or [])
         criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=config.stop_strings))
         kwargs["stopping_criteria"], kwargs["stop_strings"] = criteria, None
-    schedule = _resolve_gamma(target, draft, generation_config, kwargs)
+    budget = _resolve_budget(target, draft, generation_config, kwargs)
     for key in ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold"):
         kwargs.pop(key, None)  # consumed here; stock generate must not see an assisted-mode option
-    return Plan(kind, vocab, schedule, kwargs)
+    return Plan(kind, vocab, budget, kwargs)

@@ -1,23 +1,29 @@
 """The Drafter interface: what a draft kind implements to run inside hf_specmm's speculative loop.
 
 Documented like transformers' ``CandidateGenerator``; one subclass per draft kind (``drafts/<kind>/``).
-The loop (``loop.speculative_decode``) calls, per ``generate`` call::
+The loop (:class:`hf_specmm.loop.SpeculativeDecoding`) calls, per ``generate`` call::
 
     Drafter.check(target, draft)              # before any work (classmethod): raise IncompatibleDraftError
     with drafter.watch(target):               # around the target's prefill forward
         out = target(prompt, images...)
     drafter.observe_prefill(out)              # read what the prefill produced
-    drafter.prefill(prompt, first_token)      # read the prompt + the target's first token
+    drafter.prefill(prompt, first_token, new_cache)  # read the prompt + the target's first token
     while rows are unfinished:
-        proposal = drafter.propose(γ, select)     # d_1..d_γ (+ q_1..q_γ when sampling)
+        proposal = drafter.propose(budget, select)   # d_1..d_γ (+ q_1..q_γ when sampling)
         with drafter.watch(target):               # only when observes_verification
             out = target([cur, d_1..d_γ])
         drafter.observe_verification(out)
         drafter.accept(proposal, n, next_token)   # keep n drafts per row, queue the target's token
         drafter.select_rows(keep)                 # rows finished: drop them (only if selects_rows)
 
-Everything a drafter needs between ``propose`` and ``accept`` travels in the :class:`Proposal` it
-returned, never in attributes left behind for later.
+``new_cache`` is the call's cache factory (:data:`~hf_specmm.caches.CacheFactory`): a drafter never builds
+a cache itself, so the backend (dynamic today, static next) is chosen in one place. ``select`` is a
+:class:`~hf_specmm.selector.Selector`. Everything a drafter needs between ``propose`` and ``accept``
+travels in the :class:`Proposal` it returned, never in attributes left behind for later.
+
+Training runs a kind's *training view* (``DraftKind.training_view``), a drafter used only through
+:meth:`Drafter.draft_inputs`, :attr:`Drafter.model`, :attr:`Drafter.positions` and :meth:`Drafter.watch`:
+what is trained is what runs.
 """
 
 from __future__ import annotations
@@ -25,16 +31,17 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager
+from typing import TYPE_CHECKING, Any, ContextManager
 
 import torch
 
+from .budget import RoundBudget
+from .targets.positions import ROPE_1D, Rope1D
 from .vocab import VocabMap
 
-# picks d_{j+1} from target-vocabulary draft logits [B, V] of step j; returns (tokens [B], probabilities
-# [B, V] or None). The loop's selector also has a ``stop`` attribute: True once every row has stopped
-# drafting this round (assistant_confidence_threshold); a drafter should then return the tokens so far.
-SelectFn = Callable[[torch.Tensor, int], tuple[torch.Tensor, "torch.Tensor | None"]]
+if TYPE_CHECKING:
+    from .caches import CacheFactory
+    from .selector import Selector
 
 
 @dataclass
@@ -52,6 +59,17 @@ class Prompt:
 
 
 @dataclass
+class DraftPrompt:
+    """What a draft reads of a :class:`Prompt`: ``ids`` [B, W], ``valid`` [B, W] bool, the ``positions``
+    rule bound to this prompt (M-RoPE grids for a VLM draft) and ``extra`` forward kwargs (image inputs)."""
+
+    ids: torch.Tensor
+    valid: torch.Tensor
+    positions: Rope1D = ROPE_1D
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class Proposal:
     """What :meth:`Drafter.propose` returns: ``tokens`` [B, γ] target ids d_1..d_γ, ``probs`` [B, γ, V]
     their (processed) draft distributions q_1..q_γ when sampling, else None, and ``restore``: whatever
@@ -64,6 +82,11 @@ class Proposal:
     @property
     def gamma(self) -> int:
         return self.tokens.shape[1]
+
+    @classmethod
+    def empty(cls, rows: int, vocab_size: int, like: torch.Tensor) -> "Proposal":
+        """No drafts this round (one token left: a plain target step), shaped like a real proposal."""
+        return cls(like.new_zeros(rows, 0, dtype=torch.long), like.new_zeros(rows, 0, vocab_size, dtype=torch.float32))
 
 
 class Drafter(ABC):
@@ -86,9 +109,13 @@ class Drafter(ABC):
     #: only the unfinished rows. False: every row stays in both batches until the call ends.
     selects_rows: bool = False
 
-    def __init__(self, draft: Any, vocab: VocabMap):
+    def __init__(self, draft: Any, vocab: VocabMap, model: Any = None, positions: Rope1D = ROPE_1D):
         self.draft = draft
         self.vocab = vocab
+        #: the module run each step and trained by the training view (``draft`` unwrapped)
+        self.model = draft if model is None else model
+        #: the draft's position rule (bound to the prompt by :meth:`prefill`)
+        self.positions = positions
 
     @classmethod
     def check(cls, target: Any, draft: Any) -> None:
@@ -111,13 +138,20 @@ class Drafter(ABC):
     def observe_verification(self, target_outputs: Any) -> None:
         """Called with the outputs of every verification forward, before :meth:`accept`."""
 
-    @abstractmethod
-    def prefill(self, prompt: Prompt, first_tokens: torch.Tensor) -> None:
-        """Read the prompt and the target's first generated token per row (``first_tokens`` [B])."""
+    def draft_inputs(self, prompt: Prompt) -> DraftPrompt:
+        """What the draft reads of ``prompt`` (inference and training share it). Drafters that read the
+        prompt some other way (a feature head reads the target's features) need not implement it."""
+        raise NotImplementedError(f"{type(self).__name__} has no token view of the prompt")
 
     @abstractmethod
-    def propose(self, gamma: int, select: SelectFn) -> Proposal:
-        """Draft γ ≥ 1 tokens per row; ``select(logits, j)`` turns the logits of step j into d_{j+1}."""
+    def prefill(self, prompt: Prompt, first_tokens: torch.Tensor, new_cache: "CacheFactory") -> None:
+        """Read the prompt and the target's first generated token per row (``first_tokens`` [B]) into a
+        cache made by ``new_cache(model, batch_size, device, positions)``."""
+
+    @abstractmethod
+    def propose(self, budget: RoundBudget, select: "Selector") -> Proposal:
+        """Draft ``budget.gamma`` ≥ 1 tokens per row (fewer once ``select.stop``); ``select(logits, j)``
+        turns the logits of step j into d_{j+1}."""
 
     @abstractmethod
     def accept(self, proposal: Proposal, n: torch.Tensor, next_tokens: torch.Tensor) -> None:

@@ -11,11 +11,14 @@ Rows that finished early hold zeros after their end (plain generate would show p
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from . import _compat
+
+if TYPE_CHECKING:
+    from .caches import SlottedCache
 
 
 class GenerateOutputs:
@@ -46,10 +49,10 @@ class GenerateOutputs:
         return out
 
     def record(self, out: Any, kept: list[int], scores: torch.Tensor, logits: torch.Tensor,
-               mask: torch.Tensor | None, block_start: int) -> None:
+               cache: "SlottedCache | None", block_start: int) -> None:
         """A forward's kept tokens: row i keeps ``kept[i]`` of the positions scored in ``scores`` [B, m, V].
-        ``mask`` [B, L] / ``block_start``: the target cache's slot mask and where this block starts in it
-        (``block_start`` = 0 for the prefill, whose attentions and hidden states are kept whole)."""
+        ``cache`` / ``block_start``: the target's cache and where this block starts in it (``block_start`` =
+        0 for the prefill, whose attentions and hidden states are kept whole)."""
         if not self.return_dict:
             return
         attentions = getattr(out, "attentions", None) if self.attentions_on else None
@@ -65,26 +68,18 @@ class GenerateOutputs:
                 if self.scores_on:
                     token["score"], token["logit"] = scores[i, j], logits[i, j]
                 if not prefill and attentions is not None:
-                    cols = self._key_slots(mask, i, block_start + j, attentions[0].shape[-1])
+                    # the row's own key slots: the prompt's (padding included, as plain generate) and its
+                    # valid generated slots, without the holes rejected drafts left
+                    cols = cache.row_slots(i, block_start + j, always=self.prompt_len)
                     token["attentions"] = tuple(a[i, :, j : j + 1, cols] for a in attentions)
                 if not prefill and hidden is not None:
                     token["hidden"] = tuple(h[i, j : j + 1] for h in hidden)
                 self.tokens[i].append(token)
 
-    def _key_slots(self, mask: torch.Tensor | None, row: int, last: int, length: int) -> torch.Tensor:
-        """The row's own key slots up to ``last``: the prompt's (padding included, as plain generate) and
-        its valid generated slots, without the holes rejected drafts left."""
-        slots = torch.arange(last + 1, device=mask.device if mask is not None else None)
-        if mask is None:
-            return slots
-        keep = (slots < self.prompt_len) | mask[row, : last + 1].bool()
-        return slots[keep]
-
-    def build(self, sequences: torch.Tensor, cache: Any, cache_mask: torch.Tensor | None) -> Any:
+    def build(self, sequences: torch.Tensor, cache: "SlottedCache") -> Any:
         from transformers.generation import GenerateDecoderOnlyOutput
 
         steps = sequences.shape[1] - self.prompt_len
-        batch = len(self.tokens)
 
         def per_step(key: str, start: int, part: int | None = None) -> list[torch.Tensor]:
             """Step ``start``.. of ``key`` stacked over rows; rows past their end give zeros."""
@@ -109,7 +104,7 @@ class GenerateOutputs:
             attentions = () if self.prefill_attentions is None else by_layer("attentions", self.prefill_attentions)
         if self.hidden_on and self.prefill_hidden is not None:
             hidden = by_layer("hidden", self.prefill_hidden)
-        past = None if self.compacted else _compat.compact_cache(cache, cache_mask, self.prompt_len,
+        past = None if self.compacted else _compat.compact_cache(cache.cache, cache.mask, self.prompt_len,
                                                                   sequences.shape[1] - 1)
         return GenerateDecoderOnlyOutput(sequences=sequences, scores=scores, logits=logits, attentions=attentions,
                                          hidden_states=hidden, **_compat.cache_kwargs(past))

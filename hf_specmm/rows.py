@@ -1,5 +1,13 @@
-"""The rows of a speculative ``generate`` call: what each has emitted, whether it has finished, and
-what plain ``generate`` would have kept of a block of new tokens (stopping criteria, ``max_length``)."""
+"""The rows of a speculative ``generate`` call: what each has emitted, whether it has finished, what
+plain ``generate`` would have kept of a block of new tokens (stopping criteria, ``max_length``), and
+which of them are still in the caches.
+
+Two numberings meet in the loop: *batch rows* (the call's B rows, what the user sees, what histories and
+processors index) and *cache rows* (the A ≤ B rows still in the target's and the draft's caches, in cache
+order: finished rows leave the caches in groups). :class:`Rows` maps between them both ways:
+``in_cache[a]`` is the batch row of cache row a, :meth:`Rows.to_batch` scatters a per-cache-row tensor to
+the batch, :meth:`Rows.to_cache` gathers a per-batch-row list for the cache rows.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .history import RowHistory, stop_counts
+from .history import RowHistory, stop_counts, to_batch
 
 
 class Rows:
@@ -18,13 +26,41 @@ class Rows:
         self.history = RowHistory(input_ids, max_length + 2, pad_id)
         self.max_length, self.pad_id = max_length, pad_id
         self.stopping_criteria, self.streamer = stopping_criteria, streamer
-        self.unfinished = [True] * input_ids.shape[0]
+        self.batch_size = input_ids.shape[0]
+        self.unfinished = [True] * self.batch_size
+        self.in_cache = list(range(self.batch_size))  # host: the batch row of each cache row
+        self.cache_index: torch.Tensor | None = None  # the same on the device; None while every row is in
 
     def any_unfinished(self) -> bool:
         return any(self.unfinished)
 
-    def live(self, device: torch.device) -> torch.Tensor:
-        return torch.tensor(self.unfinished, device=device)
+    # ---- batch rows <-> cache rows -----------------------------------------------------------------------
+    def to_batch(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` [A, ...] per cache row as [B, ...] per batch row (zeros for rows out of the caches)."""
+        return to_batch(x, self.cache_index, self.batch_size)
+
+    def to_cache(self, values: list) -> list:
+        """A per-batch-row list, for the cache rows."""
+        return [values[r] for r in self.in_cache]
+
+    def unfinished_in_cache(self, device: torch.device) -> torch.Tensor:
+        """[A] bool: which cache rows are still generating."""
+        return torch.tensor(self.to_cache(self.unfinished), device=device)
+
+    def leaving(self) -> list[int] | None:
+        """Cache rows to keep if finished rows should leave the caches now, else None. Leaving copies
+        every cache once, so rows leave in groups of at least a quarter of the rows still in them."""
+        keep = [a for a, r in enumerate(self.in_cache) if self.unfinished[r]]  # host lists: no device sync
+        if len(self.in_cache) - len(keep) >= max(1, len(self.in_cache) // 4):
+            return keep
+        return None
+
+    def leave(self, keep: list[int], device: torch.device) -> torch.Tensor:
+        """Only the cache rows ``keep`` stay in the caches; returns them as a tensor for the caches' own
+        ``select_rows``."""
+        self.in_cache = [self.in_cache[a] for a in keep]
+        self.cache_index = torch.tensor(self.in_cache, device=device)
+        return torch.tensor(keep, device=device)
 
     def budget(self) -> list[int]:
         """Tokens each row may still add before ``max_length``."""

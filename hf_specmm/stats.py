@@ -31,9 +31,17 @@ class SpecStats:
         self.target_forwards += len(kept)
         self.generated_tokens += sum(kept)
 
-    def record_round(self, gamma: int, kept: list[int], accepted: list[int], drafted: list[int]) -> None:
-        """One verification round, per row: ``kept`` tokens the row kept (0 once finished), ``accepted``
-        drafts among them, ``drafted`` drafts the row could have kept (≤ γ; none past ``max_length``)."""
+    def record_round(self, gamma: int, kept: list[int], accepted: list[int], proposed: list[int],
+                     remaining: list[int], unfinished: list[bool]) -> None:
+        """One verification round, per batch row: ``kept`` tokens the row kept (0 once finished),
+        ``accepted`` drafts the verifier accepted, ``proposed`` drafts the row proposed (≤ γ), and before
+        the round: ``remaining`` tokens it could still add, whether it was ``unfinished``.
+
+        A draft counts as drafted only if its row could have kept it: not past ``max_length``, not after an
+        accepted EOS (a row that stopped at its k-th accepted draft had k drafts that counted)."""
+        drafted = [min(g, r - 1, k if k <= a else g) if u else 0
+                   for g, r, u, k, a in zip(proposed, remaining, unfinished, kept, accepted)]
+        accepted = [min(a, k, d) for a, k, d in zip(accepted, kept, drafted)]
         self.target_forwards += sum(k > 0 for k in kept)
         self.draft_forwards += gamma
         self.drafted_tokens += sum(drafted)
@@ -62,17 +70,19 @@ class SpecStats:
         return sum(rounds) / len(rounds) if rounds else self.round_block_efficiency
 
     @property
-    def acceptance_rate(self) -> float:
-        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+    def acceptance_rate(self) -> float | None:
+        """Accepted / drafted tokens; ``None`` when nothing was drafted (e.g. every row ended at its first
+        token): 0 of 0 is no evidence either way, so it is neither 0.0 nor 1.0."""
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else None
 
     @property
     def tokens_per_s(self) -> float:
         return self.generated_tokens / self.wall_time_s if self.wall_time_s > 0 else 0.0
 
-    def as_dict(self) -> dict[str, float | int]:
+    def as_dict(self) -> dict[str, float | int | None]:
         keys = ("batch_size", "gamma", "target_forwards", "draft_forwards", "drafted_tokens", "accepted_tokens",
                 "generated_tokens", "wall_time_s")
-        out: dict[str, float | int] = {k: getattr(self, k) for k in keys}
+        out: dict[str, float | int | None] = {k: getattr(self, k) for k in keys}
         for k in ("block_efficiency", "round_block_efficiency", "steady_block_efficiency", "acceptance_rate",
                   "tokens_per_s"):
             out[k] = getattr(self, k)

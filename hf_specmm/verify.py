@@ -8,7 +8,29 @@ whose first ``n + 1`` entries are the row's new tokens (accepted drafts, then th
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+
+@dataclass
+class Acceptance:
+    """What a verifier keeps of a block, per cache row: ``n`` [A] accepted drafts, ``emitted`` [A, w] whose
+    first ``n + 1`` entries are the row's new tokens (the accepted drafts, then the target's correction or
+    bonus token), and ``path`` [A, w]: the block positions those tokens were scored at (None: the chain's
+    prefix 0..n; a tree's accepted root path otherwise)."""
+
+    n: torch.Tensor
+    emitted: torch.Tensor
+    path: torch.Tensor | None = None
+
+    def offered(self, unfinished: torch.Tensor) -> torch.Tensor:
+        """[A] tokens each row offers to the stopping criteria (none for a finished row)."""
+        return torch.where(unfinished, self.n + 1, torch.zeros_like(self.n))
+
+    def token_at(self, m: torch.Tensor) -> torch.Tensor:
+        """[A] the emitted token at index ``m`` [A] of each row (its next current token)."""
+        return self.emitted.gather(1, m[:, None]).squeeze(1)
 
 
 def greedy_verify(drafts: torch.Tensor, target_scores: torch.Tensor,
@@ -54,3 +76,24 @@ def rejection_sample(
     correction = torch.multinomial(residual, 1, generator=generator)
     emitted = torch.cat([drafts, drafts.new_zeros(batch, 1)], dim=1).scatter(1, n[:, None], correction)
     return n, emitted
+
+
+class GreedyVerifier:
+    """Greedy verification of a chain block (:func:`greedy_verify`)."""
+
+    def __call__(self, drafts: torch.Tensor, q: torch.Tensor | None, scores: torch.Tensor,
+                 lengths: torch.Tensor | None) -> Acceptance:
+        return Acceptance(*greedy_verify(drafts, scores, lengths=lengths))
+
+
+class SamplingVerifier:
+    """Lossless speculative sampling of a chain block (:func:`rejection_sample`) from processed scores."""
+
+    def __call__(self, drafts: torch.Tensor, q: torch.Tensor | None, scores: torch.Tensor,
+                 lengths: torch.Tensor | None) -> Acceptance:
+        return Acceptance(*rejection_sample(drafts, q, scores.softmax(-1), lengths=lengths))
+
+
+def verifier_for(do_sample: bool) -> GreedyVerifier | SamplingVerifier:
+    """The verification strategy of a call: ``do_sample`` as the generation config says."""
+    return SamplingVerifier() if do_sample else GreedyVerifier()

@@ -18,6 +18,7 @@ from hf_specmm.drafts.text_only.drafter import text_only_view
 from hf_specmm.targets import positions as positions_module
 from hf_specmm.targets import target_spec
 from hf_specmm.vocab import VocabMap, draft_vocab_size
+from hf_specmm.caches import DynamicBackend
 from conftest import PROMPTS, processor, target
 
 FAMILIES = qwen.QWEN_FAMILIES
@@ -382,7 +383,8 @@ def test_training_view_equals_the_inference_path(family, kind, tmp_path):
     with torch.no_grad():
         with drafter.watch(target):
             target(**inputs)
-        drafter.prefill(Prompt(inputs["input_ids"], inputs["attention_mask"], images), torch.zeros(3, dtype=torch.long))
+        drafter.prefill(Prompt(inputs["input_ids"], inputs["attention_mask"], images), torch.zeros(3, dtype=torch.long),
+                            DynamicBackend().new)
     n = min(trained.shape[-1], seen[0].shape[-1])  # a text draft's own 128 rows vs the target's 136
     cols = vocab.proposable[:n]
     torch.testing.assert_close(seen[0][:, :n][:, cols], trained[:, :n][:, cols], atol=1e-5, rtol=1e-5)

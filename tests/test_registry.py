@@ -82,9 +82,9 @@ def test_training_options_come_from_the_registry():
 class _CountingDrafter(TextOnlyDrafter):
     proposals = 0
 
-    def propose(self, gamma, select):
+    def propose(self, budget, select):
         type(self).proposals += 1
-        return super().propose(gamma, select)
+        return super().propose(budget, select)
 
 
 class _Marked(torch.nn.Module):

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import hf_specmm
-import hf_specmm.loop as loop
+import hf_specmm.verify as verify
 from hf_specmm import testing
 
 ALPHA = 1e-3
@@ -113,7 +113,7 @@ def _accept_everything(drafts, q, p, generator=None, lengths=None):
 
 def test_chi2_detects_a_broken_verifier(setup, monkeypatch):
     family, model, plain = setup
-    monkeypatch.setattr(loop, "rejection_sample", _accept_everything)
+    monkeypatch.setattr(verify, "rejection_sample", _accept_everything)
     spec = _samples(model, family, testing.random_text_draft(model), seed=2)
     vocab = model.config.text_config.vocab_size
     pvalues = [chi2_homogeneity_pvalue(plain[:, pos], spec[:, pos], vocab)[0] for pos in range(1, NEW)]

@@ -23,6 +23,7 @@ import hf_specmm
 from hf_specmm import IncompatibleDraftError, testing
 from hf_specmm.train import DRAFT_PRESETS, TrainConfig, TrainingInputError, latest_checkpoint, train_draft
 from hf_specmm.train import checkpoint as checkpoint_module
+from hf_specmm.caches import DynamicBackend
 
 PROMPT = "describe the image"
 COLORS = list(itertools.product((0, 128, 255), repeat=3))
@@ -222,7 +223,7 @@ def test_training_view_equals_the_inference_path(family, kind, pool, tmp_path):
             with drafter.watch(target):
                 target(**inputs)
             prompt = Prompt(inputs["input_ids"], inputs["attention_mask"], images)
-            drafter.prefill(prompt, torch.zeros(len(examples), dtype=torch.long))
+            drafter.prefill(prompt, torch.zeros(len(examples), dtype=torch.long), DynamicBackend().new)
         cols = vocab.proposable
         torch.testing.assert_close(seen[0][:, cols], trained[stage][:, cols], atol=1e-5, rtol=1e-5)
 

@@ -109,6 +109,213 @@ def _prompt_positions(draft: Any, vocab: VocabMap, inputs: dict) -> torch.Tensor
     return kind_of(draft).drafter.prompt_lengths(draft, vocab, inputs["input_ids"], inputs["attention_mask"])
 
 
+class PlainMethod:
+    """Plain ``generate`` on the step's inputs."""
+
+    def __init__(self, step: "BenchStep"):
+        self.step = step
+
+    def __call__(self) -> torch.Tensor:
+        return self.step.target.generate(**self.step.inputs, **self.step.gen)
+
+
+class StockMethod:
+    """Stock assisted generation, counting target forwards. ``stock_as_called`` passes γ to generate() as
+    users do (stock ignores it: default γ = 20); ``stock`` sets γ where stock reads it, the draft's
+    generation_config, for the run only."""
+
+    def __init__(self, step: "BenchStep", name: str):
+        self.step, self.name = step, name
+        self.forwards: list[int] = []  # target forwards per call
+
+    def __call__(self) -> torch.Tensor:
+        step = self.step
+        proposer = step.proposers[SMALL_LM]
+        if step.config.acceptance is not None:  # stock's draft reads the whole prompt, image placeholders included
+            set_reference(proposer, step.reference, step.inputs["attention_mask"].sum(-1))
+        calls: list[int] = []
+        handle = step.target.register_forward_pre_hook(lambda *args: calls.append(1))
+        draft_config = proposer.generation_config
+        saved = (draft_config.num_assistant_tokens, draft_config.num_assistant_tokens_schedule)
+        if self.name == "stock":
+            draft_config.num_assistant_tokens, draft_config.num_assistant_tokens_schedule = step.gamma, "constant"
+        try:
+            extra = {"num_assistant_tokens": step.gamma} if self.name == "stock_as_called" else {}
+            return step.target.generate(**step.inputs, **step.gen, assistant_model=proposer, **extra)
+        finally:
+            draft_config.num_assistant_tokens, draft_config.num_assistant_tokens_schedule = saved
+            handle.remove()
+            self.forwards.append(len(calls))
+
+
+class OursMethod:
+    """hf_specmm with one draft kind; keeps each call's statistics."""
+
+    def __init__(self, step: "BenchStep", kind: str):
+        self.step, self.kind = step, kind
+        self.stats: list[Any] = []
+
+    def __call__(self) -> torch.Tensor:
+        step, run = self.step, self.step.run
+        api.enable(step.target)
+        try:
+            if step.config.acceptance is not None:
+                set_reference(step.proposers[self.kind], step.reference,
+                              _prompt_positions(run.drafts[self.kind], run.vocabs[self.kind], step.inputs))
+            out = step.target.generate(**step.inputs, **step.gen, assistant_model=step.proposers[self.kind],
+                                       num_assistant_tokens=step.gamma)
+            self.stats.append(api.last_stats(step.target))
+            return out
+        finally:
+            api.disable(step.target)
+
+
+class BenchStep:
+    """One (batch, γ) configuration: its inputs, the plain reference continuation, and the methods timed."""
+
+    def __init__(self, run: "BenchmarkRun", batch: int, gamma: int):
+        config, preset = run.config, run.preset
+        self.run, self.config, self.target, self.batch, self.gamma = run, config, run.target, batch, gamma
+        self.gen = run.gen
+        self.inputs = synthetic_inputs(preset, batch, config.prompt_tokens, config.seed, config.with_image)
+        prompt_len = self.inputs["input_ids"].shape[1]
+        torch.manual_seed(config.seed)
+        plain = self.target.generate(**self.inputs, **self.gen)  # the reference continuation for controlled acceptance
+        self.plain, self.reference = plain, plain[:, prompt_len:]
+        self.proposers = dict(run.drafts)
+        if config.acceptance is not None:  # every draft sees the same (row, position) acceptance pattern
+            self.proposers = {kind: controlled_acceptance(d, config.acceptance, seed=config.seed,
+                                                          wrong_modulus=preset.text_vocab, proposable=run.proposable)
+                              for kind, d in run.drafts.items()}
+        self.ours = {kind: OursMethod(self, kind) for kind in run.drafts}
+        self.stock = {name: StockMethod(self, name) for name in ("stock", "stock_as_called")}
+        self.stock_error = self._stock_error()
+
+    def _stock_error(self) -> str | None:
+        """Why stock assisted generation is not in this step's table (None: it is). Stock runs with the small
+        LM draft only, at batch 1, with the same vocabulary; it may refuse even where it should run (5.17
+        passes pixel_values to the draft)."""
+        run = self.run
+        if not (self.config.stock and SMALL_LM in run.drafts and self.batch == 1):
+            return None
+        if not run.same_vocab:
+            # not attempted: stock takes a draft with another vocabulary size for another tokenizer
+            # (its universal path needs both tokenizers, which synthetic presets do not have)
+            return (f"not run: the draft's vocabulary ({draft_vocab_size(run.preset.draft)} ids) differs from the "
+                    f"target's ({run.spec.vocab_size})")
+        try:
+            self.stock["stock"]()
+        except (ValueError, RuntimeError, TypeError, IndexError) as err:
+            return f"{type(err).__name__}: {err}"[:300]
+        return None
+
+    @property
+    def stock_runs(self) -> bool:
+        return self.config.stock and SMALL_LM in self.run.drafts and self.batch == 1 and self.run.same_vocab \
+            and self.stock_error is None
+
+    def methods(self) -> dict[str, Any]:
+        methods = {"plain": PlainMethod(self)} | {f"ours_{kind}": m for kind, m in self.ours.items()}
+        if self.stock_runs:
+            methods |= self.stock
+        return methods
+
+    def measure(self) -> list[dict[str, Any]]:
+        """Time every method in turns on the same inputs; a row per draft kind."""
+        run, config = self.run, self.config
+        clock = PrefillClock(self.target, run.device)  # each call's decoding phase: the time after its prefill forward
+        try:
+            timed = interleaved_medians(self.methods(), run.device, config.warmup, config.repeats, clock)
+        finally:
+            clock.remove()
+        target_costs = target_step_costs(self.target, self.inputs, self.gamma)
+        return [self._row(kind, timed, target_costs) for kind in run.drafts]
+
+    def _row(self, kind: str, timed: dict[str, Any], target_costs: dict[str, float]) -> dict[str, Any]:
+        run, config, gamma = self.run, self.config, self.gamma
+        new_tokens = self.batch * config.max_new_tokens
+        t_plain = timed["plain"][0]
+        t_ours, ours = timed[f"ours_{kind}"][:2]
+        row: dict[str, Any] = {"draft_kind": kind, "batch": self.batch, "gamma": gamma, "plain_tok_s": new_tokens / t_plain,
+                               "stock_error": self.stock_error if kind == SMALL_LM else None,
+                               "times_s": {name: t[2] for name, t in timed.items()
+                                           if name in ("plain", f"ours_{kind}") or kind == SMALL_LM}}
+        for name, method in self.stock.items():
+            runs = self.stock_runs and kind == SMALL_LM
+            row[f"{name}_speedup"] = t_plain / timed[name][0] if runs else None
+            # stock's tokens per verification forward (prefill left out), from a forward-call count
+            forwards = method.forwards[-config.repeats:]
+            row[f"{name}_tau"] = (config.max_new_tokens - 1) / (statistics.mean(forwards) - 1) if runs else None
+        # every run replays the same acceptance draws, so runs differ only by machine noise.
+        # τ: per row, tokens per verification round after the prefill's token (stock's τ above is the same
+        # quantity); τ steady leaves out each row's last round, which max_new_tokens cuts short (what
+        # (1 - α^(γ+1)) / (1 - α) predicts)
+        stats = self.ours[kind].stats
+        tau = statistics.mean(st.round_block_efficiency for st in stats)
+        rounds = statistics.mean(len(st.tokens_per_round) for st in stats)
+        costs = target_costs | draft_step_cost(run.drafts[kind], self.target, self.inputs, run.vocabs[kind])
+        ideal = tau * costs["T1"] / (costs["Tv"] + gamma * costs["Td"])
+        acceptance = [st.acceptance_rate for st in stats if st.acceptance_rate is not None]
+        row.update({
+            "ours_tok_s": new_tokens / t_ours,
+            "speedup": t_plain / t_ours,
+            "tau": tau,
+            "tau_steady": statistics.mean(st.steady_block_efficiency for st in stats),
+            "rounds": rounds,
+            "acceptance": statistics.mean(acceptance) if acceptance else None,
+            "expected_tau": None if config.acceptance is None else
+            (1 - config.acceptance ** (gamma + 1)) / (1 - config.acceptance) if config.acceptance < 1 else gamma + 1,
+            "T1_ms": costs["T1"] * 1e3, "Tv_ms": costs["Tv"] * 1e3, "Td_ms": costs["Td"] * 1e3,
+            "Tp_ms": costs["Tp"] * 1e3, "Tpd_ms": costs["Tpd"] * 1e3,
+            "Td_over_T1": costs["Td"] / costs["T1"],
+            "ideal_speedup": ideal,
+            "efficiency": (t_plain / t_ours) / ideal,
+            # the whole call: both methods pay the target's prefill Tp (ours also the draft's, Tpd), and a
+            # batch runs until its slowest row is done: plain's Tp + (N-1)·T1 vs Tp + Tpd + rounds·(Tv + γ·Td)
+            "ideal_speedup_e2e": (costs["Tp"] + (config.max_new_tokens - 1) * costs["T1"]) / (
+                costs["Tp"] + costs["Tpd"] + rounds * (costs["Tv"] + gamma * costs["Td"])),
+            "mbsu": tau / (1 + gamma * run.n_drafts[kind] / run.n_target),
+            "lossless": bool(torch.equal(ours, self.plain)) if not config.do_sample else None,
+        })
+        row["efficiency_e2e"] = row["speedup"] / row["ideal_speedup_e2e"]
+        # the decoding phase alone (after the target's prefill forward; ours includes the draft's prefill):
+        # the quantity the per-row model τ·T1/(Tv + γ·Td) describes, prefill left out on both sides
+        row["decode_speedup"] = statistics.median(timed["plain"][3]) / statistics.median(timed[f"ours_{kind}"][3])
+        row["efficiency_decode"] = row["decode_speedup"] / ideal
+        row["decode_times_s"] = {name: timed[name][3] for name in ("plain", f"ours_{kind}")}
+        return row
+
+
+class BenchmarkRun:
+    """The models of one benchmark run: the preset's target, each draft kind's draft and vocabulary map."""
+
+    def __init__(self, config: BenchConfig, preset: Preset):
+        self.config, self.preset, self.target = config, preset, preset.target
+        self.device = execution_device(self.target)  # where its inputs go (a dispatched target's first layer)
+        api.disable(self.target)
+        self.spec = target_spec(self.target)
+        self.drafts = {kind: _build_draft(kind, preset, config.seed) for kind in config.draft_kinds}
+        self.vocabs = {kind: VocabMap(self.spec, draft_vocab_size(d), self.device) for kind, d in self.drafts.items()}
+        # the target ids every compared draft can propose: any other reference id is a miss for all of them alike
+        self.proposable = torch.stack([v.proposable.cpu() for v in self.vocabs.values()]).all(0)
+        self.same_vocab = draft_vocab_size(preset.draft) == self.spec.vocab_size
+        self.n_target = _n_params(self.target)
+        self.n_drafts = {kind: _n_params(d) for kind, d in self.drafts.items()}
+        # presets have no EOS (random weights): every method generates exactly max_new_tokens per row
+        self.gen = dict(max_new_tokens=config.max_new_tokens, do_sample=config.do_sample)
+
+    def env(self) -> dict[str, Any]:
+        device, target = self.device, self.target
+        return {
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+            # where the target's layers went under --device-map (module -> device), else None
+            "target_device_map": {k: str(v) for k, v in getattr(target, "hf_device_map", {}).items()} or None,
+            "cpu_threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "target_params": self.n_target, "draft_params": self.n_drafts, "config": asdict(self.config),
+            "note": _note(self.config, target),
+        }
+
+
 def run_benchmark(config: BenchConfig, progress: bool = True, preset: Preset | None = None) -> dict[str, Any]:
     """Run every (batch, γ) configuration of ``config``: plain, stock and hf_specmm with each draft kind,
     timed in turns on the same inputs; returns ``{"env": ..., "rows": [...]}`` (a row per draft kind).
@@ -116,165 +323,13 @@ def run_benchmark(config: BenchConfig, progress: bool = True, preset: Preset | N
     config.validate()  # before the preset is built: a bad value must not cost a model build
     if preset is None:
         preset = build_preset(config.preset, config.device, config.dtype, config.seed, config.device_map)
-    target = preset.target
-    device = execution_device(target)  # where its inputs go (a dispatched target's first layer)
-    api.disable(target)
-    spec = target_spec(target)
-    drafts = {kind: _build_draft(kind, preset, config.seed) for kind in config.draft_kinds}
-    vocabs = {kind: VocabMap(spec, draft_vocab_size(d), device) for kind, d in drafts.items()}
-    # the target ids every compared draft can propose: any other reference id is a miss for all of them alike
-    proposable = torch.stack([v.proposable.cpu() for v in vocabs.values()]).all(0)
-    same_vocab = draft_vocab_size(preset.draft) == spec.vocab_size
-    n_target = _n_params(target)
-    n_drafts = {kind: _n_params(d) for kind, d in drafts.items()}
-    # presets have no EOS (random weights): every method generates exactly max_new_tokens per row
-    gen = dict(max_new_tokens=config.max_new_tokens, do_sample=config.do_sample)
+    run = BenchmarkRun(config, preset)
     rows = []
-    steps = [(b, g) for b in config.batch_sizes for g in config.gammas]
-    bar = tqdm(steps, desc="bench", disable=not progress)
+    bar = tqdm([(b, g) for b in config.batch_sizes for g in config.gammas], desc="bench", disable=not progress)
     for batch, gamma in bar:
-        inputs = synthetic_inputs(preset, batch, config.prompt_tokens, config.seed, config.with_image)
-        prompt_len = inputs["input_ids"].shape[1]
-        torch.manual_seed(config.seed)
-        plain = target.generate(**inputs, **gen)  # the reference continuation for controlled acceptance
-        new_tokens = batch * config.max_new_tokens
-        proposers = dict(drafts)
-        if config.acceptance is not None:  # every draft sees the same (row, position) acceptance pattern
-            proposers = {kind: controlled_acceptance(d, config.acceptance, seed=config.seed, wrong_modulus=preset.text_vocab,
-                                                     proposable=proposable) for kind, d in drafts.items()}
-        # stock assisted generation: the small LM draft only, batch 1, same vocabulary
-        stock_runs = config.stock and SMALL_LM in drafts and batch == 1 and same_vocab
-        stock_proposer = proposers.get(SMALL_LM)
-
-        def run_plain() -> torch.Tensor:
-            return target.generate(**inputs, **gen)
-
-        stock_forwards: dict[str, list[int]] = {"stock": [], "stock_as_called": []}
-
-        def stock_run(name: str) -> torch.Tensor:
-            """Stock assisted generation, counting target forwards. ``stock_as_called`` passes γ to
-            generate() as users do (stock ignores it: default γ = 20); ``stock`` sets γ where stock reads
-            it, the draft's generation_config, for the run only."""
-            if config.acceptance is not None:  # stock's draft reads the whole prompt, image placeholders included
-                set_reference(stock_proposer, plain[:, prompt_len:], inputs["attention_mask"].sum(-1))
-            calls = []
-            handle = target.register_forward_pre_hook(lambda *args: calls.append(1))
-            draft_config = stock_proposer.generation_config
-            saved = (draft_config.num_assistant_tokens, draft_config.num_assistant_tokens_schedule)
-            if name == "stock":
-                draft_config.num_assistant_tokens, draft_config.num_assistant_tokens_schedule = gamma, "constant"
-            try:
-                extra = {"num_assistant_tokens": gamma} if name == "stock_as_called" else {}
-                return target.generate(**inputs, **gen, assistant_model=stock_proposer, **extra)
-            finally:
-                draft_config.num_assistant_tokens, draft_config.num_assistant_tokens_schedule = saved
-                handle.remove()
-                stock_forwards[name].append(len(calls))
-
-        def run_stock() -> torch.Tensor:
-            return stock_run("stock")
-
-        def run_stock_as_called() -> torch.Tensor:
-            return stock_run("stock_as_called")
-
-        ours_stats: dict[str, list[Any]] = {kind: [] for kind in drafts}
-
-        def ours_runner(kind: str) -> Any:
-            proposer = proposers[kind]
-
-            def run_ours() -> torch.Tensor:
-                api.enable(target)
-                try:
-                    if config.acceptance is not None:
-                        set_reference(proposer, plain[:, prompt_len:], _prompt_positions(drafts[kind], vocabs[kind], inputs))
-                    out = target.generate(**inputs, **gen, assistant_model=proposer, num_assistant_tokens=gamma)
-                    ours_stats[kind].append(api.last_stats(target))
-                    return out
-                finally:
-                    api.disable(target)
-
-            return run_ours
-
-        stock_error = None
-        if config.stock and SMALL_LM in drafts and batch == 1 and not same_vocab:
-            # not attempted: stock takes a draft with another vocabulary size for another tokenizer
-            # (its universal path needs both tokenizers, which synthetic presets do not have)
-            stock_error = (f"not run: the draft's vocabulary ({draft_vocab_size(preset.draft)} ids) differs from the "
-                           f"target's ({spec.vocab_size})")
-        if stock_runs:  # stock may refuse even where it should run (5.17 passes pixel_values to the draft)
-            try:
-                run_stock()
-            except (ValueError, RuntimeError, TypeError, IndexError) as err:
-                stock_runs, stock_error = False, f"{type(err).__name__}: {err}"[:300]
-        methods = {"plain": run_plain} | {f"ours_{kind}": ours_runner(kind) for kind in drafts}
-        if stock_runs:
-            methods |= {"stock": run_stock, "stock_as_called": run_stock_as_called}
-        clock = PrefillClock(target, device)  # each call's decoding phase: the time after its prefill forward
-        try:
-            timed = interleaved_medians(methods, device, config.warmup, config.repeats, clock)
-        finally:
-            clock.remove()
-        t_plain = timed["plain"][0]
-        target_costs = target_step_costs(target, inputs, gamma)
-        for kind, draft in drafts.items():
-            t_ours, ours = timed[f"ours_{kind}"][:2]
-            row: dict[str, Any] = {"draft_kind": kind, "batch": batch, "gamma": gamma, "plain_tok_s": new_tokens / t_plain,
-                                   "stock_error": stock_error if kind == SMALL_LM else None,
-                                   "times_s": {name: t[2] for name, t in timed.items()
-                                               if name in ("plain", f"ours_{kind}") or kind == SMALL_LM}}
-            for name in ("stock", "stock_as_called"):
-                runs = stock_runs and kind == SMALL_LM
-                row[f"{name}_speedup"] = t_plain / timed[name][0] if runs else None
-                # stock's tokens per verification forward (prefill left out), from a forward-call count
-                forwards = stock_forwards[name][-config.repeats:]
-                row[f"{name}_tau"] = (config.max_new_tokens - 1) / (statistics.mean(forwards) - 1) if runs else None
-            # every run replays the same acceptance draws, so runs differ only by machine noise.
-            # τ: per row, tokens per verification round after the prefill's token (stock's τ above is the same
-            # quantity); τ steady leaves out each row's last round, which max_new_tokens cuts short (what
-            # (1 - α^(γ+1)) / (1 - α) predicts)
-            stats = ours_stats[kind]
-            tau = statistics.mean(st.round_block_efficiency for st in stats)
-            rounds = statistics.mean(len(st.tokens_per_round) for st in stats)
-            costs = target_costs | draft_step_cost(draft, target, inputs, vocabs[kind])
-            ideal = tau * costs["T1"] / (costs["Tv"] + gamma * costs["Td"])
-            row.update({
-                "ours_tok_s": new_tokens / t_ours,
-                "speedup": t_plain / t_ours,
-                "tau": tau,
-                "tau_steady": statistics.mean(st.steady_block_efficiency for st in stats),
-                "rounds": rounds,
-                "acceptance": statistics.mean(st.acceptance_rate for st in stats),
-                "expected_tau": None if config.acceptance is None else
-                (1 - config.acceptance ** (gamma + 1)) / (1 - config.acceptance) if config.acceptance < 1 else gamma + 1,
-                "T1_ms": costs["T1"] * 1e3, "Tv_ms": costs["Tv"] * 1e3, "Td_ms": costs["Td"] * 1e3,
-                "Tp_ms": costs["Tp"] * 1e3, "Tpd_ms": costs["Tpd"] * 1e3,
-                "Td_over_T1": costs["Td"] / costs["T1"],
-                "ideal_speedup": ideal,
-                "efficiency": (t_plain / t_ours) / ideal,
-                # the whole call: both methods pay the target's prefill Tp (ours also the draft's, Tpd), and a
-                # batch runs until its slowest row is done: plain's Tp + (N-1)·T1 vs Tp + Tpd + rounds·(Tv + γ·Td)
-                "ideal_speedup_e2e": (costs["Tp"] + (config.max_new_tokens - 1) * costs["T1"]) / (
-                    costs["Tp"] + costs["Tpd"] + rounds * (costs["Tv"] + gamma * costs["Td"])),
-                "mbsu": tau / (1 + gamma * n_drafts[kind] / n_target),
-                "lossless": bool(torch.equal(ours, plain)) if not config.do_sample else None,
-            })
-            row["efficiency_e2e"] = row["speedup"] / row["ideal_speedup_e2e"]
-            # the decoding phase alone (after the target's prefill forward; ours includes the draft's prefill):
-            # the quantity the per-row model τ·T1/(Tv + γ·Td) describes, prefill left out on both sides
-            row["decode_speedup"] = statistics.median(timed["plain"][3]) / statistics.median(timed[f"ours_{kind}"][3])
-            row["efficiency_decode"] = row["decode_speedup"] / ideal
-            row["decode_times_s"] = {name: timed[name][3] for name in ("plain", f"ours_{kind}")}
-            rows.append(row)
+        rows.extend(BenchStep(run, batch, gamma).measure())
         bar.set_postfix(speedup=f"{rows[-1]['speedup']:.2f}x", tau=f"{rows[-1]['tau']:.2f}")
-    env = {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
-        # where the target's layers went under --device-map (module -> device), else None
-        "target_device_map": {k: str(v) for k, v in getattr(target, "hf_device_map", {}).items()} or None,
-        "cpu_threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers.__version__,
-        "target_params": n_target, "draft_params": n_drafts, "config": asdict(config),
-        "note": _note(config, target),
-    }
-    return {"env": env, "rows": rows}
+    return {"env": run.env(), "rows": rows}
 
 
 COLUMNS = [("draft_kind", "draft", "{}"), ("batch", "batch", "{}"), ("gamma", "γ", "{}"), ("plain_tok_s", "plain tok/s", "{:.1f}"),

@@ -9,7 +9,7 @@ gemma-3-1b-it (``Gemma3ForCausalLM``).
 - ``<end_of_turn>`` is a second EOS (``generation_config.eos_token_id`` is a list): honoured by stock's
   stopping criteria, which the loop uses as they are.
 - Sliding-window layers: the loop keeps full layers for its caches and compacts rejected slots away,
-  so the window covers the same tokens as in plain generate (see ``cache_state.SlottedCache``).
+  so the window covers the same tokens as in plain generate (see :mod:`hf_specmm.caches.base`).
 """
 
 from __future__ import annotations
@@ -21,4 +21,5 @@ GEMMA3 = register_target_family(TargetFamily(
     per_call_inputs=("pixel_values", "token_type_ids"),
     image_layout_attrs=("mm_tokens_per_image", "vision_config.image_size", "vision_config.patch_size"),
     span_attrs=(("boi_token_id", "boi_token_index"), ("eoi_token_id", "eoi_token_index")),
+    one_run_per_image=True,  # <start_of_image> <image_soft_token>×n <end_of_image> per image (and per crop)
 ))

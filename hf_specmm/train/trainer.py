@@ -86,14 +86,14 @@ class Trainer:
         return out.logits[:, :width].to(self.device)
 
     def _draft_logits(self, batch: Batch, view: Drafter) -> torch.Tensor:
-        ids, valid, extra = view.draft_inputs(Prompt(batch.prompt_ids, batch.prompt_mask, batch.inputs))
+        prompt = view.draft_inputs(Prompt(batch.prompt_ids, batch.prompt_mask, batch.inputs))
         # response ids the draft cannot read (outside its vocabulary) are read as a stand-in, as the drafters' _queue does
-        draft_ids = torch.cat([ids, self.vocab.readable(batch.response_ids)], 1)
-        mask = torch.cat([valid, batch.response_mask], 1).long()
+        draft_ids = torch.cat([prompt.ids, self.vocab.readable(batch.response_ids)], 1)
+        mask = torch.cat([prompt.valid, batch.response_mask], 1).long()
         width = batch.response_ids.shape[1]
         with self._autocast():
-            out = view.model(input_ids=draft_ids, attention_mask=mask, position_ids=view.positions.prompt_positions(mask),
-                             use_cache=False, logits_to_keep=width + 1, **extra)
+            out = view.model(input_ids=draft_ids, attention_mask=mask, position_ids=prompt.positions.prompt_positions(mask),
+                             use_cache=False, logits_to_keep=width + 1, **prompt.extra)
         return out.logits[:, :width]
 
     def _micro_step(self, examples: list[Example], view: Drafter, total_tokens: int) -> dict[str, float]:

@@ -16,8 +16,11 @@ from typing import Any
 import torch
 
 from .. import _compat
+from ..budget import RoundBudget
+from ..caches import DynamicBackend
 from ..drafter import Prompt
 from ..drafts import kind_of
+from ..selector import ArgmaxSelector
 from ..targets import target_family, target_spec
 from ..train.data import Example, encode_prompts
 from ..vocab import VocabMap, draft_vocab_size
@@ -58,10 +61,10 @@ def step_costs(world: Any, example: Example, repeats: int = 50) -> list[dict[str
         with drafter.watch(target):
             prefill = target(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1, **inputs)
         drafter.observe_prefill(prefill)
-        drafter.prefill(Prompt(ids, mask, family.model_inputs(inputs)), token)
+        drafter.prefill(Prompt(ids, mask, family.model_inputs(inputs)), token, DynamicBackend().new)
 
         def draft_step() -> None:  # reads the pending token, drafts one (the cache grows by a slot per call)
-            drafter.propose(1, lambda logits, j: (logits.argmax(-1), None))
+            drafter.propose(RoundBudget(1), ArgmaxSelector())
 
         t_draft = _median_s(draft_step, repeats)
         params = sum(p.numel() for p in draft.parameters())

@@ -26,11 +26,12 @@ from typing import Any, Iterator
 
 import torch
 
-from ... import _compat
-from ...cache_state import SlottedCache
-from ...drafter import Drafter, Prompt, Proposal, SelectFn
+from ...budget import RoundBudget
+from ...caches import CacheFactory, SlottedCache
+from ...drafter import Drafter, Prompt, Proposal
 from ...errors import IncompatibleDraftError
 from ...targets import target_family
+from ...selector import Selector
 from ...targets.positions import ROPE_1D, Rope1D
 from ...vocab import VocabMap
 
@@ -40,9 +41,7 @@ class FeatureHeadDrafter(Drafter):
     observes_verification = True
 
     def __init__(self, draft: Any, vocab: VocabMap, positions: Rope1D = ROPE_1D):
-        super().__init__(draft, vocab)
-        self.model = draft
-        self.positions = positions
+        super().__init__(draft, vocab, draft, positions)
         self.device = draft.fc.weight.device
         self.target: Any = None  # set by watch(): the head's positions are its target's (bound per prompt)
         self.state: SlottedCache | None = None
@@ -103,23 +102,19 @@ class FeatureHeadDrafter(Drafter):
         target-vocabulary logits [B, V] (on the loop's device). ``position_ids``: given for the prompt
         (M-RoPE grid positions), else the position rule's block positions."""
         assert self.state is not None
-        inputs = self.state.block_inputs(valid, features.shape[1])
-        if position_ids is not None:
-            inputs["position_ids"] = position_ids
+        inputs = self.state.append(valid, features.shape[1], position_ids)
         mask = inputs["attention_mask"]
-        positions = inputs["position_ids"] if position_ids is None else position_ids
         out = self.model(features=features.to(self.device), inputs_embeds=embeds.to(self.device),
                          attention_mask=None if mask is None else mask.to(self.device),
-                         position_ids=positions.to(self.device), cache=self.state.cache,
+                         position_ids=inputs["position_ids"].to(self.device), cache=self.state.cache,
                          use_cache=True)
-        self.state.commit(mask, features.shape[1])
         last = out.hidden_states[:, -1:]
         if not logits:
             return last, None
         scores = self.model.lm_logits(last)[:, -1].to(device=self.state.device, dtype=torch.float32)
         return last, self.vocab.to_target(scores)
 
-    def prefill(self, prompt: Prompt, first_tokens: torch.Tensor) -> None:
+    def prefill(self, prompt: Prompt, first_tokens: torch.Tensor, new_cache: CacheFactory) -> None:
         embeds, features = self.prompt_capture
         self.prompt_capture = None
         ids, mask = prompt.input_ids, prompt.attention_mask
@@ -128,7 +123,7 @@ class FeatureHeadDrafter(Drafter):
             embeds = self.model.embed(ids)
         # the slots are the target's prompt positions: the target family's rule, bound to this prompt
         self.positions = target_family(self.target).positions.bind(self.target, ids, mask, prompt.model_inputs)
-        self.state = SlottedCache(_compat.new_dynamic_cache(), None, 0, batch, ids.device, self.positions)
+        self.state = new_cache(self.model, batch, ids.device, self.positions)
         features = features[:, :width]
         valid = None if mask is None or bool(mask.all()) else mask.bool()
         prompt_positions = self.positions.prompt_positions(torch.ones_like(ids) if mask is None else mask.long())
@@ -136,16 +131,19 @@ class FeatureHeadDrafter(Drafter):
                      position_ids=prompt_positions)
         self.pending = (features[:, -1:], first_tokens[:, None], torch.ones_like(first_tokens[:, None], dtype=torch.bool))
 
-    def propose(self, gamma: int, select: SelectFn) -> Proposal:
+    def propose(self, budget: RoundBudget, select: Selector) -> Proposal:
+        gamma = budget.gamma
         assert self.pending is not None and self.state is not None and gamma >= 1
         features, ids, valid = self.pending
-        restore = (self.state.length, valid)
+        restore = (self.state.length, valid.shape[1])  # cache length at round start, pending width
         feature, logits = self.forward(features, self.model.embed(ids), None if bool(valid.all()) else valid)
         tokens, probs = [], []
         for j in range(gamma):
             token, prob = select(logits, j)
             tokens.append(token)
             probs.append(prob)
+            if select.stop:  # every row is below the confidence threshold: end the round
+                break
             if j + 1 < gamma:  # d_{j+1} read with the head's own predicted feature (dropped after verification)
                 feature, logits = self.forward(feature, self.model.embed(token[:, None]), None)
         return Proposal(torch.stack(tokens, 1), torch.stack(probs, 1) if probs[0] is not None else None, restore)
@@ -162,8 +160,8 @@ class FeatureHeadDrafter(Drafter):
         """Keep the pending slots (true features), drop the drafted ones, queue the accepted tokens with the
         verification's true features: row i queues (f(cur), d_1), ..., (f(d_{n_i}), next_i), right-aligned."""
         assert self.state is not None and self.verified is not None
-        start, pending_valid = proposal.restore
-        self.state.rollback(start, pending_valid)
+        start, width = proposal.restore
+        self.state.rollback(start, torch.full_like(n, width))  # the pending slots, as valid as they were
         width = int(n.max()) + 1
         k = torch.arange(width, device=n.device)[None] - (width - 1 - n[:, None])  # source index per slot
         valid = k >= 0

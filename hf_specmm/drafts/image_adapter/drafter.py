@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 import torch
 
-from ...drafter import Prompt
+from ...drafter import DraftPrompt, Prompt
 from ...errors import IncompatibleDraftError
 from ...targets import target_spec
 from ...vocab import VocabMap
@@ -101,7 +101,7 @@ class ImageAdapterDrafter(ChainDrafter):
             rows.append(row)
         return rows, runs
 
-    def draft_inputs(self, prompt: Prompt) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    def draft_inputs(self, prompt: Prompt) -> DraftPrompt:
         """Prompt view plus the captured image embeddings, pooled, for its image slots (one pass over the
         prompt). Consumes the capture of :meth:`watch`; used by inference and by training."""
         input_ids, attention_mask = prompt.input_ids, prompt.attention_mask
@@ -117,7 +117,7 @@ class ImageAdapterDrafter(ChainDrafter):
             embeds = self.target_embeds[:, : input_ids.shape[1]]  # the target may have read more (training)
             features = pool_image_features(embeds[placeholders.to(embeds.device)], runs, self.pool)
         self.target_embeds = None  # one capture per target forward
-        return ids, valid, {"image_features": features}
+        return DraftPrompt(ids, valid, self.positions, {"image_features": features})
 
 
 def _left_pad(rows: list[list[int]], like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ...drafter import Prompt
+from ...drafter import DraftPrompt, Prompt
 from ...errors import IncompatibleDraftError
 from ...vocab import VocabMap
 from ..chain import ChainDrafter
@@ -65,6 +65,6 @@ class TextOnlyDrafter(ChainDrafter):
         if not callable(getattr(model, "forward", None)) or not hasattr(model, "get_output_embeddings"):
             raise IncompatibleDraftError(f"a text-only draft must be a causal LM; got {type(model).__name__}")
 
-    def draft_inputs(self, prompt: Prompt) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    def draft_inputs(self, prompt: Prompt) -> DraftPrompt:
         ids, valid = text_only_view(self.vocab, prompt.input_ids, prompt.attention_mask)
-        return ids, valid, {}
+        return DraftPrompt(ids, valid, self.positions)

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ...drafter import Prompt
+from ...drafter import DraftPrompt, Prompt
 from ...errors import IncompatibleDraftError
 from ...targets import family_of, target_family, target_spec
 from ...vocab import VocabMap
@@ -58,14 +58,14 @@ class VLMDrafter(ChainDrafter):
             return torch.full((input_ids.shape[0],), input_ids.shape[1], device=input_ids.device)
         return attention_mask.long().sum(-1)
 
-    def draft_inputs(self, prompt: Prompt) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    def draft_inputs(self, prompt: Prompt) -> DraftPrompt:
         ids = prompt.input_ids
         mask = prompt.attention_mask
         valid = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
         # the family's position rule bound to this prompt (M-RoPE: grid positions of its images)
-        self.positions = self.family.positions.bind(self.model, ids, mask, prompt.model_inputs)
+        positions = self.family.positions.bind(self.model, ids, mask, prompt.model_inputs)
         dtype = next(self.model.parameters()).dtype
         extra = {k: (v.to(device=self.device, dtype=dtype) if torch.is_floating_point(v) else v.to(self.device))
                  if isinstance(v, torch.Tensor) else v
                  for k, v in self.family.model_inputs(prompt.model_inputs).items()}
-        return ids, valid, extra
+        return DraftPrompt(ids, valid, positions, extra)

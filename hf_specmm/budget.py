@@ -1,0 +1,46 @@
+"""How much a drafter may propose: the call's draft budget and the one it gets each round."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RoundBudget:
+    """What :meth:`~hf_specmm.drafter.Drafter.propose` may draft this round: ``gamma`` tokens per row
+    (a chain of γ; a draft tree reads its shape from its own wrapper)."""
+
+    gamma: int
+
+
+@dataclass
+class DraftBudget:
+    """The call's budget. ``schedule``: ``constant`` keeps γ fixed; ``heuristic`` / ``heuristic_transient``
+    (as stock transformers) add 2 after a round where every row accepted all drafts, else subtract 1 (never
+    below 1). ``heuristic`` also writes the final γ back to the draft's ``generation_config`` after the call,
+    as stock does, so the next call starts from it; ``heuristic_transient`` starts from the configured γ on
+    every call. ``confidence``: ``assistant_confidence_threshold``, a row stops drafting below it.
+
+    Example::
+
+        >>> budget = DraftBudget(gamma=5, schedule="heuristic")
+        >>> budget.for_round(remaining=[3, 40], unfinished=[True, True])
+        RoundBudget(gamma=5)
+        >>> budget.update(kept=[6, 6], gamma_used=5); budget.gamma
+        7
+    """
+
+    gamma: int
+    schedule: str = "constant"
+    confidence: float | None = None
+
+    def for_round(self, remaining: list[int], unfinished: list[bool]) -> RoundBudget:
+        """γ for a round where row i may still add ``remaining[i]`` tokens: one token of the longest
+        unfinished row's room is the target's own (with one token left, a plain target step ends the call)."""
+        return RoundBudget(min(self.gamma, max(r for r, u in zip(remaining, unfinished) if u) - 1))
+
+    def update(self, kept: list[int], gamma_used: int) -> None:
+        """After a round where the rows still running kept ``kept`` tokens each (drafts + the target's)."""
+        accepted = [k - 1 for k in kept if k]
+        if self.schedule.startswith("heuristic") and accepted:
+            self.gamma = self.gamma + 2 if min(accepted) == gamma_used else max(1, self.gamma - 1)

@@ -1,0 +1,56 @@
+"""The dynamic backend: transformers' ``DynamicCache`` (full layers), cropped to the kept prefix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .. import _compat
+from ..targets.positions import ROPE_1D, Rope1D
+from .base import SlottedCache
+
+
+class DynamicSlottedCache(SlottedCache):
+    """A :class:`SlottedCache` over a ``DynamicCache``: rollback crops (no copy), leaving rows select rows."""
+
+    def forward_kwargs(self) -> dict[str, Any]:
+        return _compat.cache_kwargs(self.cache)
+
+    def _keep_prefix(self, length: int) -> None:
+        _compat.crop_cache(self.cache, length)
+
+    def _select_storage(self, keep: torch.Tensor) -> None:
+        _compat.select_cache_rows(self.cache, keep)
+
+    def _gather_slots(self, start: int, index: torch.Tensor) -> None:
+        _compat.gather_cache_slots(self.cache, start, index)
+
+
+class DynamicBackend:
+    """Makes the call's caches. The one place that decides how a model's cache is laid out: sliding-window
+    models get full layers and compaction (see :mod:`hf_specmm.caches.base`)."""
+
+    name = "dynamic"
+
+    @staticmethod
+    def compacts(model: Any) -> bool:
+        """Whether ``model``'s caches move holes left after each rollback (it attends through a window)."""
+        config = getattr(model, "config", None)
+        return config is not None and _compat.has_sliding_layers(config)
+
+    def prepare_target(self, target: Any, model_kwargs: dict) -> None:
+        """Before the target's prefill: sliding-window targets get a full-layer cache (cropped at any length)."""
+        if self.compacts(target):
+            model_kwargs[_compat.CACHE_KWARG] = _compat.new_dynamic_cache()
+
+    def wrap_target(self, target: Any, cache: Any, mask: torch.Tensor | None, length: int, batch_size: int,
+                    device: torch.device, positions: Rope1D) -> SlottedCache:
+        """The target's cache as its prefill left it (``length`` slots, ``mask`` [B, length] or None)."""
+        return DynamicSlottedCache(cache, batch_size, device, positions, compact=self.compacts(target),
+                                   length=length, mask=None if mask is None else mask.long())
+
+    def new(self, model: Any, batch_size: int, device: torch.device, positions: Rope1D = ROPE_1D) -> SlottedCache:
+        """An empty cache for a draft model (the drafters' :data:`~hf_specmm.caches.CacheFactory`)."""
+        return DynamicSlottedCache(_compat.new_dynamic_cache(), batch_size, device, positions,
+                                   compact=self.compacts(model))
