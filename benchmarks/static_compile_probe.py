@@ -80,8 +80,9 @@ def probe(preset_name: str, batches: list[int], widths: list[int], prompt_tokens
                 sync(kv.device)
                 result["compile_s"] = time.perf_counter() - start
                 with torch.compiler.set_stance("fail_on_recompile"):  # the timed calls replay that graph
-                    times = interleaved({"eager": lambda: step(target, kv, block),
-                                         "compiled": lambda: step(compiled, kv, block)}, kv.device, warmup, repeats)
+                    calls = {"eager": lambda kv=kv, block=block: step(target, kv, block),
+                             "compiled": lambda kv=kv, block=block: step(compiled, kv, block)}
+                    times = interleaved(calls, kv.device, warmup, repeats)
                 result["graphs"] = counters["stats"]["unique_graphs"] - graphs
             result["eager_ms"], result["compiled_ms"] = 1e3 * times["eager"], 1e3 * times["compiled"]
             result["speedup"] = result["eager_ms"] / result["compiled_ms"]
@@ -106,7 +107,10 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     rows = probe(args.preset, args.batch, args.widths, args.prompt_tokens, args.warmup, args.repeats, args.device)
     if args.out:
-        meta = {"torch": torch.__version__, "transformers": _compat._INSTALLED.public, "threads": torch.get_num_threads()}
+        import transformers
+
+        meta = {"torch": torch.__version__, "transformers": transformers.__version__,
+                "threads": torch.get_num_threads()}
         with open(args.out, "w") as handle:
             json.dump({"meta": meta, "rows": rows}, handle, indent=1)
 

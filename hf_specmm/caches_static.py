@@ -111,7 +111,7 @@ class StaticSlottedCache:
 
     @classmethod
     def for_model(cls, model: Any, batch_size: int, capacity: int, device: torch.device,
-                  positions: Rope1D = ROPE_1D) -> "StaticSlottedCache":
+                  positions: Rope1D = ROPE_1D) -> StaticSlottedCache:
         """An empty cache of ``capacity`` slots for ``model`` (sliding layers as full layers + window masks)."""
         sliding = _compat.has_sliding_layers(model.config)
         cache = _compat.new_static_cache(model, capacity, full_layers=sliding)
@@ -119,7 +119,7 @@ class StaticSlottedCache:
         return cls(cache, None, 0, batch_size, device, positions, windows)
 
     @classmethod
-    def prefill(cls, model: Any, inputs: dict[str, Any], capacity: int, positions: Rope1D) -> "StaticSlottedCache":
+    def prefill(cls, model: Any, inputs: dict[str, Any], capacity: int, positions: Rope1D) -> StaticSlottedCache:
         """Run the prompt ``inputs`` (images included) through ``model`` into a new cache of ``capacity`` slots,
         with the positions plain ``generate`` gives a left-padded prompt (``positions`` bound to it)."""
         ids, mask = inputs["input_ids"], inputs.get("attention_mask")
@@ -161,7 +161,8 @@ class StaticSlottedCache:
         own write pointers; ``attention_mask`` is the staged buffer itself, nothing to copy)."""
         self.length += width
 
-    def append(self, valid: torch.Tensor | None, width: int, position_ids: torch.Tensor | None = None) -> dict[str, Any]:
+    def append(self, valid: torch.Tensor | None, width: int,
+               position_ids: torch.Tensor | None = None) -> dict[str, Any]:
         """:meth:`block_inputs` and :meth:`commit` at once (``position_ids``: given, e.g. a prompt's)."""
         inputs = self.block_inputs(valid, width)
         if position_ids is not None:

@@ -1,5 +1,5 @@
-"""The static slotted cache computes what the dynamic one does, round after round of holes and rollbacks,
-and a compiled forward over it is traced once: later rounds and later calls replay the same graph."""
+"""The static slotted cache computes what one cache-free forward over each row's kept tokens does, round after
+round of holes and rollbacks, and a compiled forward over it is traced once: later rounds and calls replay it."""
 
 from __future__ import annotations
 
@@ -8,16 +8,17 @@ import time
 
 import pytest
 import torch
+from conftest import batch_inputs, target
 
 from hf_specmm import _compat
 from hf_specmm.caches_static import StaticSlottedCache
 from hf_specmm.targets import target_family
-from conftest import batch_inputs, target
 
 WIDTH = 4  # γ + 1 with γ = 3
 # kept slots of the block per row and round (1 = only the first, i.e. no draft accepted): each row accepts
 # everything in turn, so holes pile up in the others and the longest row changes from round to round
-ACCEPTED = [[4, 1, 2], [1, 4, 1], [2, 2, 4], [1, 1, 1], [4, 3, 1], [1, 4, 2], [3, 1, 4], [4, 4, 4], [2, 1, 3], [1, 2, 1]]
+ACCEPTED = [[4, 1, 2], [1, 4, 1], [2, 2, 4], [1, 1, 1], [4, 3, 1],
+            [1, 4, 2], [3, 1, 4], [4, 4, 4], [2, 1, 3], [1, 2, 1]]
 
 
 def _static(model, inputs, capacity):
@@ -95,7 +96,7 @@ def test_static_equals_cache_free_forward_with_holes(family, attention):
         reference = _without_cache(model, inputs, [kept[b] + block[b][read[b]].tolist() for b in range(3)])
         for b in range(3):
             torch.testing.assert_close(logits[b][read[b]], reference[b, -int(read[b].sum()):], atol=1e-5, rtol=0,
-                                       msg=lambda m: f"{family} round {step} row {b}: {m}")
+                                       msg=lambda m, step=step, b=b: f"{family} round {step} row {b}: {m}")
         keep = _kept(accepted) & read
         for b in range(3):
             kept[b] += block[b][keep[b]].tolist()
@@ -160,3 +161,22 @@ def test_compiled_forward_replays_one_graph():
         graphs.append(counters["stats"]["unique_graphs"])
     assert graphs[0] >= 1 and graphs[-1] == graphs[0], f"graphs compiled after the warm-up round: {graphs}"
     print(f"warm-up round with compilation: {compile_seconds:.1f} s, {graphs[0]} graph(s)")
+
+
+def test_compile_requested_as_stock_decides():
+    """Stock's criteria, read under either cache keyword: a static cache and a compile_config allowed on every
+    device compile; disable_compile, a dynamic cache or a CPU without that flag do not."""
+    from transformers import CompileConfig, GenerationConfig
+
+    model = target("llava")
+    static = {"cache": _compat.new_static_cache(model, 8)}
+    everywhere = CompileConfig()
+    everywhere._compile_all_devices = True  # stock's own switch for compiling on CPU
+    assert _compat.compile_requested(model, static, GenerationConfig(compile_config=everywhere))
+    assert _compat.compile_requested(model, {"past_key_values": static["cache"]},
+                                     GenerationConfig(compile_config=everywhere))
+    off = GenerationConfig(compile_config=everywhere, disable_compile=True)
+    assert not _compat.compile_requested(model, static, off)
+    assert not _compat.compile_requested(model, {"cache": _compat.new_dynamic_cache()},
+                                         GenerationConfig(compile_config=everywhere))
+    assert not _compat.compile_requested(model, static, GenerationConfig())  # CPU, no flag
