@@ -13,7 +13,7 @@ import torch
 
 import hf_specmm
 from hf_specmm import testing
-from hf_specmm import fixtures_qwen_vl as qwen
+from hf_specmm.testing import qwen_vl as qwen
 from hf_specmm.drafts.text_only.drafter import text_only_view
 from hf_specmm.targets import positions as positions_module
 from hf_specmm.targets import target_spec

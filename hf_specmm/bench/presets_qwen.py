@@ -57,7 +57,7 @@ def build_qwen_preset(name: str, device: str, dtype: str | None, seed: int, pres
         dt = getattr(torch, dtype or "bfloat16")
         return preset_cls(_target_7b(dt, device), _draft_0_5b(dt, device), 448, _UPSTREAM["image"],
                           _UPSTREAM["text"], inputs=qwen_inputs)
-    from .. import fixtures_qwen_vl as qwen
+    from ..testing import qwen_vl as qwen
     from .. import testing
 
     target = testing.tiny_target("qwen2_5_vl", seed=seed, eos_bias=-30.0).to(device)

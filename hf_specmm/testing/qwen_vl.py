@@ -1,5 +1,5 @@
 """Tiny offline Qwen-VL fixtures (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): real classes, the real token layout
-scaled down, built from configs with random weights (used through :mod:`hf_specmm.testing`).
+scaled down, built from configs with random weights (registered as fixture families: see :mod:`hf_specmm.testing`).
 
 Id layout, as upstream (Qwen2.5-VL-7B: 151,643 BPE ids, the specials from 151,643, a 151,665-token
 tokenizer, a 151,936-row Qwen2.5-0.5B draft and a 152,064-row target), scaled down:
@@ -13,22 +13,39 @@ tokenizer, a 151,936-row Qwen2.5-0.5B draft and a 152,064-row target), scaled do
   text draft (Qwen2.5-0.5B / Qwen3-0.6B shape) and 136 for Qwen2-VL / Qwen2.5-VL targets (152,064 vs
   151,936 upstream), 128 for Qwen3-VL (151,936 = Qwen3-0.6B's).
 
-The target's LM is shaped like the LLaVA fixtures' (``testing._shape_lm``): vision markers, pads and the
-rows beyond the tokenizer get a logit of about -20, so random generations never emit them.
+The target's LM is shaped like the LLaVA fixtures' (:func:`~hf_specmm.testing.shaping.shape_lm`): vision
+markers, pads and the rows beyond the tokenizer get a logit of about -20, so random generations never emit
+them.
 """
 
 from __future__ import annotations
 
-
 import torch
 from PIL import Image
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import (AutoModelForCausalLM, BatchFeature, PretrainedConfig, PreTrainedModel,
-                          PreTrainedTokenizerFast, ProcessorMixin, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration,
-                          Qwen2_5_VLProcessor, Qwen2Config, Qwen2VLConfig, Qwen2VLForConditionalGeneration,
-                          Qwen2VLProcessor, Qwen3Config, Qwen3VLConfig, Qwen3VLForConditionalGeneration,
-                          Qwen3VLProcessor)
+from transformers import (
+    AutoModelForCausalLM,
+    BatchFeature,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    ProcessorMixin,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen2_5_VLProcessor,
+    Qwen2Config,
+    Qwen2VLConfig,
+    Qwen2VLForConditionalGeneration,
+    Qwen2VLProcessor,
+    Qwen3Config,
+    Qwen3VLConfig,
+    Qwen3VLForConditionalGeneration,
+    Qwen3VLProcessor,
+)
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+from .registry import FixtureFamily, register_fixture
+from .shaping import WORDS, finish, shape_lm
 
 QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 N_WORDS = 100
@@ -78,7 +95,7 @@ def _config(family: str, vocab: int) -> PretrainedConfig:
         vision.update(hidden_size=32, intermediate_size=64, out_hidden_size=HIDDEN, window_size=2 * PATCH * MERGE,
                       fullatt_block_indexes=[1], tokens_per_second=2)
     else:
-        text.update(head_dim=HEAD_DIM, attention_bias=True)  # value bias: the bias channel of _shape_lm
+        text.update(head_dim=HEAD_DIM, attention_bias=True)  # value bias: the bias channel of shape_lm
         text["rope_parameters"]["mrope_interleaved"] = True
         vision.update(hidden_size=32, intermediate_size=64, out_hidden_size=HIDDEN, num_position_embeddings=64,
                       deepstack_visual_indexes=[0])
@@ -88,11 +105,11 @@ def _config(family: str, vocab: int) -> PretrainedConfig:
                pad_token_id=PAD_ID)
 
 
-def build_target(family: str, seed: int, eos_bias: float | None, shape_lm, finish) -> PreTrainedModel:
+def build_target(family: str, seed: int, eos_bias: float | None) -> PreTrainedModel:
     """The tiny target (called by ``testing.tiny_target`` inside its seeded RNG fork)."""
     vocab = TARGET_VOCAB[family]
     model = _CLASSES[family][1]._from_config(_config(family, vocab), attn_implementation="sdpa")
-    with torch.no_grad():  # image features carry nothing in the LM's bias channel (see testing._shape_lm)
+    with torch.no_grad():  # image features carry nothing in the LM's bias channel (see shaping.shape_lm)
         visual = model.model.visual
         mergers = [visual.merger] + list(getattr(visual, "deepstack_merger_list", []))
         for merger in mergers:
@@ -107,7 +124,7 @@ def build_target(family: str, seed: int, eos_bias: float | None, shape_lm, finis
             keep = model.lm_head.weight[EOS_ID, 0].clone()
             model.lm_head.weight[EOS_ID] = 0.0
             model.lm_head.weight[EOS_ID, 0] = keep
-    return finish(model, PAD_ID, EOS_ID)
+    return finish(model, PAD_ID, EOS_ID, bos_id=None)
 
 
 def text_config(text: PretrainedConfig, vocab: int | None = None, **overrides) -> PretrainedConfig:
@@ -125,8 +142,8 @@ def text_config(text: PretrainedConfig, vocab: int | None = None, **overrides) -
     return Qwen2Config(use_sliding_window=False, **{**fields, **overrides})
 
 
-def random_text_draft(target: PreTrainedModel, seed: int, vocab_size: int | None, eos_bias: float | None,
-                      shape_lm, finish) -> PreTrainedModel:
+def random_text_draft(target: PreTrainedModel, seed: int, vocab_size: int | None,
+                      eos_bias: float | None) -> PreTrainedModel:
     """A different random 1-layer / hidden-32 Qwen2 / Qwen3 LM (default: :data:`DRAFT_VOCAB` rows)."""
     text = target.config.text_config
     fields = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
@@ -139,8 +156,7 @@ def random_text_draft(target: PreTrainedModel, seed: int, vocab_size: int | None
         draft = AutoModelForCausalLM.from_config(base, attn_implementation="sdpa")
         gen = torch.Generator().manual_seed(seed + 1000)
         shape_lm(draft.model, draft.lm_head, base.vocab_size, reserved_ids(base.vocab_size), eos_bias, gen, eos_id=EOS_ID)
-    param = next(target.parameters())
-    return finish(draft, PAD_ID, EOS_ID).to(device=param.device, dtype=param.dtype)
+    return finish(draft, PAD_ID, EOS_ID, bos_id=None)
 
 
 class _NoVideoProcessorMixin:
@@ -238,3 +254,41 @@ def make_inputs(family: str, proc: ProcessorMixin, prompts: list[str], images: l
     out["pixel_values_videos"] = torch.cat(pixel_videos)
     out["video_grid_thw"] = torch.cat(grids)
     return out
+
+
+class QwenVLFixtures(FixtureFamily):
+    """Qwen2-VL / Qwen2.5-VL / Qwen3-VL: their own fixed id layout (``vocab_size`` is ignored)."""
+
+    group = "qwen_vl"
+    image_marker = "<|image_pad|>"
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def target(self, seed: int, vocab_size: int, eos_bias: float | None) -> PreTrainedModel:
+        return build_target(self.name, seed, eos_bias)
+
+    def processor(self, vocab_size: int) -> ProcessorMixin:
+        return processor(self.name, ["!", '"', "#"] + list(WORDS) + [f"w{i}" for i in range(N_WORDS)])
+
+    def ids(self, vocab_size: int) -> dict:
+        return {"eos": [EOS_ID], "pad": PAD_ID, "bos": None, "image": IMAGE_ID, "video": VIDEO_ID,
+                "vision_start": VISION_START_ID, "vision_end": VISION_END_ID}
+
+    def natural_draft_vocab(self, target: PreTrainedModel) -> int:
+        return DRAFT_VOCAB
+
+    def causal_lm_config(self, target: PreTrainedModel) -> PretrainedConfig:
+        return text_config(target.config.text_config)  # Qwen-VL text configs have no causal-LM class of their own
+
+    def random_draft(self, target: PreTrainedModel, seed: int, vocab_size: int | None,
+                     eos_bias: float | None) -> PreTrainedModel:
+        return random_text_draft(target, seed, vocab_size, eos_bias)
+
+    def inputs(self, processor: ProcessorMixin, prompts: list[str], images: list, videos: list | None,
+               padding_side: str) -> BatchFeature:
+        return make_inputs(self.name, processor, prompts, images, videos, padding_side)
+
+
+for _name in QWEN_FAMILIES:
+    register_fixture(QwenVLFixtures(_name))
