@@ -132,7 +132,7 @@ def _check_draft(draft: Any, kind: DraftKind, ids: torch.Tensor, config: Any, vo
 
 def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, streamer: Any, kwargs: dict) -> Plan:
     """Validate the call and return what the loop needs. Raises before any forward pass."""
-    spec = target_spec(target)
+    spec = target_spec(target, kwargs.get("tokenizer"))  # layout tokens read by name when it is given
     if not isinstance(draft, torch.nn.Module) or not hasattr(draft, "config"):
         _fail(IncompatibleDraftError, f"assistant_model must be a transformers model, got {type(draft).__name__}.")
     kwargs = dict(kwargs)

@@ -7,6 +7,7 @@ vocabulary) are never proposed, so the target never receives a placeholder it ha
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -76,6 +77,9 @@ class VocabMap:
         # what the draft reads in place of a generated id it cannot read (outside its vocabulary, a placeholder):
         # a readable stand-in keeps the draft's positions counting the target's generated tokens one for one
         self.stand_in = int(visible.nonzero()[0]) if bool(visible.any()) else 0
+        # the family's layout ids guessed by position (no tokenizer named them) that this draft can read
+        self.family = spec.family.name
+        self.unverified = sorted(i for i in spec.unverified_layout_ids if i < draft_vocab)
 
     def to_target(self, draft_logits: torch.Tensor) -> torch.Tensor:
         vt, vd = self.target_vocab, draft_logits.shape[-1]
@@ -88,6 +92,8 @@ class VocabMap:
 
     def visible_prompt(self, ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         """Bool [B, L]: the prompt slots a text-only draft reads (not padding, not a placeholder)."""
+        if self.unverified:
+            self._warn_unverified(ids)
         visible = self.visible_to_draft(ids)
         if attention_mask is not None:
             visible &= attention_mask.to(visible.device).bool()
@@ -102,3 +108,22 @@ class VocabMap:
         """Generated target ids as the draft reads them: ids it cannot read become :attr:`stand_in`. Unlike a
         prompt's placeholders (dropped, see :meth:`visible_prompt`), a generated token keeps its slot."""
         return ids.masked_fill(~self.visible_to_draft(ids), self.stand_in)
+
+    def _warn_unverified(self, ids: torch.Tensor) -> None:
+        """Once per family and id range: the prompt holds ids where the upstream tokenizers put the family's
+        layout tokens, and no tokenizer said what they are here; the draft reads them as text."""
+        key = (self.family, self.unverified[0], self.unverified[-1])
+        if key in _WARNED or not bool(torch.isin(ids, torch.tensor(self.unverified, device=ids.device)).any()):
+            return
+        _WARNED.add(key)
+        warnings.warn(
+            f"{self.family} target without its tokenizer: the prompt holds ids in {key[1]}..{key[2]}, where the "
+            "upstream tokenizers put the image-layout tokens; without the tokenizer hf_specmm cannot tell them "
+            "from ordinary words (a fine-tuned tokenizer may hold words there), so the draft reads them as text "
+            "(lossless; only drafting quality can suffer). Pass tokenizer=processor.tokenizer to generate (a "
+            "pipeline: generate_kwargs={'tokenizer': processor.tokenizer}) to have them read by name and dropped "
+            "from a text-only draft's view.",
+            UserWarning, stacklevel=3)
+
+
+_WARNED: set[tuple[str, int, int]] = set()

@@ -10,6 +10,7 @@ import torch
 import hf_specmm
 from hf_specmm import _compat
 from hf_specmm import testing
+from hf_specmm.targets import SUPPORTED_TARGETS
 from conftest import PROMPTS, batch_inputs, processor, target
 
 
@@ -110,3 +111,44 @@ def test_anyres_more_placeholder_groups_than_images(family):
     inputs["pixel_values"] = inputs["pixel_values"][:1]
     inputs["image_sizes"] = inputs["image_sizes"][:1]
     _refused(target(family), inputs, r"2 separate image placeholder groups \(row 0: 1 group\(s\)")
+
+
+ONE_RUN_FAMILIES = [f for f in testing.FAMILIES if target(f).__class__.__name__ in SUPPORTED_TARGETS
+                    and SUPPORTED_TARGETS[target(f).__class__.__name__].one_run_per_image]
+
+
+def _twice(inputs):
+    """Row 0's prompt written twice in one row (two placeholder runs) with its one image's inputs."""
+    ids = inputs["input_ids"]
+    return {k: torch.cat([v, v], 1) if isinstance(v, torch.Tensor) and v.shape == ids.shape else v
+            for k, v in inputs.items()}
+
+
+def test_every_family_with_one_run_per_image_is_checked():
+    """All but the tiled Idefics3 / SmolVLM (tiles separated by layout tokens), LLaVA-1.5 included."""
+    assert set(ONE_RUN_FAMILIES) == set(testing.FAMILIES) - {"idefics3", "smolvlm"}
+
+
+@pytest.mark.parametrize("family", ONE_RUN_FAMILIES)
+def test_more_placeholder_runs_than_images_refused_before_any_forward(family):
+    inputs = _twice(dict(batch_inputs(family, 1)))
+    _refused(target(family), inputs, r"2 separate image placeholder groups \(row 0: 2 group\(s\), \d+ placeholders\) "
+                                     r"but 1 image\(s\) were passed")
+
+
+def test_llava_two_placeholder_runs_one_image_would_fail_in_the_forward():
+    """LLaVA-1.5: the per-image count is derived from the prompt (32 placeholders for 1 image is a whole
+    number of images), so only the run count sees it; transformers itself fails in the prefill."""
+    inputs = _twice(dict(batch_inputs("llava", 1)))
+    assert int((inputs["input_ids"] == testing.special_ids()["image"]).sum()) == 32
+    with pytest.raises(ValueError, match="Image features and image tokens do not match"):
+        target("llava")(**inputs)
+    _refused(target("llava"), inputs, r"row 0: 2 group\(s\), 32 placeholders\) but 1 image\(s\) were passed "
+                                      r"\(pixel_values has 1 row\(s\)\)")
+
+
+def test_qwen_images_counted_by_their_grids():
+    """Qwen-VL's pixel_values are patches: images are counted by image_grid_thw (one row per image)."""
+    inputs = _twice(dict(batch_inputs("qwen2_vl", 1)))
+    assert inputs["pixel_values"].shape[0] > 2 and inputs["image_grid_thw"].shape[0] == 1
+    _refused(target("qwen2_vl"), inputs, r"but 1 image\(s\) were passed \(image_grid_thw has 1 row\(s\)\)")

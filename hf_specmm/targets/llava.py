@@ -12,6 +12,7 @@ LLAVA = register_target_family(TargetFamily(
     per_call_inputs=("pixel_values", "image_sizes"),
     image_layout_attrs=_VISION + ("image_seq_length",),
     tokens_per_image_attr="image_seq_length",
+    one_run_per_image=True,
 ))
 LLAVA_NEXT = register_target_family(TargetFamily(
     "llava_next", "LlavaNextForConditionalGeneration", (_IMAGE,),

@@ -23,6 +23,7 @@ def _family(name: str, class_name: str, text_model_type: str, layout: tuple[str,
     return register_target_family(TargetFamily(
         name, class_name, _PLACEHOLDERS, per_call_inputs=_INPUTS, image_layout_attrs=_LAYOUT + layout,
         span_attrs=_SPANS, positions=MROPE, text_model_type=text_model_type,
+        one_run_per_image=True, image_count_input="image_grid_thw",
     ))
 
 

@@ -35,13 +35,20 @@ class TargetFamily:
     # config attribute giving the placeholders of every image when that number is fixed (LLaVA-1.5:
     # image_seq_length); None where it depends on the image (anyres tiling)
     tokens_per_image_attr: str | None = None
-    # every image is one contiguous run of placeholders (LLaVA-NeXT / OneVision anyres, newline tokens
-    # included), so a prompt cannot hold more runs than images; False where tiles are split by layout tokens
+    # every image is one contiguous run of placeholders (LLaVA-1.5; LLaVA-NeXT / OneVision anyres, newline
+    # tokens included; a Qwen-VL / Gemma 3 / InternVL image between its markers), so a prompt cannot hold more
+    # runs than images; False where tiles are split by layout tokens (Idefics3 / SmolVLM)
     one_run_per_image: bool = False
+    # the per-call input whose first dimension counts the images (or, Gemma 3 pan-and-scan crops / InternVL
+    # tiles, the image pieces, each at least one image's worth); Qwen-VL's pixel_values are patches
+    image_count_input: str = "pixel_values"
     # model_type of a plain causal LM that reads this family's text stream (a fresh text-only draft), when
     # the target's text config is not one itself (Qwen2-VL's "qwen2_vl_text" -> "qwen2"); None: the text config's
     text_model_type: str | None = None
-    # image-layout ids the config does not name (e.g. SmolVLM's <row_i_col_j>), from the config's image id
+    # image-layout tokens the config does not name (SmolVLM's <row_i_col_j>, InternVL's <img>), read by name
+    # from the tokenizer when one is given; without one, ``layout_ids`` gives the upstream tokenizers' ids
+    # from the config's image id, a guess that :class:`TargetSpec` keeps apart (see ``unverified_layout_ids``)
+    layout_tokens: tuple[str, ...] = ()
     layout_ids: Callable[[Any], Iterable[int]] | None = None
 
     def model_class(self) -> type:
@@ -120,26 +127,43 @@ class TargetSpec:
     placeholder_ids: frozenset[int]  # image/video placeholders
     dropped_ids: frozenset[int]  # removed from a text-only draft's view (placeholders + vision span markers)
     reserved_ids: frozenset[int]  # never proposed by a draft (dropped ids and an appended pad id)
+    # where the upstream tokenizers put the family's layout tokens, when no tokenizer confirmed them by name:
+    # neither dropped nor reserved (in another tokenizer they may be ordinary words), but past the text
+    # vocabulary for :attr:`text_vocab_end` (a draft whose vocabulary ends right below them is the natural one)
+    unverified_layout_ids: frozenset[int] = frozenset()
 
     @property
     def text_vocab_end(self) -> int:
         """Ids below this are the target's ordinary text ids (placeholders, and the run of reserved
         layout ids right before them, e.g. SmolVLM's <global-img> <row_i_col_j> <fake_token_around_image>,
         are appended after them)."""
-        appended = [i for i in self.reserved_ids if i >= min(self.placeholder_ids, default=self.vocab_size)]
+        reserved = self.reserved_ids | self.unverified_layout_ids
+        appended = [i for i in reserved if i >= min(self.placeholder_ids, default=self.vocab_size)]
         end = min(appended + [self.vocab_size])
-        while end - 1 in self.reserved_ids:
+        while end - 1 in reserved:
             end -= 1
         return end
 
 
-def target_spec(model: Any) -> TargetSpec:
+def layout_ids_by_name(tokenizer: Any, names: Iterable[str]) -> set[int]:
+    """The ids of ``names`` that ``tokenizer`` (or a processor's) holds as single tokens; a name it splits
+    into pieces is text the draft reads as such."""
+    vocab = getattr(tokenizer, "tokenizer", tokenizer).get_vocab()
+    return {int(vocab[name]) for name in names if name in vocab}
+
+
+def target_spec(model: Any, tokenizer: Any = None) -> TargetSpec:
+    """What the loop needs to know about ``model``'s vocabulary. ``tokenizer`` (the target's tokenizer or
+    processor, e.g. ``generate(tokenizer=...)``): the family's layout tokens are read from it by name."""
     family = target_family(model)
     config = model.config
     placeholders = _first_ids(config, family.placeholder_attrs)
     dropped = placeholders | _first_ids(config, family.span_attrs)
-    if family.layout_ids is not None:
-        dropped |= {int(i) for i in family.layout_ids(config)}
+    unverified: set[int] = set()
+    if family.layout_tokens and tokenizer is not None:
+        dropped |= layout_ids_by_name(tokenizer, family.layout_tokens)
+    elif family.layout_ids is not None:
+        unverified = {int(i) for i in family.layout_ids(config)} - dropped
     text_config = config.get_text_config()
     reserved = set(dropped)
     # Idefics3 / SmolVLM configs warn on reading their deprecated top-level pad_token_id: read the text config's
@@ -151,4 +175,4 @@ def target_spec(model: Any) -> TargetSpec:
     if pad is not None and placeholders and int(pad) > min(placeholders):
         reserved.add(int(pad))
     return TargetSpec(family, int(text_config.vocab_size), frozenset(placeholders), frozenset(dropped),
-                      frozenset(reserved))
+                      frozenset(reserved), frozenset(unverified))
