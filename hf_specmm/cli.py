@@ -20,7 +20,8 @@ from typing import Callable, NoReturn
 # sub-command -> module providing add_arguments(parser) and run(args) -> int
 COMMANDS = {
     "bench": ("hf_specmm.bench.cli", "Measure plain vs stock-assisted vs hf_specmm generation side by side."),
-    "train": ("hf_specmm.train.cli", "Distil a draft (text-only or image-adapter) from a target, optionally push it."),
+    "train": ("hf_specmm.train.cli", "Distil a draft of any registered kind (--draft-kind) from a target, measure its "
+                                     "held-out τ, optionally push it."),
     "demo": ("hf_specmm.world.demo", "Offline demo: the shipped miniature-world target, plain vs speculative."),
     "world-tau": ("hf_specmm.world.tau_table", "τ per task × γ × draft kind on held-out miniature-world scenes."),
 }

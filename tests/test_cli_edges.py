@@ -143,7 +143,7 @@ def test_help_output_prints_defaults(capsys):
 
 
 def test_demo_prints_no_speed_figure_that_could_contradict_tau(tmp_path):
-    from hf_specmm.world.demo import run_demo
+    from hf_specmm.world.demo import format_acceptance, run_demo
 
     lines: list[str] = []
     result = run_demo(tmp_path, per_task=1, plot=False, echo=lines.append)
@@ -155,7 +155,10 @@ def test_demo_prints_no_speed_figure_that_could_contradict_tau(tmp_path):
     for row in result["rows"]:
         assert "speedup" not in row and row["identical"]
         assert row["tau"] == pytest.approx(row["new_tokens"] / row["target_forwards"], abs=1e-3)
-        assert f"| {row['task']} | {row['draft']} | {row['tau']:.2f} | {row['acceptance']:.2f} |" in printed
+        acceptance = format_acceptance(row["acceptance"])  # "n/a" where nothing was drafted, never 0.00 or 1.00
+        assert (row["acceptance"] is None) == (row["drafted"] == 0) and (acceptance == "n/a") == (row["drafted"] == 0)
+        cell = f"{acceptance} ({row['accepted']} of {row['drafted']})"
+        assert f"| {row['task']} | {row['draft']} | {row['tau']:.2f} | {cell} |" in printed
 
 
 def _load_example(name: str):
@@ -212,3 +215,27 @@ def test_quickstart_claims_match_what_it_prints(capsys):
 def test_unknown_flag_names_the_sub_command(capsys, no_work):
     err = _refused(["demo", "--repeats", "3"], capsys)
     assert err == "hf-specmm demo: error: unrecognized arguments: --repeats 3 (see hf-specmm demo --help)"
+
+
+def test_train_plan_line_names_processes_batches_and_steps(monkeypatch):
+    """What `hf-specmm train` prints before any forward (tests/test_more_families.py checks it against the
+    steps a run took): 2 processes x batch 2 x 2 accumulated; a feature head's two default stages; the
+    one-process `accelerate launch --cpu` trap."""
+    from types import SimpleNamespace
+
+    from hf_specmm.train import TrainConfig
+    from hf_specmm.train.run import run_plan
+
+    cfg = TrainConfig(target="t", data="d.jsonl", output_dir="o", draft_config="tiny", steps=150, batch_size=2,
+                      grad_accum=2)
+    two = SimpleNamespace(world=2, device="cpu")
+    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    assert run_plan(cfg, two, "feature_head", (1, 2)) == (
+        "hf-specmm train: 2 processes on cpu; batch 2 per process x 2 processes x 2 accumulated = 8 examples per "
+        "optimizer step; feature_head draft: stage 1 (language) 150 steps + stage 2 (multimodal) 150 steps = 300 "
+        "optimizer steps")
+    one = SimpleNamespace(world=1, device="cpu")
+    assert "note" not in run_plan(cfg, one, "text_only", (1,))
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "True")  # what `accelerate launch --cpu` sets in its one process
+    note = run_plan(cfg, one, "text_only", (1,)).splitlines()[1]
+    assert "starts ONE process" in note and "torchrun --nproc_per_node N -m hf_specmm.cli train" in note

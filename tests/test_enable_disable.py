@@ -158,6 +158,18 @@ def test_last_stats_lifecycle():
     assert hf_specmm.last_stats(model) is second
 
 
+def test_acceptance_is_none_when_nothing_was_drafted():
+    """max_new_tokens=1: the prefill writes the only token, no draft is proposed; 0 of 0 is not 0.0 or 1.0."""
+    model = hf_specmm.enable(testing.tiny_target("llava", eos_bias=-30.0))
+    inputs = batch_inputs("llava", 3)
+    model.generate(**inputs, assistant_model=testing.text_draft_from_target(model), max_new_tokens=1)
+    s = hf_specmm.last_stats(model)
+    assert s.generated_tokens == 3 and s.drafted_tokens == 0
+    assert s.acceptance_rate is None and s.as_dict()["acceptance_rate"] is None
+    model.generate(**inputs, assistant_model=testing.text_draft_from_target(model), max_new_tokens=3)
+    assert hf_specmm.last_stats(model).drafted_tokens > 0 and hf_specmm.last_stats(model).acceptance_rate == 1.0
+
+
 @pytest.mark.parametrize("family", testing.FAMILIES)
 @pytest.mark.parametrize("kind", ("random", "self"))
 def test_stats_are_consistent(family, kind):

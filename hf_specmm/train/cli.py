@@ -169,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
     from .run import train_draft
 
     try:
-        result = train_draft(config_from_args(args))
+        result = train_draft(config_from_args(args), echo=print)  # prints the run's plan before any forward
     except SpecMMError as err:
         print(f"hf-specmm train: error: {err}", file=sys.stderr)
         return 2

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from transformers import PreTrainedModel
 
@@ -123,8 +124,34 @@ def _describe_data(cfg: TrainConfig, train: list, held: list, result: TrainResul
     return text
 
 
-def train_draft(cfg: TrainConfig) -> TrainResult:
-    """Distil a draft from the target and measure it on held-out prompts.
+def run_plan(cfg: TrainConfig, procs: Processes, kind: str, stages: tuple[int, ...]) -> str:
+    """What a run will do, printed by ``hf-specmm train`` on the main process before any forward: the
+    processes, the batch per process and per optimizer step, the device, and stages × steps.
+
+        >>> from hf_specmm.train import TrainConfig
+        >>> cfg = TrainConfig(target="t", data="d.jsonl", output_dir="o", draft_config="tiny", steps=150,
+        ...                   batch_size=4, grad_accum=2)
+        >>> print(run_plan(cfg, Processes("cpu"), "feature_head", (1, 2)))  # doctest: +NORMALIZE_WHITESPACE
+        hf-specmm train: 1 process on cpu; batch 4 per process x 1 process x 2 accumulated = 8 examples per
+        optimizer step; feature_head draft: stage 1 (language) 150 steps + stage 2 (multimodal) 150 steps =
+        300 optimizer steps
+    """
+    names = {1: "language", 2: "multimodal"}
+    steps = [cfg.stage_steps(s) for s in stages]
+    plan = " + ".join(f"stage {s} ({names.get(s, s)}) {n} steps" for s, n in zip(stages, steps))
+    world = f"{procs.world} process{'es' if procs.world > 1 else ''}"
+    line = (f"hf-specmm train: {world} on {procs.device}; batch {cfg.batch_size} per process x {world} x "
+            f"{cfg.grad_accum} accumulated = {cfg.batch_size * procs.world * cfg.grad_accum} examples per optimizer "
+            f"step; {kind} draft: {plan} = {sum(steps)} optimizer steps")
+    if procs.world == 1 and os.environ.get("ACCELERATE_USE_CPU", "").lower() == "true":
+        line += ("\nhf-specmm train: note: `accelerate launch --cpu` starts ONE process whatever --num_processes "
+                 "says; for N CPU processes run `torchrun --nproc_per_node N -m hf_specmm.cli train ... --device cpu`")
+    return line
+
+
+def train_draft(cfg: TrainConfig, echo: Callable[[str], Any] | None = None) -> TrainResult:
+    """Distil a draft from the target and measure it on held-out prompts. ``echo`` (e.g. ``print``) gets
+    :func:`run_plan`'s line on the main process, before any forward pass.
 
     Example::
 
@@ -173,6 +200,8 @@ def train_draft(cfg: TrainConfig) -> TrainResult:
     if 2 in stages and not any(e.image is not None for e in train):
         raise TrainingInputError(f"stage 2 (multimodal) needs lines with an image; {cfg.data} has none")
     _check_context(cfg, processor, draft, train + held)
+    if echo is not None and procs.is_main:
+        echo(run_plan(cfg, procs, kind, stages))
     spec = target_spec(target)
     vocab = VocabMap(spec, draft_vocab_size(draft), execution_device(target))
     # 4. the target's answers (first forward passes), cached next to the output folder

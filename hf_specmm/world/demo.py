@@ -74,8 +74,10 @@ def run_demo(output_dir: str | Path, per_task: int = 8, gamma: int = 5, ship_dir
             stats = api.last_stats(target)
             assert torch.equal(spec, plain), f"{name}: speculative output differs from plain generate on {task}"
             answers[name] = processor.decode(spec[0, prompt_len:], skip_special_tokens=True)
+            acceptance = stats.acceptance_rate  # None: nothing drafted (every row ended at its first token)
             rows.append({"task": task, "draft": name, "tau": round(stats.block_efficiency, 3),
-                         "acceptance": round(stats.acceptance_rate, 3), "identical": True,
+                         "acceptance": None if acceptance is None else round(acceptance, 3), "identical": True,
+                         "drafted": stats.drafted_tokens, "accepted": stats.accepted_tokens,
                          "new_tokens": stats.generated_tokens, "target_forwards": stats.target_forwards})
         example = {"task": task, "image": str(examples[0].image), "prompt": examples[0].prompt,
                    "reference": examples[0].response,
@@ -95,10 +97,21 @@ def run_demo(output_dir: str | Path, per_task: int = 8, gamma: int = 5, ship_dir
     return result
 
 
+def format_acceptance(acceptance: float | None) -> str:
+    """``0.87``, or ``n/a`` where nothing was drafted (0 of 0 drafts is neither 0 % nor 100 %).
+
+        >>> format_acceptance(0.8666), format_acceptance(None)
+        ('0.87', 'n/a')
+    """
+    return "n/a" if acceptance is None else f"{acceptance:.2f}"
+
+
 def _markdown(rows: list[dict[str, Any]], gamma: int) -> str:
-    lines = [f"| task | draft | τ (γ={gamma}) | acceptance | tokens / target forwards | outputs identical |",
+    lines = [f"| task | draft | τ (γ={gamma}) | acceptance (accepted of drafted) | tokens / target forwards "
+             "| outputs identical |",
              "|---|---|---|---|---|---|"]
-    lines += [f"| {r['task']} | {r['draft']} | {r['tau']:.2f} | {r['acceptance']:.2f} | "
+    lines += [f"| {r['task']} | {r['draft']} | {r['tau']:.2f} | {format_acceptance(r['acceptance'])} "
+              f"({r['accepted']} of {r['drafted']}) | "
               f"{r['new_tokens']} / {r['target_forwards']} | {'yes' if r['identical'] else 'NO'} |" for r in rows]
     return "\n".join(lines)
 
@@ -116,6 +129,7 @@ def _plot(rows: list[dict[str, Any]], path: Path, gamma: int) -> None:
     for k, draft in enumerate(drafts):
         for ax, key in zip(axes, ("tau", "acceptance")):
             values = [next(r[key] for r in rows if r["task"] == t and r["draft"] == draft) for t in tasks]
+            values = [float("nan") if v is None else v for v in values]  # n/a acceptance: no bar
             ax.bar([i + k * width for i in range(len(tasks))], values, width, label=draft)
     titles = (f"τ: tokens per target forward (γ={gamma}; 1 = plain)", "acceptance: share of draft tokens kept")
     for ax, title, line in zip(axes, titles, (1.0, None)):
