@@ -247,8 +247,9 @@ def test_short_context_boundary_is_the_text_part_of_the_prompt(family):
     model = enabled_target(family)
     inputs = batch_inputs(family, 1)
     text_len = _text_len(family, inputs)
-    # the whole prompt + the suggested max_new_tokens (11) must exceed the context (text_len + 12)
-    assert inputs["input_ids"].shape[1] > text_len + 4, "fixture: image placeholders should make the prompt longer"
+    # the whole prompt + the suggested max_new_tokens (11) must exceed the context (text_len + 12); InternVL
+    # without its tokenizer: the draft reads <img> </img> (see tests/test_more_families.py), 4 placeholders are left
+    assert inputs["input_ids"].shape[1] + 11 > text_len + 12, "fixture: image placeholders should make the prompt longer"
     context = text_len + 12
     d = _short_context_draft(model, context)
     with pytest.raises(IncompatibleDraftError) as info:
