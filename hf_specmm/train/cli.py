@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -173,6 +174,8 @@ def run(args: argparse.Namespace) -> int:
     except SpecMMError as err:
         print(f"hf-specmm train: error: {err}", file=sys.stderr)
         return 2
+    if os.environ.get("RANK", "0") != "0":  # under a launcher every process holds the same results: print once
+        return 0
     summary = result.summary()
     for name in ("tau_before", "tau_after"):
         m = summary[name]
