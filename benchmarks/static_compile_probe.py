@@ -1,7 +1,7 @@
 """Eager vs compiled target forwards over a static slotted cache (issue 20), one process, one machine.
 
 For the ``tiny`` bench preset's target (or another preset's), a prompt is prefilled eagerly into a
-:class:`~hf_specmm.caches_static.StaticSlottedCache`; then the time of one forward of a 1-token decoding
+:class:`~hf_specmm.caches.StaticSlottedCache`; then the time of one forward of a 1-token decoding
 step and of a (γ+1)-token verification block is measured, eager and through ``torch.compile`` as stock
 ``generate`` builds it (``CompileConfig``: inductor; ``mode="reduce-overhead"`` adds CUDA graphs on GPU).
 Every timed forward is rolled back (write pointer and mask), so each one sees the same cache length. Medians
@@ -26,7 +26,7 @@ from transformers import CompileConfig
 from hf_specmm import _compat
 from hf_specmm.bench.presets import build_preset, synthetic_inputs
 from hf_specmm.bench.timing import sync
-from hf_specmm.caches_static import StaticSlottedCache
+from hf_specmm.caches import StaticSlottedCache
 from hf_specmm.targets import target_family
 
 
@@ -49,10 +49,9 @@ def interleaved(fns: dict[str, Any], device: torch.device, warmup: int, repeats:
 def step(forward: Any, kv: StaticSlottedCache, block: torch.Tensor) -> torch.Tensor:
     """One forward of ``block`` over ``kv``, then rolled back to where it started."""
     start = kv.length
-    inputs = kv.block_inputs(None, block.shape[1])
+    inputs = kv.append(None, block.shape[1])
     out = forward(input_ids=block, **kv.forward_kwargs(), use_cache=True, logits_to_keep=block.shape[1], **inputs)
-    kv.commit(inputs["attention_mask"], block.shape[1])
-    kv.rollback(start, block.new_zeros(block.shape[0], 0, dtype=torch.bool))
+    kv.rollback(start, block.new_zeros(block.shape[0], dtype=torch.long))
     return out.logits
 
 

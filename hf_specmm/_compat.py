@@ -122,7 +122,7 @@ def gather_cache_slots(cache: Any, start: int, index: torch.Tensor) -> None:
     past ``start + k`` are left as they are (the caller crops them)."""
     for layer in cache.layers:
         for name in ("keys", "values"):
-            states = getattr(layer, name)
+            states = getattr(layer, name, None)  # a static layer has none before its first write
             if states is None or states.numel() == 0:
                 continue
             b, h, _, d = states.shape
@@ -232,18 +232,6 @@ def set_static_length(cache: Any, length: int) -> None:
             layer.cumulative_length.fill_(length)
 
 
-def permute_static_slots(cache: Any, index: torch.Tensor) -> None:
-    """In place: per row, slot ``j < k`` of every layer becomes old slot ``index[b, j]`` ([B, k])."""
-    for layer in cache.layers:
-        if not layer.is_initialized:
-            continue
-        for states in (layer.keys, layer.values):
-            b, h, _, d = states.shape
-            k = index.shape[1]
-            idx = index.to(states.device)[:, None, :, None].expand(b, h, k, d)
-            states[:, :, :k] = states.gather(2, idx)
-
-
 def select_static_rows(cache: Any, keep: torch.Tensor) -> None:
     """Keep only rows ``keep`` of a static cache: new (smaller) tensors, marked static again, so a compiled
     forward recompiles once for the new batch size."""
@@ -267,6 +255,13 @@ def compile_requested(model: Any, model_kwargs: dict, generation_config: Any) ->
     for name in CACHE_KWARG_NAMES:
         kwargs[name] = cache
     return bool(model._valid_auto_compile_criteria(kwargs, generation_config))
+
+
+def compiled_graph_count() -> int:
+    """Graphs torch.compile (dynamo) has compiled in this process so far, recompilations included."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 def compiled_call(model: Any, compile_config: Any = None) -> Callable[..., Any]:

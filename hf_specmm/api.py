@@ -82,9 +82,9 @@ def _speculative_generate(self: Any, inputs: torch.Tensor | None = None, generat
 
     start = time.perf_counter()
     plan = resolve_plan(self, assistant_model, inputs, generation_config, streamer, kwargs)  # raises before work
-    drafter = plan.kind.drafter(assistant_model, plan.vocab)  # the draft kind's runtime (drafts/<kind>/)
+    drafter = plan.kind.drafter(plan.draft, plan.vocab)  # the draft kind's runtime (drafts/<kind>/)
     image_inputs = target_family(self).model_inputs(plan.kwargs)  # before stock generate encodes and drops them
-    decoding = SpeculativeDecoding(drafter, plan.budget, streamer, image_inputs)  # stock generate calls it
+    decoding = SpeculativeDecoding(drafter, plan.budget, streamer, image_inputs, plan.backend)  # stock generate calls it
     result = _compat.generate_with_decoding_fn(
         self, decoding, inputs=inputs, generation_config=generation_config, streamer=streamer, **plan.kwargs)
     if plan.budget.schedule == "heuristic" and getattr(assistant_model, "generation_config", None) is not None:

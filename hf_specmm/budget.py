@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from .trees.expand import TreeShape
 
 
 @dataclass(frozen=True)
 class RoundBudget:
     """What :meth:`~hf_specmm.drafter.Drafter.propose` may draft this round: ``gamma`` tokens per row
-    (a chain of γ; a draft tree reads its shape from its own wrapper)."""
+    (a chain of γ), or with ``tree`` a draft tree of that shape (its depth is γ)."""
 
     gamma: int
+    tree: TreeShape | None = None
+
+    @property
+    def drafts_tree(self) -> bool:
+        return self.tree is not None
 
 
 @dataclass
@@ -33,11 +40,26 @@ class DraftBudget:
     gamma: int
     schedule: str = "constant"
     confidence: float | None = None
+    #: every round drafts γ (a static cache's compiled graphs need one block width); drafts past a row's
+    #: ``max_length`` are verified but never kept
+    fixed_width: bool = False
+    #: ``hf_specmm.Tree``'s shape (γ = its depth): each round drafts a tree, cut to the round's γ
+    tree: TreeShape | None = None
 
     def for_round(self, remaining: list[int], unfinished: list[bool]) -> RoundBudget:
         """γ for a round where row i may still add ``remaining[i]`` tokens: one token of the longest
         unfinished row's room is the target's own (with one token left, a plain target step ends the call)."""
-        return RoundBudget(min(self.gamma, max(r for r, u in zip(remaining, unfinished) if u) - 1))
+        if self.fixed_width:
+            return RoundBudget(self.gamma)
+        gamma = min(self.gamma, max(r for r, u in zip(remaining, unfinished) if u) - 1)
+        return RoundBudget(gamma, self._tree_of_depth(gamma))
+
+    def _tree_of_depth(self, depth: int) -> TreeShape | None:
+        """The tree cut to ``depth`` levels (near ``max_length``), with no more nodes than it can hold."""
+        if self.tree is None or depth < 1:
+            return None
+        shallow = replace(self.tree, depth=depth, tokens=1)
+        return replace(shallow, tokens=min(self.tree.tokens, shallow.candidates))
 
     def update(self, kept: list[int], gamma_used: int) -> None:
         """After a round where the rows still running kept ``kept`` tokens each (drafts + the target's)."""

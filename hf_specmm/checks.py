@@ -13,8 +13,12 @@ from .devices import execution_device
 from .errors import IncompatibleDraftError, UnsupportedGenerationError
 from .drafts import DraftKind, kind_of
 from .budget import DraftBudget
+from .caches import backend_for
+from .history import HISTORY_FREE_PROCESSORS
 from .prompt_checks import check_placeholders
 from .targets import target_spec
+from .trees.expand import TreeShape
+from .trees.wrapper import Tree
 from .vocab import VocabMap, check_vocab_compatible, draft_vocab_size
 
 DEFAULT_GAMMA = 5
@@ -24,6 +28,8 @@ With a draft ~1 % of the target (c ≈ 0.01–0.05) and acceptance α ≈ 0.6–
 two block sizes of 2404.08856."""
 
 SCHEDULES = ("constant", "heuristic", "heuristic_transient")
+#: ``cache_implementation`` values a speculative call honours (None: the default dynamic cache)
+CACHE_IMPLEMENTATIONS = (None, "dynamic", "static")
 
 
 @dataclass
@@ -32,6 +38,8 @@ class Plan:
     vocab: VocabMap
     budget: DraftBudget  # γ, its schedule, the confidence threshold
     kwargs: dict  # what goes on to stock generate
+    backend: Any = None  # the call's cache backend (caches.backend_for(cache_implementation))
+    draft: Any = None  # the draft the drafter runs (``assistant_model``, unwrapped from ``hf_specmm.Tree``)
 
 
 def _fail(cls: type[Exception], message: str) -> None:
@@ -88,11 +96,11 @@ def _check_config(config: Any, kwargs: dict, batch: int, streamer: Any) -> None:
                "(each row is drafted and verified on its own)")
     elif config.use_cache is False:
         bad = "use_cache=False: the draft and the target must keep KV caches; remove use_cache=False"
-    elif (config.cache_implementation not in (None, "dynamic")
+    elif (config.cache_implementation not in CACHE_IMPLEMENTATIONS
           or _compat.is_static_cache(_compat.passed_cache(kwargs))):
         bad = (f"cache_implementation={config.cache_implementation or type(_compat.passed_cache(kwargs)).__name__!r}: "
-               "rejected drafts are rolled back by cropping the default dynamic cache; remove "
-               "cache_implementation / the cache passed to generate")
+               f"the loop's caches are one of {CACHE_IMPLEMENTATIONS[1:]} (made per call, rolled back per row); use "
+               "one of those, and pass no cache to generate")
     elif _compat.passed_cache(kwargs) is not None:
         bad = (f"{_compat.CACHE_KWARG}: a speculative call starts from the prompt; do not pass a cache "
                "(past_key_values / cache)")
@@ -130,9 +138,58 @@ def _check_draft(draft: Any, kind: DraftKind, ids: torch.Tensor, config: Any, vo
               f"{max(context - text_len - 1, 0)} or use a draft with a longer context.")
 
 
+def _check_static(config: Any, budget: DraftBudget) -> None:
+    """What a static cache (fixed shapes, one graph per block width) cannot honour exactly: refused."""
+    bad = None
+    if budget.schedule != "constant":
+        bad = (f"num_assistant_tokens_schedule={budget.schedule!r}: a static cache verifies blocks of one width "
+               "(γ + 1); use num_assistant_tokens_schedule='constant'")
+    elif budget.confidence is not None:
+        bad = ("assistant_confidence_threshold: it ends rounds early (blocks of varying width); a static cache "
+               "verifies blocks of one width. Drop the threshold or use the default dynamic cache")
+    elif config.return_dict_in_generate:
+        bad = ("return_dict_in_generate=True: the loop's static cache keeps rejected slots as holes, so it cannot "
+               "be returned as plain generate's StaticCache; drop return_dict_in_generate or the static cache")
+    if bad is not None:
+        _fail(UnsupportedGenerationError, f"generate(assistant_model=..., cache_implementation='static') cannot be "
+              f"used with {bad}.")
+
+
+def _check_tree(shape: TreeShape, config: Any, budget: DraftBudget, gamma_set: bool) -> None:
+    """Options with no meaning for a draft tree (see :class:`hf_specmm.Tree`): refused, naming the option."""
+    bad = None
+    if budget.schedule != "constant":
+        bad = (f"num_assistant_tokens_schedule={budget.schedule!r}: a tree's depth is fixed; use "
+               "num_assistant_tokens_schedule='constant' (or leave it unset)")
+    elif budget.confidence is not None:
+        bad = "assistant_confidence_threshold: a tree's shape is static; drop the threshold"
+    elif gamma_set and budget.gamma != shape.depth:
+        bad = (f"num_assistant_tokens={budget.gamma}: a tree's γ is its depth ({shape.depth}); drop "
+               "num_assistant_tokens or set it to the depth")
+    elif config.cache_implementation == "static":
+        bad = "cache_implementation='static': draft trees run on the default dynamic cache; drop it"
+    elif config.return_dict_in_generate and (config.output_attentions or config.output_hidden_states):
+        bad = ("output_attentions / output_hidden_states: a tree forward's per-node tensors have no plain-generate "
+               "layout (scores and logits are returned); drop them")
+    if bad is not None:
+        _fail(UnsupportedGenerationError, f"generate(assistant_model=hf_specmm.Tree(...)) cannot be used with {bad}.")
+
+
+def check_tree_processors(processors: Any) -> None:
+    """Draft trees apply only logits processors that never read the token history (a node's history is its
+    root path, not the row's chain): refuse the others, naming them, before any forward."""
+    reading = sorted({type(p).__name__ for p in processors or [] if type(p) not in HISTORY_FREE_PROCESSORS})
+    if reading:
+        _fail(UnsupportedGenerationError, f"generate(assistant_model=hf_specmm.Tree(...)) cannot be used with the "
+              f"logits processors {reading}: they read the token history, which differs per tree node. Drop the "
+              "options that add them (repetition_penalty, no_repeat_ngram_size, min_length, ...) or draft a chain.")
+
+
 def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, streamer: Any, kwargs: dict) -> Plan:
     """Validate the call and return what the loop needs. Raises before any forward pass."""
     spec = target_spec(target, kwargs.get("tokenizer"))  # layout tokens read by name when it is given
+    shape = draft.shape if isinstance(draft, Tree) else None
+    draft = draft.draft if isinstance(draft, Tree) else draft  # the inner draft's kind runs it, shaped as a tree
     if not isinstance(draft, torch.nn.Module) or not hasattr(draft, "config"):
         _fail(IncompatibleDraftError, f"assistant_model must be a transformers model, got {type(draft).__name__}.")
     kwargs = dict(kwargs)
@@ -163,7 +220,15 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
         criteria = StoppingCriteriaList(kwargs.pop("stopping_criteria", None) or [])
         criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=config.stop_strings))
         kwargs["stopping_criteria"], kwargs["stop_strings"] = criteria, None
+    gamma_set = _explicit("num_assistant_tokens", kwargs, generation_config, getattr(target, "generation_config", None),
+                          getattr(draft, "generation_config", None)) is not None
     budget = _resolve_budget(target, draft, generation_config, kwargs)
+    if shape is not None:
+        _check_tree(shape, config, budget, gamma_set)
+        budget.gamma, budget.tree = shape.depth, shape
     for key in ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold"):
         kwargs.pop(key, None)  # consumed here; stock generate must not see an assisted-mode option
-    return Plan(kind, vocab, budget, kwargs)
+    if config.cache_implementation == "static":
+        _check_static(config, budget)
+        budget.fixed_width = True  # one block width: compiled graphs are reused round after round
+    return Plan(kind, vocab, budget, kwargs, backend_for(config.cache_implementation), draft)

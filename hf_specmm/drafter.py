@@ -73,15 +73,19 @@ class DraftPrompt:
 class Proposal:
     """What :meth:`Drafter.propose` returns: ``tokens`` [B, γ] target ids d_1..d_γ, ``probs`` [B, γ, V]
     their (processed) draft distributions q_1..q_γ when sampling, else None, and ``restore``: whatever
-    the drafter needs in :meth:`Drafter.accept` to roll back to this round's start (its own business)."""
+    the drafter needs in :meth:`Drafter.accept` to roll back to this round's start (its own business).
+    ``tree``: a :class:`~hf_specmm.trees.DraftTree` when the round drafted a tree (``tokens`` its N nodes;
+    ``gamma`` its ``depth``)."""
 
     tokens: torch.Tensor
     probs: torch.Tensor | None
     restore: Any = None
+    tree: Any = None
+    depth: int = 0  # a tree's depth (its γ: the draft forwards of its round)
 
     @property
     def gamma(self) -> int:
-        return self.tokens.shape[1]
+        return self.tokens.shape[1] if self.tree is None else self.depth
 
     @classmethod
     def empty(cls, rows: int, vocab_size: int, like: torch.Tensor) -> "Proposal":

@@ -27,9 +27,10 @@ from typing import Any
 import torch
 
 from . import _compat
-from .block import ChainBlock
+from .block import block_of
 from .budget import DraftBudget
 from .caches import DynamicBackend
+from .checks import check_tree_processors
 from .drafter import Drafter, Prompt, Proposal
 from .history import apply_processors
 from .outputs import GenerateOutputs
@@ -62,10 +63,12 @@ class SpeculativeDecoding:
         """Returns ``sequences`` [B, P0 + new] laid out as plain generate's (or, with
         ``return_dict_in_generate``, a ``GenerateDecoderOnlyOutput`` with the scores / logits / attentions /
         hidden states asked for)."""
+        graphs = _compat.compiled_graph_count()
         self.prefill(target, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs)
         while self.rows.any_unfinished():
             self.round()
             self.drop_finished_rows()
+        self.stats.graphs_compiled = _compat.compiled_graph_count() - graphs
         if self.streamer is not None:
             self.streamer.end()
         if self.outputs.return_dict:
@@ -78,6 +81,8 @@ class SpeculativeDecoding:
         draft reads the prompt."""
         batch, prompt_len = input_ids.shape
         self.target, self.processors, self.device = target, logits_processor, input_ids.device
+        if self.budget.tree is not None:
+            check_tree_processors(logits_processor)  # before any forward
         self.do_sample = bool(generation_config.do_sample)
         pad = _compat.pad_token_tensor(generation_config)
         self.rows = Rows(input_ids, generation_config.max_length, int(pad) if pad is not None else 0,
@@ -90,9 +95,9 @@ class SpeculativeDecoding:
         # the family's position rule bound to this prompt (M-RoPE grids; where stock continues a right-padded row)
         positions = target_family(target).positions.bind(target, input_ids, mask, model_kwargs)
         # right padding is followed where stock's prompt positions are known; windows count no moved holes
-        if positions.offset is None or self.backend.compacts(target):
+        if positions.offset is None or self.backend.requires_left_padding(target):
             check_left_padded(mask)
-        self.backend.prepare_target(target, model_kwargs)
+        self.backend.prepare_target(target, model_kwargs, generation_config, prompt_len, self.budget.gamma + 1)
         with self.drafter.watch(target):
             out = _compat.prefill(target, input_ids, generation_config, model_kwargs)
         self.drafter.observe_prefill(out)
@@ -126,36 +131,42 @@ class SpeculativeDecoding:
         gamma, lengths = proposal.gamma, self.select.round_lengths(proposal.gamma)
 
         # 2. verify: one target forward over the block [cur, d_1..d_γ] gives p_0..p_γ
-        block, start = ChainBlock.of(self.cur, proposal), target_kv.length
+        block = block_of(self.cur, proposal, self.target)  # a chain, or a draft tree
+        target_kv.reserve(block.width)
+        start = target_kv.length
         inputs = block.append_to(target_kv)
         with drafter.watch(self.target) if drafter.observes_verification else contextlib.nullcontext():
-            out = self.target(input_ids=block.tokens, **target_kv.forward_kwargs(), use_cache=True,
-                              logits_to_keep=block.width, **inputs, **self.outputs.forward_kwargs())
+            out = target_kv.step_call(self.target)(input_ids=block.tokens, **target_kv.forward_kwargs(), use_cache=True,
+                                                   logits_to_keep=block.width, **inputs, **self.outputs.forward_kwargs())
         drafter.observe_verification(out)
         logits = out.logits[:, -block.width:].to(dtype=torch.float32, device=self.device)
         scores = apply_processors(self.processors, rows.history, logits, rows=rows.cache_index)  # p_0..p_γ
 
         # 3. accept n drafts + one target token per row; a row keeps what plain generate would (EOS, max_length)
-        accepted = self.verify(proposal.tokens, proposal.probs, scores, lengths)
+        accepted = block.verify(self.verify, proposal, scores, lengths)
         offered = accepted.offered(rows.unfinished_in_cache(self.device))
         kept = rows.emit(rows.to_batch(accepted.emitted), rows.to_batch(offered))  # [B] host ints
-        self.outputs.record(out, kept, scores, logits, target_kv, start)
+        self.outputs.record(out, kept, block.along_path(scores, accepted), block.along_path(logits, accepted),
+                            target_kv, start)
         del out
-        proposed = [gamma] * rows.batch_size if lengths is None else rows.to_batch(lengths).tolist()
+        proposed = rows.to_batch(block.drafted(proposal, lengths)).tolist()
         self.stats.record_round(gamma, kept, rows.to_batch(accepted.n).tolist(), proposed, remaining, unfinished)
         self.budget.update(kept, gamma)
 
         # 4. roll back both caches: each row keeps [cur, d_1..d_m], m = kept - 1; emitted[m] is the new cur
-        m = (accepted.n.new_tensor(rows.to_cache(kept)) - 1).clamp_min(0)
-        target_kv.rollback(start, m + 1, accepted.path)
+        kept_in_cache = accepted.n.new_tensor(rows.to_cache(kept))  # 0 for a finished row: it keeps no slot
+        m = (kept_in_cache - 1).clamp_min(0)
+        target_kv.rollback(start, kept_in_cache, accepted.path)
         self.cur = accepted.token_at(m)
         if gamma > 0:
-            drafter.accept(proposal, m, self.cur)
+            block.accept(drafter, proposal, m, self.cur, accepted)
 
     def drop_finished_rows(self) -> None:
         """Finished rows leave both caches, so later rounds run only the others; not while every per-step
-        output is kept for the whole batch (``return_dict_in_generate``) or the drafter keeps all its rows."""
-        if not self.drafter.selects_rows or self.outputs.return_dict or not self.rows.any_unfinished():
+        output is kept for the whole batch (``return_dict_in_generate``), the drafter keeps all its rows or the
+        caches keep fixed shapes (static backend)."""
+        if not (self.backend.drops_rows and self.drafter.selects_rows) or self.outputs.return_dict \
+                or not self.rows.any_unfinished():
             return
         keep_host = self.rows.leaving()
         if keep_host is None:

@@ -64,6 +64,12 @@ class DraftSelector:
         return apply_processors(self.processors, self.rows.history, draft_logits[:, None], offset=j,
                                 rows=self.rows.cache_index)[:, 0]
 
+    def level_scores(self, draft_logits: torch.Tensor, depth: int) -> torch.Tensor:
+        """Processed scores [A, K, V] of K tree nodes at ``depth`` (draft logits [A, K, V]). Trees run only
+        history-free processors (refused otherwise before any work), so a node's root path is not needed."""
+        return apply_processors(self.processors, self.rows.history, draft_logits, offset=depth,
+                                rows=self.rows.cache_index)
+
     def write_history(self, token: torch.Tensor, j: int) -> None:
         self.rows.history.write(token[:, None], offset=j, rows=self.rows.cache_index)
 

@@ -25,6 +25,10 @@ class SpecStats:
     wall_time_s: float = 0.0
     tokens_per_round: list[list[int]] = field(default_factory=list)  # per round, per row (0 once finished)
     gammas: list[int] = field(default_factory=list)  # γ used in each round
+    # per round, per row that proposed: drafts (tree nodes) verified, drafts accepted (the accepted depth)
+    nodes_per_round: list[list[int]] = field(default_factory=list)
+    depths_per_round: list[list[int]] = field(default_factory=list)
+    graphs_compiled: int = 0  # torch.compile graphs compiled during the call (0 once warm: no recompilation)
 
     def record_prefill(self, kept: list[int]) -> None:
         """The prefill forward: one target forward per row, ``kept`` [B] its tokens (1, or 0 if cut)."""
@@ -48,6 +52,9 @@ class SpecStats:
         self.accepted_tokens += sum(accepted)
         self.generated_tokens += sum(kept)
         self.tokens_per_round.append(list(kept))
+        live = [i for i, (u, p) in enumerate(zip(unfinished, proposed)) if u and p > 0 and kept[i] > 0]
+        self.nodes_per_round.append([proposed[i] for i in live])
+        self.depths_per_round.append([accepted[i] for i in live])
         self.gammas.append(gamma)
 
     @property
@@ -76,14 +83,27 @@ class SpecStats:
         return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else None
 
     @property
+    def tree_nodes_per_round(self) -> float | None:
+        """Draft nodes the target verified per row and round (a chain: γ; a tree: its N valid nodes); None when
+        nothing was drafted."""
+        nodes = [n for per_row in self.nodes_per_round for n in per_row]
+        return sum(nodes) / len(nodes) if nodes else None
+
+    @property
+    def mean_accepted_depth(self) -> float | None:
+        """Accepted drafts per row and round (a tree: the accepted path's depth); None when nothing was drafted."""
+        depths = [d for per_row in self.depths_per_round for d in per_row]
+        return sum(depths) / len(depths) if depths else None
+
+    @property
     def tokens_per_s(self) -> float:
         return self.generated_tokens / self.wall_time_s if self.wall_time_s > 0 else 0.0
 
     def as_dict(self) -> dict[str, float | int | None]:
-        keys = ("batch_size", "gamma", "target_forwards", "draft_forwards", "drafted_tokens", "accepted_tokens",
+        keys = ("batch_size", "gamma", "graphs_compiled", "target_forwards", "draft_forwards", "drafted_tokens", "accepted_tokens",
                 "generated_tokens", "wall_time_s")
         out: dict[str, float | int | None] = {k: getattr(self, k) for k in keys}
         for k in ("block_efficiency", "round_block_efficiency", "steady_block_efficiency", "acceptance_rate",
-                  "tokens_per_s"):
+                  "tree_nodes_per_round", "mean_accepted_depth", "tokens_per_s"):
             out[k] = getattr(self, k)
         return out

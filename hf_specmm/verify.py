@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .trees import DraftTree, TreeAcceptance, greedy_verify_tree, sample_verify_tree
+
 
 @dataclass
 class Acceptance:
@@ -85,6 +87,10 @@ class GreedyVerifier:
                  lengths: torch.Tensor | None) -> Acceptance:
         return Acceptance(*greedy_verify(drafts, scores, lengths=lengths))
 
+    def tree(self, tree: DraftTree, scores: torch.Tensor) -> Acceptance:
+        """The longest root path the target's argmax agrees with (:func:`~hf_specmm.trees.greedy_verify_tree`)."""
+        return _of_tree(greedy_verify_tree(tree, scores))
+
 
 class SamplingVerifier:
     """Lossless speculative sampling of a chain block (:func:`rejection_sample`) from processed scores."""
@@ -92,6 +98,14 @@ class SamplingVerifier:
     def __call__(self, drafts: torch.Tensor, q: torch.Tensor | None, scores: torch.Tensor,
                  lengths: torch.Tensor | None) -> Acceptance:
         return Acceptance(*rejection_sample(drafts, q, scores.softmax(-1), lengths=lengths))
+
+    def tree(self, tree: DraftTree, scores: torch.Tensor) -> Acceptance:
+        """Multi-candidate speculative sampling over the tree (:func:`~hf_specmm.trees.sample_verify_tree`)."""
+        return _of_tree(sample_verify_tree(tree, scores.softmax(-1)))
+
+
+def _of_tree(accepted: TreeAcceptance) -> Acceptance:
+    return Acceptance(accepted.n, accepted.emitted, accepted.path)
 
 
 def verifier_for(do_sample: bool) -> GreedyVerifier | SamplingVerifier:

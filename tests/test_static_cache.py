@@ -11,7 +11,7 @@ import torch
 from conftest import batch_inputs, target
 
 from hf_specmm import _compat
-from hf_specmm.caches_static import StaticSlottedCache
+from hf_specmm.caches import StaticSlottedCache
 from hf_specmm.targets import target_family
 
 WIDTH = 4  # γ + 1 with γ = 3
@@ -52,11 +52,10 @@ def _without_cache(model, inputs, rows):
 
 def _round(model, kv, block, valid, forward=None):
     """One verification forward of ``block`` [B, WIDTH] over ``kv``; its logits [B, WIDTH, V]."""
-    inputs = kv.block_inputs(valid, block.shape[1])
+    inputs = kv.append(valid, block.shape[1])
     forward = forward or model
     out = forward(input_ids=block, **_compat.cache_kwargs(kv.cache), use_cache=True, logits_to_keep=block.shape[1],
                   **inputs)
-    kv.commit(inputs["attention_mask"], block.shape[1])
     return out.logits
 
 
@@ -100,7 +99,7 @@ def test_static_equals_cache_free_forward_with_holes(family, attention):
         keep = _kept(accepted) & read
         for b in range(3):
             kept[b] += block[b][keep[b]].tolist()
-        static.rollback(static.length - WIDTH, keep[:, : max(accepted)])
+        static.rollback(static.length - WIDTH, torch.tensor(accepted))  # the accepted prefix, where it was read
         assert static.mask.sum(-1).tolist() == [int(m) + len(k) for m, k in zip(inputs["attention_mask"].sum(-1), kept)]
     assert compactions >= 1, "the capacity was meant to force a compaction"
     assert static.capacity == prompt + 34 and static.mask.shape[1] == static.length <= static.capacity
@@ -123,7 +122,7 @@ def test_select_rows_and_bad_capacity():
     with pytest.raises(ValueError, match="max_cache_len"):  # 8 + 7 slots cannot hold another block of 4
         _round(model, selected, block[[0, 2]], None)
     with pytest.raises(ValueError, match="max_cache_len"):
-        StaticSlottedCache(_compat.new_static_cache(model, prompt - 1), None, prompt, 1, torch.device("cpu"))
+        StaticSlottedCache(_compat.new_static_cache(model, prompt - 1), 1, torch.device("cpu"), length=prompt)
 
 
 def test_compiled_forward_replays_one_graph():
@@ -157,7 +156,7 @@ def test_compiled_forward_replays_one_graph():
             eager = _round(model, eager_kv, block, None)
             torch.testing.assert_close(compiled, eager, atol=1e-5, rtol=0)
             for kv in (compiled_kv, eager_kv):
-                kv.rollback(kv.length - WIDTH, _kept(accepted)[:, : max(accepted)])
+                kv.rollback(kv.length - WIDTH, torch.tensor(accepted))
         graphs.append(counters["stats"]["unique_graphs"])
     assert graphs[0] >= 1 and graphs[-1] == graphs[0], f"graphs compiled after the warm-up round: {graphs}"
     print(f"warm-up round with compilation: {compile_seconds:.1f} s, {graphs[0]} graph(s)")

@@ -59,6 +59,18 @@ class SlottedCache(ABC):
             self._reserve(0)
             self._buffer[:, :length] = mask.long()
 
+    #: how fixed-width forwards over this cache run: ``None`` eagerly, else stock's compiled forward with this
+    #: ``CompileConfig`` (set by a backend whose shapes stay fixed, see :meth:`step_call`)
+    compile_config: Any = None
+
+    def step_call(self, model: Any) -> Callable[..., Any]:
+        """The callable for a fixed-width forward of ``model`` over this cache (a prefill calls ``model``)."""
+        if self.compile_config is None:
+            return model
+        from .. import _compat
+
+        return _compat.compiled_call(model, self.compile_config)
+
     # ---- storage operations, one per backend ---------------------------------------------------------
     @abstractmethod
     def forward_kwargs(self) -> dict[str, Any]:
@@ -93,6 +105,11 @@ class SlottedCache(ABC):
                 grown[:, : self.length] = self._buffer[:, : self.length]
             self._buffer = grown
         return self._buffer
+
+    def reserve(self, width: int) -> None:
+        """Make room for ``width`` more slots now (a static backend may compact, moving slots), so that the
+        slot indices a caller records before its next appends stay valid until its rollback."""
+        self._reserve(width)
 
     def next_positions(self) -> torch.Tensor:
         """[B] how many valid slots each row has: the position count of its next token."""
@@ -157,6 +174,14 @@ class SlottedCache(ABC):
         if self._buffer is None:
             return slots
         return slots[(slots < always) | self._buffer[row, : last + 1].bool()]
+
+
+def mask_to(mask: Any, device: torch.device) -> Any:
+    """An ``attention_mask`` from :meth:`SlottedCache.append` on ``device``: None, a tensor, or a dict of
+    per-layer-type 4-D masks (sliding-window models on a static cache)."""
+    if isinstance(mask, dict):
+        return {name: m.to(device) for name, m in mask.items()}
+    return None if mask is None else mask.to(device)
 
 
 #: makes a draft's empty cache: ``(model, batch_size, device, positions) -> SlottedCache``

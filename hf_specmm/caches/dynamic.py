@@ -32,6 +32,7 @@ class DynamicBackend:
     models get full layers and compaction (see :mod:`hf_specmm.caches.base`)."""
 
     name = "dynamic"
+    drops_rows = True  # finished rows leave the caches (later rounds run only the others)
 
     @staticmethod
     def compacts(model: Any) -> bool:
@@ -39,7 +40,11 @@ class DynamicBackend:
         config = getattr(model, "config", None)
         return config is not None and _compat.has_sliding_layers(config)
 
-    def prepare_target(self, target: Any, model_kwargs: dict) -> None:
+    #: windows count slots from each row's left end: a sliding-window model's prompt must be left-padded
+    requires_left_padding = compacts
+
+    def prepare_target(self, target: Any, model_kwargs: dict, generation_config: Any, prompt_len: int,
+                       width: int) -> None:
         """Before the target's prefill: sliding-window targets get a full-layer cache (cropped at any length)."""
         if self.compacts(target):
             model_kwargs[_compat.CACHE_KWARG] = _compat.new_dynamic_cache()

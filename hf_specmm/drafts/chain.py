@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..budget import RoundBudget
-from ..caches import SlottedCache
+from ..caches import SlottedCache, mask_to
 from ..devices import execution_device
 from ..drafter import Drafter, DraftPrompt, Prompt, Proposal
 from ..targets.positions import ROPE_1D, Rope1D
+from ..trees.drafting import TreeDrafting
 from ..vocab import VocabMap
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from ..selector import Selector
 
 
-class ChainDrafter(Drafter):
+class ChainDrafter(TreeDrafting, Drafter):
     """Base of the KV-cached LM drafters. ``model`` is the module run each step (``draft`` unwrapped)."""
 
     def __init__(self, draft: Any, vocab: VocabMap, model: Any = None, positions: Rope1D = ROPE_1D):
@@ -44,15 +45,19 @@ class ChainDrafter(Drafter):
         same method on its teacher-forced batches, so what is trained is what runs."""
 
     def forward(self, ids: torch.Tensor, valid: torch.Tensor | None, position_ids: torch.Tensor | None = None,
-                **extra: Any) -> torch.Tensor:
+                mask: Any = None, keep: int = 1, **extra: Any) -> torch.Tensor:
         """Feed ``ids`` [B, k] into the draft cache and return target-vocabulary logits of the last position
-        (``position_ids``: given for the prompt, else the position rule's block positions)."""
+        (``position_ids``: given for the prompt, else the position rule's block positions). A tree level:
+        ``mask`` its 4-D mask in place of the cache's 2-D one, ``keep`` positions' logits [B, keep, V]."""
         assert self.state is not None
         inputs = self.state.append(valid, ids.shape[1], position_ids)
-        kwargs = {"logits_to_keep": 1} if self._keeps_logits else {}
-        out = self.model(
+        if mask is not None:
+            inputs["attention_mask"] = mask
+        kwargs = {"logits_to_keep": keep} if self._keeps_logits else {}
+        call = self.model if position_ids is not None else self.state.step_call(self.model)  # the prompt: eager
+        out = call(
             input_ids=ids.to(self.device),
-            attention_mask=None if inputs["attention_mask"] is None else inputs["attention_mask"].to(self.device),
+            attention_mask=mask_to(inputs["attention_mask"], self.device),
             position_ids=inputs["position_ids"].to(self.device),
             **self.state.forward_kwargs(),
             use_cache=True,
@@ -60,7 +65,8 @@ class ChainDrafter(Drafter):
             **extra,
         )
         # back on the loop's (target input) device: a draft may live on another device than the target
-        return self.vocab.to_target(out.logits[:, -1].to(device=ids.device, dtype=torch.float32))
+        logits = self.vocab.to_target(out.logits[:, -keep:].to(device=ids.device, dtype=torch.float32))
+        return logits[:, -1] if keep == 1 and mask is None else logits
 
     def prefill(self, prompt: Prompt, first_tokens: torch.Tensor, new_cache: "CacheFactory") -> None:
         view = self.draft_inputs(prompt)
@@ -84,11 +90,22 @@ class ChainDrafter(Drafter):
         keep = keep.to(self.pending.device)
         self.pending, self.pending_valid = self.pending[keep], self.pending_valid[keep]
 
+    def _read_pending(self) -> tuple[torch.Tensor, tuple[int, int]]:
+        assert self.pending is not None and self.state is not None and self.pending_valid is not None
+        restore = (self.state.length, self.pending.shape[1])  # cache length at round start, pending width
+        return self.forward(self.pending, None if bool(self.pending_valid.all()) else self.pending_valid), restore
+
+    def _read_level(self, tokens: torch.Tensor, parents: torch.Tensor, attention_mask: Any,
+                    position_ids: torch.Tensor) -> torch.Tensor:
+        return self.forward(self.vocab.readable(tokens), None, position_ids, mask=attention_mask, keep=tokens.shape[1])
+
     def propose(self, budget: RoundBudget, select: "Selector") -> Proposal:
+        if budget.drafts_tree:
+            return self.propose_tree(budget, select)
         gamma = budget.gamma
         assert self.pending is not None and self.state is not None and gamma >= 1
-        restore = (self.state.length, self.pending.shape[1])  # cache length at round start, pending width
-        logits = self.forward(self.pending, None if bool(self.pending_valid.all()) else self.pending_valid)
+        self.state.reserve(self.pending.shape[1] + gamma)  # room for the round: slot indices stay put
+        logits, restore = self._read_pending()
         tokens, probs = [], []
         for j in range(gamma):
             token, prob = select(logits, j)
@@ -100,14 +117,20 @@ class ChainDrafter(Drafter):
                 logits = self.forward(token[:, None], None)
         return Proposal(torch.stack(tokens, 1), torch.stack(probs, 1) if probs[0] is not None else None, restore)
 
-    def accept(self, proposal: Proposal, n: torch.Tensor, next_tokens: torch.Tensor) -> None:
+    def accept(self, proposal: Proposal, n: torch.Tensor, next_tokens: torch.Tensor,
+               path: torch.Tensor | None = None) -> None:
         assert self.state is not None
-        start, width = proposal.restore
-        # keep the pending slots (as valid as they were) and the accepted drafts that were read (d_1..d_{γ-1})
-        self.state.rollback(start, width + n.clamp_max(proposal.gamma - 1))
+        if proposal.tree is not None:  # keep the accepted path's read slots; its last node may be unread
+            unread = self.accept_tree(proposal, n, next_tokens, path)
+            last = proposal.tree.tokens.gather(1, path.gather(1, n[:, None]))
+        else:
+            start, width = proposal.restore
+            # keep the pending slots (as valid as they were) and the accepted drafts that were read (d_1..d_{γ-1})
+            self.state.rollback(start, width + n.clamp_max(proposal.gamma - 1))
+            unread, last = n == proposal.gamma, proposal.tokens[:, -1:]  # d_γ was accepted but never read
         self._queue(next_tokens)
-        full = n == proposal.gamma  # d_γ was accepted but never read: read it first next round
-        if bool(full.any()):
-            last = proposal.tokens[:, -1:].masked_fill(~full[:, None], 0)
+        if bool(unread.any()):  # read it first next round
+            full = unread
+            last = self.vocab.readable(last).masked_fill(~full[:, None], 0)
             self.pending = torch.cat([last, self.pending], dim=1)
             self.pending_valid = torch.cat([full[:, None], self.pending_valid], dim=1)

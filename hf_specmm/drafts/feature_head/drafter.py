@@ -27,16 +27,17 @@ from typing import Any, Iterator
 import torch
 
 from ...budget import RoundBudget
-from ...caches import CacheFactory, SlottedCache
+from ...caches import CacheFactory, SlottedCache, mask_to
 from ...drafter import Drafter, Prompt, Proposal
 from ...errors import IncompatibleDraftError
 from ...targets import target_family
 from ...selector import Selector
 from ...targets.positions import ROPE_1D, Rope1D
+from ...trees.drafting import TreeDrafting
 from ...vocab import VocabMap
 
 
-class FeatureHeadDrafter(Drafter):
+class FeatureHeadDrafter(TreeDrafting, Drafter):
     observes_prefill = True
     observes_verification = True
 
@@ -49,6 +50,7 @@ class FeatureHeadDrafter(Drafter):
         self.verified: torch.Tensor | None = None  # [B, γ + 1, H] features of the last verification block
         # read at the start of the next proposal: features [B, k, H], token ids [B, k], valid [B, k]
         self.pending: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self.level_features: torch.Tensor | None = None  # [B, k, H] predicted by the round's last forward
 
     @classmethod
     def check(cls, target: Any, draft: Any) -> None:
@@ -97,22 +99,25 @@ class FeatureHeadDrafter(Drafter):
 
     # ---- the head's cache ------------------------------------------------------------------------
     def forward(self, features: torch.Tensor, embeds: torch.Tensor, valid: torch.Tensor | None,
-                logits: bool = True, position_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Feed k slots into the head's cache; returns the last predicted feature [B, H] and its
+                logits: bool = True, position_ids: torch.Tensor | None = None, tree_mask: Any = None,
+                keep: int = 1) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Feed k slots into the head's cache; returns the last predicted feature [B, 1, H] and its
         target-vocabulary logits [B, V] (on the loop's device). ``position_ids``: given for the prompt
-        (M-RoPE grid positions), else the position rule's block positions."""
+        (M-RoPE grid positions), else the position rule's block positions. A tree level: ``tree_mask`` its 4-D
+        mask in place of the cache's 2-D one, the last ``keep`` features [B, keep, H] and logits [B, keep, V]."""
         assert self.state is not None
         inputs = self.state.append(valid, features.shape[1], position_ids)
-        mask = inputs["attention_mask"]
-        out = self.model(features=features.to(self.device), inputs_embeds=embeds.to(self.device),
-                         attention_mask=None if mask is None else mask.to(self.device),
+        mask = inputs["attention_mask"] if tree_mask is None else tree_mask
+        call = self.model if position_ids is not None else self.state.step_call(self.model)  # the prompt: eager
+        out = call(features=features.to(self.device), inputs_embeds=embeds.to(self.device),
+                         attention_mask=mask_to(mask, self.device),
                          position_ids=inputs["position_ids"].to(self.device), cache=self.state.cache,
                          use_cache=True)
-        last = out.hidden_states[:, -1:]
+        last = out.hidden_states[:, -keep:]
         if not logits:
             return last, None
-        scores = self.model.lm_logits(last)[:, -1].to(device=self.state.device, dtype=torch.float32)
-        return last, self.vocab.to_target(scores)
+        scores = self.vocab.to_target(self.model.lm_logits(last).to(device=self.state.device, dtype=torch.float32))
+        return last, scores[:, -1] if tree_mask is None else scores
 
     def prefill(self, prompt: Prompt, first_tokens: torch.Tensor, new_cache: CacheFactory) -> None:
         embeds, features = self.prompt_capture
@@ -131,12 +136,31 @@ class FeatureHeadDrafter(Drafter):
                      position_ids=prompt_positions)
         self.pending = (features[:, -1:], first_tokens[:, None], torch.ones_like(first_tokens[:, None], dtype=torch.bool))
 
-    def propose(self, budget: RoundBudget, select: Selector) -> Proposal:
-        gamma = budget.gamma
-        assert self.pending is not None and self.state is not None and gamma >= 1
+    def _read_pending(self) -> tuple[torch.Tensor, tuple[int, int]]:
+        assert self.pending is not None and self.state is not None
         features, ids, valid = self.pending
         restore = (self.state.length, valid.shape[1])  # cache length at round start, pending width
-        feature, logits = self.forward(features, self.model.embed(ids), None if bool(valid.all()) else valid)
+        self.level_features, logits = self.forward(features, self.model.embed(ids), None if bool(valid.all()) else valid)
+        return logits, restore
+
+    def _read_level(self, tokens: torch.Tensor, parents: torch.Tensor, attention_mask: Any,
+                    position_ids: torch.Tensor) -> torch.Tensor:
+        """Each node reads its parent's predicted feature (the root's: the pending read's last)."""
+        previous = self.level_features
+        index = parents.clamp_min(0).to(previous.device)[..., None].expand(-1, -1, previous.shape[-1])
+        features = previous.gather(1, index)
+        self.level_features, logits = self.forward(features, self.model.embed(tokens), None, position_ids=position_ids,
+                                                   tree_mask=attention_mask, keep=tokens.shape[1])
+        return logits
+
+    def propose(self, budget: RoundBudget, select: Selector) -> Proposal:
+        if budget.drafts_tree:
+            return self.propose_tree(budget, select)
+        gamma = budget.gamma
+        assert self.pending is not None and self.state is not None and gamma >= 1
+        self.state.reserve(self.pending[2].shape[1] + gamma)  # room for the round: slot indices stay put
+        logits, restore = self._read_pending()
+        feature = self.level_features
         tokens, probs = [], []
         for j in range(gamma):
             token, prob = select(logits, j)
@@ -156,20 +180,25 @@ class FeatureHeadDrafter(Drafter):
         self.state.select_rows(keep)
         self.pending = tuple(t[keep.to(t.device)] for t in self.pending)
 
-    def accept(self, proposal: Proposal, n: torch.Tensor, next_tokens: torch.Tensor) -> None:
+    def accept(self, proposal: Proposal, n: torch.Tensor, next_tokens: torch.Tensor,
+               path: torch.Tensor | None = None) -> None:
         """Keep the pending slots (true features), drop the drafted ones, queue the accepted tokens with the
-        verification's true features: row i queues (f(cur), d_1), ..., (f(d_{n_i}), next_i), right-aligned."""
+        verification's true features: row i queues (f(cur), d_1), ..., (f(d_{n_i}), next_i), right-aligned.
+        A tree: the accepted path's tokens, with the verification's features at the path's nodes."""
         assert self.state is not None and self.verified is not None
         start, width = proposal.restore
         self.state.rollback(start, torch.full_like(n, width))  # the pending slots, as valid as they were
+        verified, drafts = self.verified.to(n.device), proposal.tokens
+        if proposal.tree is not None:
+            verified = verified.gather(1, path[..., None].expand(-1, -1, verified.shape[-1]))
+            drafts = proposal.tree.tokens.gather(1, path)[:, 1:]
         width = int(n.max()) + 1
         k = torch.arange(width, device=n.device)[None] - (width - 1 - n[:, None])  # source index per slot
         valid = k >= 0
         k = k.clamp_min(0)
-        tokens = torch.cat([proposal.tokens, next_tokens[:, None]], 1)
+        tokens = torch.cat([drafts, next_tokens[:, None]], 1)
         tokens = tokens.scatter(1, n[:, None], next_tokens[:, None])  # next_i right after the n_i accepted drafts
         ids = tokens.gather(1, k).masked_fill(~valid, 0)
-        verified = self.verified.to(n.device)
         features = verified.gather(1, k[..., None].expand(-1, -1, verified.shape[-1]))
         self.pending, self.verified = (features, ids, valid), None
 
