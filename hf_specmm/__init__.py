@@ -15,6 +15,7 @@ from .drafts import (DraftKind, FeatureHeadDraft, FeatureHeadDraftConfig, ImageA
 from .errors import IncompatibleDraftError, SpecMMError, UnsupportedGenerationError, UnsupportedTargetError
 from .hub import annotate_draft, draft_metadata, load_draft, push_draft_to_hub, render_model_card, save_draft
 from .stats import SpecStats
+from .trees import Tree
 from .targets import SUPPORTED_TARGETS, TargetFamily, register_target_family
 
 __version__ = "0.1.0"
@@ -44,6 +45,7 @@ __all__ = [
     "SUPPORTED_TARGETS",
     "TargetFamily",
     "TextOnly",
+    "Tree",
     "TESTED_TRANSFORMERS",
     "FeatureHeadDraft",
     "FeatureHeadDraftConfig",

@@ -44,6 +44,7 @@ verification; history-dependent processors see each node's root path, not a chai
 from .expand import StepFn, TreeShape, expand_tree, top_k_first_index
 from .tree import DraftTree, LevelAncestry, tree_attention_mask
 from .verify import TreeAcceptance, greedy_verify_tree, sample_verify_tree
+from .wrapper import Tree
 
-__all__ = ["DraftTree", "LevelAncestry", "StepFn", "TreeAcceptance", "TreeShape", "expand_tree",
+__all__ = ["DraftTree", "LevelAncestry", "StepFn", "Tree", "TreeAcceptance", "TreeShape", "expand_tree",
            "greedy_verify_tree", "sample_verify_tree", "top_k_first_index", "tree_attention_mask"]

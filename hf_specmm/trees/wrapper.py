@@ -1,0 +1,53 @@
+"""``hf_specmm.Tree``: draft a dynamic tree (EAGLE-2) instead of a chain, with any draft kind."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .expand import TreeShape
+
+
+class Tree(torch.nn.Module):
+    """Wraps any draft (text-only, image-adapter, vlm, feature head, ``TextOnly(...)``) so that every round
+    drafts a tree: level by level up to ``depth``, the ``top_k`` children of the ``top_k`` best frontier nodes
+    (one draft forward per level), the ``tokens`` best nodes by cumulative draft probability kept; the target
+    verifies all of them in one forward (tree attention mask, positions by depth) and keeps the longest
+    accepted root path plus its own next token. ``Tree(draft, top_k=1, depth=γ, tokens=γ)`` is the chain.
+
+    Options with no tree meaning are refused before any forward, naming the option:
+    ``assistant_confidence_threshold`` (the tree's shape is static), ``num_assistant_tokens_schedule`` other
+    than ``'constant'`` (the depth is fixed), ``num_assistant_tokens`` other than ``depth`` (the depth is the
+    tree's γ), ``cache_implementation='static'``, ``output_attentions`` / ``output_hidden_states`` with
+    ``return_dict_in_generate`` (a tree forward's per-node tensors have no plain-generate layout; scores and
+    logits are returned along the accepted path), and logits processors that read the token history
+    (repetition penalty, n-gram bans, min length, ...): only history-free ones (temperature, top-k/p, min-p,
+    typical, epsilon, eta) are applied, at every node.
+
+    Example::
+
+        >>> import hf_specmm
+        >>> from hf_specmm import testing
+        >>> tree = hf_specmm.Tree(testing.text_draft_from_target(testing.tiny_target("llava")), top_k=2, depth=3, tokens=6)
+        >>> tree.shape
+        TreeShape(top_k=2, depth=3, tokens=6)
+    """
+
+    def __init__(self, draft: torch.nn.Module, top_k: int = 4, depth: int = 5, tokens: int = 24):
+        super().__init__()
+        if isinstance(draft, Tree):
+            raise ValueError("Tree(draft): draft is already a Tree; wrap the draft itself once")
+        if not isinstance(draft, torch.nn.Module):
+            raise ValueError(f"Tree(draft): draft must be a draft model (torch.nn.Module), got {type(draft).__name__}")
+        self.shape = TreeShape(top_k=top_k, depth=depth, tokens=tokens)  # checked: clear errors on bad shapes
+        self.draft = draft
+
+    def __getattr__(self, name: str) -> Any:  # config, device, generation_config, ... of the wrapped draft
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["draft"], name)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.draft(*args, **kwargs)
