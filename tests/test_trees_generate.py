@@ -206,3 +206,12 @@ def test_tree_sampling_matches_plain_sampling(family, kind):
     for position in range(new):
         p, stat, dof = chi2_homogeneity_pvalue(plain[:, position], ours[:, -new + position], vocab)
         assert p > ALPHA, f"{family} {kind} position {position}: χ²={stat:.1f} dof={dof} p={p:.2e}"
+
+
+def test_tree_chi2_has_power_against_a_verifier_that_keeps_the_draft_path(monkeypatch):
+    """The χ² test above flags a tree verifier that is not lossless (greedy acceptance under sampling)."""
+    from hf_specmm import verify
+
+    monkeypatch.setattr(verify.SamplingVerifier, "tree", verify.GreedyVerifier.tree)
+    with pytest.raises(AssertionError, match="χ²"):
+        test_tree_sampling_matches_plain_sampling("llava", "text_only")
