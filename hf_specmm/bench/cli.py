@@ -50,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int_at_least(1), default=3,
                         help="timed runs of each method, interleaved (the median is reported)")
     parser.add_argument("--no-stock", action="store_true", help="skip stock transformers assisted generation")
+    parser.add_argument("--compile", action="store_true",
+                        help="also time plain generate and hf_specmm with a static cache and torch.compile (stock's "
+                             "cache_implementation='static' + compile_config), beside the eager rows")
     parser.add_argument("--seed", type=int_at_least(0), default=0, help="seed of weights, prompts and acceptance draws")
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="folder for bench.json/.md/.png")
 
@@ -86,12 +89,12 @@ def run(args: argparse.Namespace) -> int:
                          prompt_tokens=args.prompt_tokens, with_image=not args.no_image, device=args.device,
                          device_map=args.device_map,
                          dtype=args.dtype, warmup=args.warmup, repeats=args.repeats, stock=not args.no_stock,
-                         seed=args.seed, draft_kinds=args.draft_kinds)
+                         seed=args.seed, draft_kinds=args.draft_kinds, compile=args.compile)
     result = run_benchmark(config)
     paths = write_outputs(result, args.out)
     print(format_table(result))
     for row in result["rows"]:
-        if row["stock_error"]:
+        if row.get("stock_error"):
             print(f"stock assisted generation n/a at batch {row['batch']}, γ={row['gamma']}: {row['stock_error']}")
     if result["env"]["note"]:
         print(f"note: {result['env']['note']}")

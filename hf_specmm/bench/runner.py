@@ -52,6 +52,7 @@ class BenchConfig:
     stock: bool = True
     seed: int = 0
     draft_kinds: list[str] = field(default_factory=lambda: ["text_only"])  # a row per kind, timed side by side
+    compile: bool = False  # also time plain and hf_specmm with a static cache + torch.compile (stock's switch)
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming every bad field (the CLI's ``type=`` checks refuse the same values)."""
@@ -110,13 +111,13 @@ def _prompt_positions(draft: Any, vocab: VocabMap, inputs: dict) -> torch.Tensor
 
 
 class PlainMethod:
-    """Plain ``generate`` on the step's inputs."""
+    """Plain ``generate`` on the step's inputs (``compiled``: stock's static cache + compiled forward)."""
 
-    def __init__(self, step: "BenchStep"):
-        self.step = step
+    def __init__(self, step: "BenchStep", compiled: bool = False):
+        self.step, self.compiled = step, compiled
 
     def __call__(self) -> torch.Tensor:
-        return self.step.target.generate(**self.step.inputs, **self.step.gen)
+        return self.step.target.generate(**self.step.inputs, **self.step.gen_for(self.compiled))
 
 
 class StockMethod:
@@ -149,10 +150,11 @@ class StockMethod:
 
 
 class OursMethod:
-    """hf_specmm with one draft kind; keeps each call's statistics."""
+    """hf_specmm with one draft kind (``compiled``: static caches + compiled forwards, stock's switch); keeps each
+    call's statistics."""
 
-    def __init__(self, step: "BenchStep", kind: str):
-        self.step, self.kind = step, kind
+    def __init__(self, step: "BenchStep", kind: str, compiled: bool = False):
+        self.step, self.kind, self.compiled = step, kind, compiled
         self.stats: list[Any] = []
 
     def __call__(self) -> torch.Tensor:
@@ -162,8 +164,8 @@ class OursMethod:
             if step.config.acceptance is not None:
                 set_reference(step.proposers[self.kind], step.reference,
                               _prompt_positions(run.drafts[self.kind], run.vocabs[self.kind], step.inputs))
-            out = step.target.generate(**step.inputs, **step.gen, assistant_model=step.proposers[self.kind],
-                                       num_assistant_tokens=step.gamma)
+            out = step.target.generate(**step.inputs, **step.gen_for(self.compiled),
+                                       assistant_model=step.proposers[self.kind], num_assistant_tokens=step.gamma)
             self.stats.append(api.last_stats(step.target))
             return out
         finally:
@@ -188,6 +190,7 @@ class BenchStep:
                                                           wrong_modulus=preset.text_vocab, proposable=run.proposable)
                               for kind, d in run.drafts.items()}
         self.ours = {kind: OursMethod(self, kind) for kind in run.drafts}
+        self.ours_compiled = {kind: OursMethod(self, kind, compiled=True) for kind in run.drafts} if config.compile else {}
         self.stock = {name: StockMethod(self, name) for name in ("stock", "stock_as_called")}
         self.stock_error = self._stock_error()
 
@@ -214,10 +217,25 @@ class BenchStep:
         return self.config.stock and SMALL_LM in self.run.drafts and self.batch == 1 and self.run.same_vocab \
             and self.stock_error is None
 
+    def gen_for(self, compiled: bool) -> dict[str, Any]:
+        """generate() options of a method: compiled ones get a static cache of one size for every call (so
+        graphs compiled in the warm-up are replayed) and stock's compile config (on CPU it must be told to)."""
+        if not compiled:
+            return self.gen
+        from transformers import CompileConfig
+
+        config = CompileConfig()
+        config._compile_all_devices = self.run.device.type != "cuda"  # stock compiles on accelerators only
+        length = self.inputs["input_ids"].shape[1] + self.config.max_new_tokens + self.gamma + 1
+        return {**self.gen, "cache_implementation": "static", "compile_config": config, "max_cache_len": length}
+
     def methods(self) -> dict[str, Any]:
         methods = {"plain": PlainMethod(self)} | {f"ours_{kind}": m for kind, m in self.ours.items()}
         if self.stock_runs:
             methods |= self.stock
+        if self.config.compile:
+            methods |= {"plain_compiled": PlainMethod(self, compiled=True)}
+            methods |= {f"ours_{kind}_compiled": m for kind, m in self.ours_compiled.items()}
         return methods
 
     def measure(self) -> list[dict[str, Any]]:
@@ -229,7 +247,29 @@ class BenchStep:
         finally:
             clock.remove()
         target_costs = target_step_costs(self.target, self.inputs, self.gamma)
-        return [self._row(kind, timed, target_costs) for kind in run.drafts]
+        rows = [self._row(kind, timed, target_costs) for kind in run.drafts]
+        return rows + [self._compiled_row(kind, timed) for kind in self.ours_compiled]
+
+    def _compiled_row(self, kind: str, timed: dict[str, Any]) -> dict[str, Any]:
+        """hf_specmm compiled vs plain compiled (the same switch on both sides) and vs itself eager. The step
+        costs of the cost model are eager measurements, so the model's columns are left out of this row."""
+        stats = self.ours_compiled[kind].stats
+        t_plain, (t_ours, ours) = timed["plain_compiled"][0], timed[f"ours_{kind}_compiled"][:2]
+        acceptance = [st.acceptance_rate for st in stats if st.acceptance_rate is not None]
+        new_tokens = self.batch * self.config.max_new_tokens
+        return {
+            "draft_kind": kind, "compiled": True, "batch": self.batch, "gamma": self.gamma,
+            "plain_tok_s": new_tokens / t_plain, "ours_tok_s": new_tokens / t_ours, "speedup": t_plain / t_ours,
+            "compiled_over_eager": timed[f"ours_{kind}"][0] / t_ours,
+            "plain_compiled_over_eager": timed["plain"][0] / t_plain,
+            "tau": statistics.mean(st.round_block_efficiency for st in stats),
+            "tau_steady": statistics.mean(st.steady_block_efficiency for st in stats),
+            "rounds": statistics.mean(len(st.tokens_per_round) for st in stats),
+            "acceptance": statistics.mean(acceptance) if acceptance else None,
+            "graphs_compiled_timed": sum(st.graphs_compiled for st in stats[-self.config.repeats:]),
+            "lossless": bool(torch.equal(ours, timed["plain_compiled"][1])) if not self.config.do_sample else None,
+            "times_s": {name: timed[name][2] for name in ("plain_compiled", f"ours_{kind}_compiled")},
+        }
 
     def _row(self, kind: str, timed: dict[str, Any], target_costs: dict[str, float]) -> dict[str, Any]:
         run, config, gamma = self.run, self.config, self.gamma
@@ -251,6 +291,9 @@ class BenchStep:
         # quantity); τ steady leaves out each row's last round, which max_new_tokens cuts short (what
         # (1 - α^(γ+1)) / (1 - α) predicts)
         stats = self.ours[kind].stats
+        row["compiled"] = False
+        if self.config.compile:
+            row["compiled_over_eager"] = 1.0
         tau = statistics.mean(st.round_block_efficiency for st in stats)
         rounds = statistics.mean(len(st.tokens_per_round) for st in stats)
         costs = target_costs | draft_step_cost(run.drafts[kind], self.target, self.inputs, run.vocabs[kind])
@@ -332,9 +375,9 @@ def run_benchmark(config: BenchConfig, progress: bool = True, preset: Preset | N
     return {"env": run.env(), "rows": rows}
 
 
-COLUMNS = [("draft_kind", "draft", "{}"), ("batch", "batch", "{}"), ("gamma", "γ", "{}"), ("plain_tok_s", "plain tok/s", "{:.1f}"),
+COLUMNS = [("draft_kind", "draft", "{}"), ("compiled", "compiled", "{}"), ("batch", "batch", "{}"), ("gamma", "γ", "{}"), ("plain_tok_s", "plain tok/s", "{:.1f}"),
            ("stock_as_called_speedup", "stock as called ×", "{:.2f}"), ("stock_as_called_tau", "its τ", "{:.2f}"),
-           ("stock_speedup", "stock same-γ ×", "{:.2f}"), ("stock_tau", "its τ", "{:.2f}"), ("speedup", "hf_specmm ×", "{:.2f}"), ("tau", "τ", "{:.2f}"),
+           ("stock_speedup", "stock same-γ ×", "{:.2f}"), ("stock_tau", "its τ", "{:.2f}"), ("speedup", "hf_specmm ×", "{:.2f}"), ("compiled_over_eager", "compiled/eager ×", "{:.2f}"), ("tau", "τ", "{:.2f}"),
            ("tau_steady", "τ steady", "{:.2f}"), ("expected_tau", "τ exp", "{:.2f}"), ("rounds", "rounds", "{:.0f}"), ("acceptance", "acc", "{:.2f}"), ("T1_ms", "T1 ms", "{:.1f}"),
            ("Tv_ms", "Tv ms", "{:.1f}"), ("Td_ms", "Td ms", "{:.2f}"), ("Td_over_T1", "Td/T1", "{:.3f}"),
            ("ideal_speedup", "ideal ×", "{:.2f}"), ("efficiency", "eff", "{:.2f}"),
@@ -344,8 +387,9 @@ COLUMNS = [("draft_kind", "draft", "{}"), ("batch", "batch", "{}"), ("gamma", "�
 
 
 def format_table(result: dict[str, Any]) -> str:
-    head = [title for _, title, _ in COLUMNS]
-    body = [[("n/a" if r[k] is None else fmt.format(r[k])) for k, _, fmt in COLUMNS] for r in result["rows"]]
+    columns = [c for c in COLUMNS if c[0] != "compiled_over_eager" or any("compiled_over_eager" in r for r in result["rows"])]
+    head = [title for _, title, _ in columns]
+    body = [[("n/a" if r.get(k) is None else fmt.format(r[k])) for k, _, fmt in columns] for r in result["rows"]]
     widths = [max(len(x) for x in col) for col in zip(head, *body)]
     lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(head, widths)) + " |",
              "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
@@ -364,8 +408,9 @@ def write_outputs(result: dict[str, Any], out_dir: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.5))
-    for batch, kind in sorted({(r["batch"], r["draft_kind"]) for r in result["rows"]}):
-        rows = [r for r in result["rows"] if r["batch"] == batch and r["draft_kind"] == kind]
+    eager = [r for r in result["rows"] if not r.get("compiled")]  # compiled rows are in the table and the JSON
+    for batch, kind in sorted({(r["batch"], r["draft_kind"]) for r in eager}):
+        rows = [r for r in eager if r["batch"] == batch and r["draft_kind"] == kind]
         gammas = [r["gamma"] for r in rows]
         ax1.plot(gammas, [r["speedup"] for r in rows], "o-", label=f"hf_specmm {kind}, batch {batch}")
         if any(r["stock_speedup"] is not None for r in rows):
