@@ -12,10 +12,15 @@ processor over an in-memory ``tokenizers`` WordLevel vocabulary and a PIL image 
     >>> import hf_specmm
     >>> from hf_specmm import testing
     >>> model = hf_specmm.enable(testing.tiny_target("llava", eos_bias=-30.0))
-    >>> inputs = testing.make_inputs("llava", testing.tiny_processor("llava"), ["describe the image"],
-    ...                              [testing.tiny_image(0)])
-    >>> out = model.generate(**inputs, assistant_model=testing.text_draft_from_target(model), max_new_tokens=8)
-    >>> hf_specmm.last_stats(model).acceptance_rate
+    >>> inputs = testing.make_inputs("llava", testing.tiny_processor("llava"), ["describe the image", "hi"],
+    ...                              [testing.tiny_image(0), None])
+    >>> exact = testing.text_draft_from_target(model)  # the target's LM: it reads the text, not the image
+    >>> out = model.generate(**inputs, assistant_model=exact, max_new_tokens=8)
+    >>> hf_specmm.last_stats(model).acceptance_rate < 1.0  # the row with an image: the draft cannot see it
+    True
+    >>> text = testing.make_inputs("llava", testing.tiny_processor("llava"), ["describe the image"], [None])
+    >>> out = model.generate(**text, assistant_model=exact, max_new_tokens=8)
+    >>> hf_specmm.last_stats(model).acceptance_rate  # on text it is the target: every draft accepted
     1.0
 """
 
