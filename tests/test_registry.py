@@ -23,12 +23,18 @@ from conftest import batch_inputs, target
 PACKAGE = Path(hf_specmm.__file__).parent
 
 
+VARIANTS = {"eagle3": "feature_head"}  # a variant kind is registered in its parent kind's folder
+
+
 def test_every_kind_is_one_folder_with_one_registration():
-    assert set(hf_specmm.draft_kinds()) == {"text_only", "image_adapter", "vlm", "feature_head"}
+    assert set(hf_specmm.draft_kinds()) == {"text_only", "image_adapter", "vlm", "feature_head", "eagle3"}
     for name in hf_specmm.draft_kinds():
-        init = PACKAGE / "drafts" / name / "__init__.py"
-        assert init.is_file(), f"draft kind {name} must live in drafts/{name}/"
-        assert init.read_text().count("register_draft_kind(") == 1
+        folder = VARIANTS.get(name, name)
+        init = PACKAGE / "drafts" / folder / "__init__.py"
+        assert init.is_file(), f"draft kind {name} must live in drafts/{folder}/"
+        variants = [v for v, parent in VARIANTS.items() if parent == folder]
+        assert init.read_text().count("register_draft_kind(") == 1 + len(variants)
+        assert f'name="{name}"' in init.read_text()
         kind = hf_specmm.get_kind(name)
         assert issubclass(kind.drafter, Drafter) and not inspect.isabstract(kind.drafter)
         assert kind.stages and kind.stages[0] == 1

@@ -104,7 +104,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--token-loss-weight", type=number_in(0.0), default=0.1,
                    help="feature_head drafts: weight of the token loss (--loss) through the target's LM head")
     g.add_argument("--variant", choices=("eagle1", "eagle3"), default=None,
-                   help="feature_head drafts: eagle3 = EAGLE-3 head on three target layers (the kind eagle3)")
+                   help="feature_head drafts: eagle3 = EAGLE-3 head on three target layers (the kind eagle3); "
+                        "default: eagle1 (the EAGLE-1 head on the last layer)")
     g.add_argument("--ttt-steps", type=positive, default=3,
                    help="eagle3 heads: training-time-test steps unrolled on the head's own outputs")
     g.add_argument("--ttt-decay", type=number_in(0.0, low_open=True), default=1.0,
