@@ -15,7 +15,10 @@ import argparse
 import importlib
 import math
 import sys
-from typing import Callable, NoReturn
+from typing import TYPE_CHECKING, Callable, NoReturn
+
+if TYPE_CHECKING:
+    from .trees import TreeShape
 
 # sub-command -> module providing add_arguments(parser) and run(args) -> int
 COMMANDS = {
@@ -59,6 +62,18 @@ def int_at_least(low: int) -> Callable[[str], int]:
 
     parse.__name__ = f"integer >= {low}"  # what argparse names the type in its messages
     return parse
+
+
+def tree_shape(text: str) -> "TreeShape":
+    """An argparse ``type=``: ``K,D,N`` (top_k, depth, tokens) as a checked :class:`~hf_specmm.trees.TreeShape`."""
+    from .trees import TreeShape
+
+    try:
+        top_k, depth, tokens = (int(part) for part in text.split(","))
+        return TreeShape(top_k=top_k, depth=depth, tokens=tokens)
+    except ValueError as error:  # three integers, then TreeShape's own checks
+        raise argparse.ArgumentTypeError(f"expected K,D,N (top_k,depth,tokens), e.g. 8,12,64; got {text!r}: "
+                                         f"{error}") from None
 
 
 def number_in(low: float | None = None, high: float | None = None, low_open: bool = False,

@@ -34,3 +34,36 @@ def test_world_tau_measures_tree_rows_on_the_shipped_world():
     tree = [r for r in rows if r["tree"] == "2,2,3"]
     assert len(chain) == len(tree) > 0 and all(r["gamma"] == 2 for r in tree)
     assert all(r["tau"] >= 1.0 and r["target_forwards"] > 0 for r in tree)
+
+
+def test_bench_tree_rows_beside_the_chain_rows_under_controlled_acceptance():
+    """A top-1 tree of depth γ runs the chain's rounds (same draws, same τ); a wider tree's top path follows
+    the same draws; the chain rows are what they are without trees; every row is lossless."""
+    from hf_specmm.bench import BenchConfig, run_benchmark
+    from hf_specmm.bench.runner import format_table
+
+    config = dict(preset="tiny", gammas=[3], batch_sizes=[2], acceptance=0.7, max_new_tokens=24, repeats=1, warmup=0,
+                  stock=False, draft_kinds=["text_only", "feature_head"])
+    alone = run_benchmark(BenchConfig(**config), progress=False)["rows"]
+    result = run_benchmark(BenchConfig(**config, trees=[[1, 3, 3], [3, 3, 6]]), progress=False)
+    rows = result["rows"]
+    chains = [r for r in rows if r.get("tree") is None]
+    assert [(r["tau"], r["rounds"]) for r in chains] == [(r["tau"], r["rounds"]) for r in alone]
+    for kind, chain in zip(("text_only", "feature_head"), chains):
+        top1, wide = ([r for r in rows if r.get("tree") == shape and r["draft_kind"] == kind] for shape in ("1,3,3", "3,3,6"))
+        assert top1[0]["tau"] == chain["tau"] and top1[0]["rounds"] == chain["rounds"]
+        assert wide[0]["tau"] >= chain["tau"] and wide[0]["tree_nodes"] == 6 and wide[0]["gamma"] == 3
+    assert all(r["lossless"] is True for r in rows)
+    table = format_table(result)
+    assert "tree K,D,N" in table.splitlines()[0]
+    assert "3,3,6" in table and "chain" in table
+
+
+def test_bench_bad_tree_is_a_usage_error(capsys, monkeypatch):
+    import hf_specmm.bench.runner as runner
+
+    monkeypatch.setattr(runner, "run_benchmark", lambda *a, **k: pytest.fail("ran despite a bad --tree"))
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["bench", "--tree", "2,3,99"])
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and "--tree" in err and "99" in err

@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # argparse is used only when the dispatcher builds the parser
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the bench flags on ``parser`` (called by ``hf_specmm.cli``). Numbers are range-checked by
     their ``type=`` so that a bad value is a one-line usage error before any model is built."""
-    from ..cli import int_at_least, number_in
+    from ..cli import int_at_least, number_in, tree_shape
 
     parser.add_argument("--preset", choices=PRESETS, default="cpu-proxy",
                         help="target+draft built from configs (random weights, no download)")
@@ -50,6 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int_at_least(1), default=3,
                         help="timed runs of each method, interleaved (the median is reported)")
     parser.add_argument("--no-stock", action="store_true", help="skip stock transformers assisted generation")
+    parser.add_argument("--tree", type=tree_shape, action="append", default=[], metavar="K,D,N",
+                        help="also time hf_specmm.Tree(draft, top_k=K, depth=D, tokens=N) for every draft kind, in turns "
+                             "with each batch's first γ (repeatable); under --acceptance a tree's top path follows the "
+                             "chain's draws, its other children miss (see hf_specmm.bench.controlled)")
     parser.add_argument("--compile", action="store_true",
                         help="also time plain generate and hf_specmm with a static cache and torch.compile (stock's "
                              "cache_implementation='static' + compile_config), beside the eager rows")
@@ -89,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
                          prompt_tokens=args.prompt_tokens, with_image=not args.no_image, device=args.device,
                          device_map=args.device_map,
                          dtype=args.dtype, warmup=args.warmup, repeats=args.repeats, stock=not args.no_stock,
-                         seed=args.seed, draft_kinds=args.draft_kinds, compile=args.compile)
+                         seed=args.seed, draft_kinds=args.draft_kinds, compile=args.compile,
+                         trees=[[shape.top_k, shape.depth, shape.tokens] for shape in args.tree])
     result = run_benchmark(config)
     paths = write_outputs(result, args.out)
     print(format_table(result))

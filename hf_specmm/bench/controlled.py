@@ -11,6 +11,12 @@ compare costs only (generated token 0 is always a miss: see :func:`set_reference
 tokens per round is τ = (1 − α^(γ+1)) / (1 − α). This is a SYSTEMS benchmark: real acceptance comes
 from trained drafts.
 
+Draft trees (``hf_specmm.Tree``): a level's K nodes share one position (their depth), so every node of a
+level proposes that position's controlled token first; its other children tie far below (the lowest ids),
+misses unless one happens to be the reference token. A tree's τ under control is thus the chain's at γ = D
+(plus such chance hits), and its timing shows what the wider verification and the level forwards cost. Chain
+forwards are overridden exactly as before (one logits position: the last).
+
 Two wrappers: :func:`controlled_acceptance` for causal LM drafts (the small LM draft; stock's
 ``assistant_model.generate()`` runs it too) and the same for a :class:`FeatureHeadDraft`, whose logits
 come through the target's LM head (``lm_logits``) rather than its ``forward``.
@@ -42,9 +48,9 @@ def hit_table(alpha: float, seed: int, rows: list[int], length: int) -> torch.Te
     return torch.tensor([[uniform_draw(seed, r, k) < alpha for k in range(length)] for r in rows], dtype=torch.bool)
 
 
-def _last_positions(position_ids: torch.Tensor) -> torch.Tensor:
-    """[B] position of each row's last slot: position ids [B, k], or M-RoPE's [3 or 4, B, k] (text row first)."""
-    return (position_ids[0] if position_ids.dim() == 3 else position_ids)[:, -1]
+def _text_positions(position_ids: torch.Tensor) -> torch.Tensor:
+    """[B, k] text positions of the slots: position ids [B, k], or M-RoPE's [3 or 4, B, k] (text row first)."""
+    return position_ids[0] if position_ids.dim() == 3 else position_ids
 
 
 class _Controlled:
@@ -58,28 +64,35 @@ class _Controlled:
     prompt_positions: torch.Tensor  # [B] draft position of the first generated token, per row
     hits: torch.Tensor  # [B, R] bool, from hit_table
 
-    def _controlled_tokens(self, last_positions: torch.Tensor) -> torch.Tensor:
-        """The proposal [B] for a forward whose last slot of row b sits at ``last_positions[b]``. Device-side
+    def _controlled_tokens(self, positions: torch.Tensor) -> torch.Tensor:
+        """The proposal [B] (or [B, L]) for slots of row b at ``positions[b]`` ([B] or [B, L]). Device-side
         gathers only: no host sync added to the draft step (reference and hits live on the draft's device)."""
-        index = last_positions.to(self.reference.device) + 1 - self.prompt_positions  # generated token predicted
+        one = positions.dim() == 1
+        positions = positions[:, None] if one else positions
+        index = positions.to(self.reference.device) + 1 - self.prompt_positions[:, None]  # generated token predicted
         length = self.reference.shape[1]
         inside = (index >= 0) & (index < length)
-        at = index.clamp(0, length - 1)[:, None]
-        ref = self.reference.gather(1, at).squeeze(1)
-        hit = self.hits.gather(1, at).squeeze(1) & inside
-        return torch.where(hit, ref, (ref + 1) % self.wrong_modulus)
+        at = index.clamp(0, length - 1)
+        ref = self.reference.gather(1, at)
+        hit = self.hits.gather(1, at) & inside
+        tokens = torch.where(hit, ref, (ref + 1) % self.wrong_modulus)
+        return tokens[:, 0] if one else tokens
 
     def select_rows(self, keep: torch.Tensor) -> None:
         """Rows that finished left the batch (the drafter tells its draft): keep the others' references."""
         keep = keep.to(self.reference.device)
         self.reference, self.prompt_positions, self.hits = self.reference[keep], self.prompt_positions[keep], self.hits[keep]
 
-    def _override_last(self, logits: torch.Tensor, last_positions: torch.Tensor) -> None:
-        """Replace ``logits[:, -1]`` (in place) by a one-hot of the controlled proposal."""
-        token = self._controlled_tokens(last_positions).to(logits.device)
-        last = torch.full_like(logits[:, -1], -1e4)
-        last.scatter_(1, token[:, None], 1e4)
-        logits[:, -1] = last
+    def _override_last(self, logits: torch.Tensor, positions: torch.Tensor) -> None:
+        """Replace (in place) the logits [B, L, V] of the slots at the last position (``positions`` [B, k] the
+        forward's text positions: a chain's last slot, or every node of a tree level) by one-hots of the
+        controlled proposal."""
+        width = min(logits.shape[1], positions.shape[1])
+        positions = positions[:, -width:].to(logits.device)
+        last = positions == positions[:, -1:]  # [B, width]
+        token = self._controlled_tokens(positions).to(logits.device)
+        one_hot = torch.full_like(logits[:, -width:], -1e4).scatter_(2, token[..., None], 1e4)
+        logits[:, -width:] = torch.where(last[..., None], one_hot, logits[:, -width:])
 
 
 class _ControlledAcceptanceMixin(_Controlled):
@@ -94,8 +107,9 @@ class _ControlledAcceptanceMixin(_Controlled):
                               position_ids=position_ids,
                               logits_to_keep=logits_to_keep, **kwargs)
         batch, width = input_ids.shape
-        last = _last_positions(position_ids) if position_ids is not None else torch.full((batch,), past + width - 1)
-        self._override_last(out.logits, last)
+        positions = _text_positions(position_ids) if position_ids is not None else \
+            (past + torch.arange(width)).expand(batch, width)
+        self._override_last(out.logits, positions)
         return out
 
 
@@ -105,12 +119,12 @@ class _ControlledHeadMixin(_Controlled):
 
     def forward(self, *args: Any, position_ids: torch.Tensor | None = None, **kwargs: Any) -> Any:
         out = super().forward(*args, position_ids=position_ids, **kwargs)  # type: ignore[misc]
-        self._last_positions = _last_positions(position_ids)
+        self._positions = _text_positions(position_ids)
         return out
 
     def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = super().lm_logits(hidden)  # type: ignore[misc]  # the real LM head product (its real cost)
-        self._override_last(logits, self._last_positions)
+        self._override_last(logits, self._positions)
         return logits
 
 

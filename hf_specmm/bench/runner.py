@@ -25,6 +25,7 @@ import transformers
 from tqdm.auto import tqdm
 
 from .. import api
+from ..trees import Tree, TreeShape
 from ..drafts.registry import kind_of
 from ..targets import target_spec
 from ..vocab import VocabMap, draft_vocab_size
@@ -53,6 +54,9 @@ class BenchConfig:
     seed: int = 0
     draft_kinds: list[str] = field(default_factory=lambda: ["text_only"])  # a row per kind, timed side by side
     compile: bool = False  # also time plain and hf_specmm with a static cache + torch.compile (stock's switch)
+    #: [K, D, N] shapes: hf_specmm.Tree(draft, K, D, N) rows per draft kind, timed in turns with each batch's
+    #: first γ step (its chain rows and plain); γ of a tree row is its depth D
+    trees: list[list[int]] = field(default_factory=list)
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming every bad field (the CLI's ``type=`` checks refuse the same values)."""
@@ -71,6 +75,11 @@ class BenchConfig:
         if not self.draft_kinds or any(k not in DRAFT_KINDS for k in self.draft_kinds) \
                 or len(set(self.draft_kinds)) != len(self.draft_kinds):
             problems.append(f"draft_kinds={self.draft_kinds} (distinct values among {DRAFT_KINDS})")
+        for shape in self.trees:
+            try:
+                TreeShape(*shape)
+            except (TypeError, ValueError) as error:
+                problems.append(f"trees: {shape} ({error})")
         if self.acceptance is not None and self.do_sample:
             problems.append("acceptance (controlled acceptance) is defined for greedy decoding; drop do_sample")
         if problems:
@@ -153,8 +162,8 @@ class OursMethod:
     """hf_specmm with one draft kind (``compiled``: static caches + compiled forwards, stock's switch); keeps each
     call's statistics."""
 
-    def __init__(self, step: "BenchStep", kind: str, compiled: bool = False):
-        self.step, self.kind, self.compiled = step, kind, compiled
+    def __init__(self, step: "BenchStep", kind: str, compiled: bool = False, tree: TreeShape | None = None):
+        self.step, self.kind, self.compiled, self.tree = step, kind, compiled, tree
         self.stats: list[Any] = []
 
     def __call__(self) -> torch.Tensor:
@@ -164,8 +173,11 @@ class OursMethod:
             if step.config.acceptance is not None:
                 set_reference(step.proposers[self.kind], step.reference,
                               _prompt_positions(run.drafts[self.kind], run.vocabs[self.kind], step.inputs))
-            out = step.target.generate(**step.inputs, **step.gen_for(self.compiled),
-                                       assistant_model=step.proposers[self.kind], num_assistant_tokens=step.gamma)
+            proposer, gamma = step.proposers[self.kind], step.gamma
+            if self.tree is not None:  # the same (controlled) draft, drafting trees: γ is the depth
+                proposer, gamma = Tree(proposer, self.tree.top_k, self.tree.depth, self.tree.tokens), self.tree.depth
+            out = step.target.generate(**step.inputs, **step.gen_for(self.compiled), assistant_model=proposer,
+                                       num_assistant_tokens=gamma)
             self.stats.append(api.last_stats(step.target))
             return out
         finally:
@@ -191,6 +203,9 @@ class BenchStep:
                               for kind, d in run.drafts.items()}
         self.ours = {kind: OursMethod(self, kind) for kind in run.drafts}
         self.ours_compiled = {kind: OursMethod(self, kind, compiled=True) for kind in run.drafts} if config.compile else {}
+        shapes = [TreeShape(*shape) for shape in config.trees] if gamma == config.gammas[0] else []
+        self.ours_tree = {f"{kind}_tree_{'_'.join(map(str, (s.top_k, s.depth, s.tokens)))}": OursMethod(self, kind, tree=s)
+                          for kind in run.drafts for s in shapes}
         self.stock = {name: StockMethod(self, name) for name in ("stock", "stock_as_called")}
         self.stock_error = self._stock_error()
 
@@ -236,7 +251,7 @@ class BenchStep:
         if self.config.compile:
             methods |= {"plain_compiled": PlainMethod(self, compiled=True)}
             methods |= {f"ours_{kind}_compiled": m for kind, m in self.ours_compiled.items()}
-        return methods
+        return methods | {f"ours_{name}": m for name, m in self.ours_tree.items()}
 
     def measure(self) -> list[dict[str, Any]]:
         """Time every method in turns on the same inputs; a row per draft kind."""
@@ -248,7 +263,30 @@ class BenchStep:
             clock.remove()
         target_costs = target_step_costs(self.target, self.inputs, self.gamma)
         rows = [self._row(kind, timed, target_costs) for kind in run.drafts]
+        rows += [self._tree_row(name, timed) for name in self.ours_tree]
         return rows + [self._compiled_row(kind, timed) for kind in self.ours_compiled]
+
+    def _tree_row(self, name: str, timed: dict[str, Any]) -> dict[str, Any]:
+        """hf_specmm with ``hf_specmm.Tree`` around a kind's draft, against plain timed in the same turns. The
+        chain cost model (τ·T1/(Tv + γ·Td)) does not describe a tree round, so its columns are left out."""
+        method = self.ours_tree[name]
+        stats, shape, new_tokens = method.stats, method.tree, self.batch * self.config.max_new_tokens
+        t_plain, (t_ours, ours) = timed["plain"][0], timed[f"ours_{name}"][:2]
+        acceptance = [st.acceptance_rate for st in stats if st.acceptance_rate is not None]
+        return {
+            "draft_kind": method.kind, "tree": f"{shape.top_k},{shape.depth},{shape.tokens}", "compiled": False,
+            "batch": self.batch, "gamma": shape.depth, "plain_tok_s": new_tokens / t_plain,
+            "ours_tok_s": new_tokens / t_ours, "speedup": t_plain / t_ours,
+            "tau": statistics.mean(st.round_block_efficiency for st in stats),
+            "tau_steady": statistics.mean(st.steady_block_efficiency for st in stats),
+            "rounds": statistics.mean(len(st.tokens_per_round) for st in stats),
+            "acceptance": statistics.mean(acceptance) if acceptance else None,
+            "tree_nodes": statistics.mean(st.tree_nodes_per_round or 0.0 for st in stats),
+            "accepted_depth": statistics.mean(st.mean_accepted_depth or 0.0 for st in stats),
+            "decode_speedup": statistics.median(timed["plain"][3]) / statistics.median(timed[f"ours_{name}"][3]),
+            "lossless": bool(torch.equal(ours, self.plain)) if not self.config.do_sample else None,
+            "times_s": {key: timed[key][2] for key in ("plain", f"ours_{name}")},
+        }
 
     def _compiled_row(self, kind: str, timed: dict[str, Any]) -> dict[str, Any]:
         """hf_specmm compiled vs plain compiled (the same switch on both sides) and vs itself eager. The step
@@ -375,7 +413,7 @@ def run_benchmark(config: BenchConfig, progress: bool = True, preset: Preset | N
     return {"env": run.env(), "rows": rows}
 
 
-COLUMNS = [("draft_kind", "draft", "{}"), ("compiled", "compiled", "{}"), ("batch", "batch", "{}"), ("gamma", "γ", "{}"), ("plain_tok_s", "plain tok/s", "{:.1f}"),
+COLUMNS = [("draft_kind", "draft", "{}"), ("tree", "tree K,D,N", "{}"), ("compiled", "compiled", "{}"), ("batch", "batch", "{}"), ("gamma", "γ", "{}"), ("plain_tok_s", "plain tok/s", "{:.1f}"),
            ("stock_as_called_speedup", "stock as called ×", "{:.2f}"), ("stock_as_called_tau", "its τ", "{:.2f}"),
            ("stock_speedup", "stock same-γ ×", "{:.2f}"), ("stock_tau", "its τ", "{:.2f}"), ("speedup", "hf_specmm ×", "{:.2f}"), ("compiled_over_eager", "compiled/eager ×", "{:.2f}"), ("tau", "τ", "{:.2f}"),
            ("tau_steady", "τ steady", "{:.2f}"), ("expected_tau", "τ exp", "{:.2f}"), ("rounds", "rounds", "{:.0f}"), ("acceptance", "acc", "{:.2f}"), ("T1_ms", "T1 ms", "{:.1f}"),
@@ -383,13 +421,18 @@ COLUMNS = [("draft_kind", "draft", "{}"), ("compiled", "compiled", "{}"), ("batc
            ("ideal_speedup", "ideal ×", "{:.2f}"), ("efficiency", "eff", "{:.2f}"),
            ("Tp_ms", "Tp ms", "{:.0f}"), ("ideal_speedup_e2e", "ideal e2e ×", "{:.2f}"),
            ("efficiency_e2e", "eff e2e", "{:.2f}"), ("decode_speedup", "decode ×", "{:.2f}"),
-           ("efficiency_decode", "eff decode", "{:.2f}"), ("mbsu", "MBSU", "{:.2f}"), ("lossless", "lossless", "{}")]
+           ("efficiency_decode", "eff decode", "{:.2f}"), ("mbsu", "MBSU", "{:.2f}"), ("tree_nodes", "nodes", "{:.1f}"),
+           ("accepted_depth", "acc depth", "{:.2f}"), ("lossless", "lossless", "{}")]
+#: columns shown only when some row has them (``--compile``, ``--tree``); a chain row's tree cell reads "chain"
+OPTIONAL_COLUMNS = ("compiled_over_eager", "tree", "tree_nodes", "accepted_depth")
 
 
 def format_table(result: dict[str, Any]) -> str:
-    columns = [c for c in COLUMNS if c[0] != "compiled_over_eager" or any("compiled_over_eager" in r for r in result["rows"])]
+    rows = result["rows"]
+    columns = [c for c in COLUMNS if c[0] not in OPTIONAL_COLUMNS or any(r.get(c[0]) is not None for r in rows)]
     head = [title for _, title, _ in columns]
-    body = [[("n/a" if r.get(k) is None else fmt.format(r[k])) for k, _, fmt in columns] for r in result["rows"]]
+    body = [[("chain" if k == "tree" else "n/a") if r.get(k) is None else fmt.format(r[k]) for k, _, fmt in columns]
+            for r in rows]
     widths = [max(len(x) for x in col) for col in zip(head, *body)]
     lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(head, widths)) + " |",
              "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
@@ -408,7 +451,8 @@ def write_outputs(result: dict[str, Any], out_dir: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.5))
-    eager = [r for r in result["rows"] if not r.get("compiled")]  # compiled rows are in the table and the JSON
+    # compiled and tree rows are in the table and the JSON; the plot follows the chains over γ
+    eager = [r for r in result["rows"] if not r.get("compiled") and r.get("tree") is None]
     for batch, kind in sorted({(r["batch"], r["draft_kind"]) for r in eager}):
         rows = [r for r in eager if r["batch"] == batch and r["draft_kind"] == kind]
         gammas = [r["gamma"] for r in rows]

@@ -39,7 +39,7 @@ class Tree(torch.nn.Module):
         if isinstance(draft, Tree):
             raise ValueError("Tree(draft): draft is already a Tree; wrap the draft itself once")
         if not isinstance(draft, torch.nn.Module):
-            raise ValueError(f"Tree(draft): draft must be a draft model (torch.nn.Module), got {type(draft).__name__}")
+            raise TypeError(f"Tree(draft): draft must be a draft model (torch.nn.Module), got {type(draft).__name__}")
         self.shape = TreeShape(top_k=top_k, depth=depth, tokens=tokens)  # checked: clear errors on bad shapes
         self.draft = draft
 

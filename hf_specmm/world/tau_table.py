@@ -76,18 +76,6 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def tree_shape(text: str) -> TreeShape:
-    """``--tree K,D,N`` (top_k, depth, tokens) as a checked :class:`~hf_specmm.trees.TreeShape`."""
-    import argparse
-
-    try:
-        top_k, depth, tokens = (int(part) for part in text.split(","))
-        return TreeShape(top_k=top_k, depth=depth, tokens=tokens)
-    except ValueError as error:  # three integers, then TreeShape's own checks
-        raise argparse.ArgumentTypeError(f"--tree takes K,D,N (top_k,depth,tokens), e.g. 8,12,64; got {text!r}: "
-                                         f"{error}") from None
-
-
 _MARKERS = re.compile(re.escape(README_START) + r".*?" + re.escape(README_END), re.S)
 
 
@@ -110,7 +98,7 @@ def update_readme(path: str | Path, table: str) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the world-tau flags on ``parser`` (called by ``hf_specmm.cli``)."""
-    from ..cli import int_at_least
+    from ..cli import int_at_least, tree_shape
 
     parser.add_argument("--per-task", type=int_at_least(1), default=32, help="held-out scenes per task")
     parser.add_argument("--gammas", type=int_at_least(1), nargs="+", default=list(GAMMAS),
