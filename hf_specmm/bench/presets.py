@@ -7,6 +7,9 @@
   image tokens), bf16, with a llama-68m-shaped draft (32000 ids, as double7/vicuna-68m).
 - ``tiny``: the test fixtures' tiny LLaVA with a same-vocabulary random draft, for smoke tests.
 
+Every preset's target follows the margin rule (:func:`~hf_specmm.bench.margins.apply_margin_rule`): its
+greedy pick wins by far more than bf16 rounding, so controlled acceptance is valid in bf16/fp16 too.
+
 ``device_map="auto"`` spreads the target's layers as ``from_pretrained(..., device_map="auto")`` does
 (accelerate: balanced over the visible GPUs, then CPU RAM), for targets larger than one GPU; the draft
 stays on ``device``.
@@ -23,6 +26,7 @@ import torch
 from transformers import CLIPVisionConfig, LlamaConfig, LlamaForCausalLM, LlavaConfig, LlavaForConditionalGeneration
 
 from ..devices import execution_device
+from .margins import apply_margin_rule
 from .presets_qwen import QWEN_PRESETS, build_qwen_preset
 
 
@@ -84,6 +88,9 @@ def build_preset(name: str, device: str = "cpu", dtype: str | None = None, seed:
     """Build ``name``'s target and draft (seeded). ``device_map="auto"``: the target is built on the CPU and
     dispatched over the visible devices (see :func:`dispatch`); the draft goes to ``device``."""
     preset = _build(name, device if device_map is None else "cpu", dtype, seed)
+    # in every dtype, so fp32 and bf16 rows time the same model: greedy margins far above bf16 rounding keep
+    # the replayed reference valid in half precision (see margins.py; `greedy_margins` checks it)
+    apply_margin_rule(preset.target, preset.text_vocab, seed)
     if device_map is not None:
         preset.target = dispatch(preset.target, device_map)
         preset.draft = preset.draft.to(device)
@@ -110,11 +117,11 @@ def _build(name: str, device: str, dtype: str | None, seed: int) -> Preset:
     if name == "tiny":
         from .. import testing
 
-        target = testing.tiny_target("llava", seed=seed, eos_bias=-30.0).to(device)
+        target = testing.tiny_target("llava", seed=seed, eos_bias=-30.0).to(device, getattr(torch, dtype or "float32"))
         vocab = target.config.text_config.vocab_size
         image = testing.special_ids(vocab)["image"]
         # same vocabulary as the target, so stock assisted generation can run it at batch 1
-        return Preset(target, testing.random_text_draft(target).to(device), testing.IMAGE_SIZE, image, image)
+        return Preset(target, testing.random_text_draft(target), testing.IMAGE_SIZE, image, image)
     if name in QWEN_PRESETS:
         return build_qwen_preset(name, device, dtype, seed, Preset)
     raise ValueError(f"unknown preset {name!r}; choose one of {PRESETS}")

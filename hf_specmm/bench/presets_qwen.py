@@ -60,8 +60,8 @@ def build_qwen_preset(name: str, device: str, dtype: str | None, seed: int, pres
     from ..testing import qwen_vl as qwen
     from .. import testing
 
-    target = testing.tiny_target("qwen2_5_vl", seed=seed, eos_bias=-30.0).to(device)
-    return preset_cls(target, testing.random_text_draft(target).to(device), testing.IMAGE_SIZE, qwen.IMAGE_ID,
+    target = testing.tiny_target("qwen2_5_vl", seed=seed, eos_bias=-30.0).to(device, getattr(torch, dtype or "float32"))
+    return preset_cls(target, testing.random_text_draft(target), testing.IMAGE_SIZE, qwen.IMAGE_ID,
                       qwen.PAD_ID, inputs=qwen_inputs)
 
 

@@ -1,0 +1,122 @@
+"""Greedy margins of random-weight bench targets, and the rule that keeps them above half-precision rounding.
+
+Controlled acceptance replays a plain greedy run's tokens, so it needs every method to produce those same
+tokens. In bf16/fp16 a (γ+1)-token verification and a 1-token step (other kernels, other summation orders)
+round a target's logits differently; where the top-1 and top-2 logits are closer than that rounding the
+argmax can flip. A random LM head over 32K-150K rows puts near-ties at almost every few steps (top-1 minus
+top-2 of N Gaussians is often < 1 % of the logit's magnitude, bf16's spacing is 2^-7 of it), so in bf16
+the replayed reference breaks within a few tokens (H100: τ 1.1 instead of 2.8).
+
+:func:`apply_margin_rule` rewrites a target's token embedding and LM head (nothing else: every layer still
+runs and costs what it did) so that its greedy choice is a fixed successor of the last token, ahead of
+every other row by a large fraction of its logit: the embedding dominates the residual stream
+(:data:`EMBED_RATIO` times what the layers add, calibrated on a probe), and row ``r`` of the head reads the
+embedding of the token(s) whose successor is ``r``. The layers still move every logit (context changes
+the logits, not the winner). :func:`greedy_margins` measures the top-1 minus top-2 margins of a greedy
+continuation against bf16's spacing at the top logit: the check that the rule holds.
+
+    >>> from hf_specmm.bench import build_preset, synthetic_inputs
+    >>> preset = build_preset("tiny", dtype="bfloat16")
+    >>> report = greedy_margins(preset.target, synthetic_inputs(preset, 2, 12), max_new_tokens=8)
+    >>> report["min_margin_ulps"] >= MIN_MARGIN_ULPS
+    True
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+EMBED_RATIO = 8.0  # token embedding norm / norm of everything the layers add to the residual stream
+TOP_LOGIT = 20.0  # about the winning logit (the others stay within about +-TOP_LOGIT/4)
+MIN_MARGIN_ULPS = 32  # "well above rounding": top-1 minus top-2 of at least 32 bf16 spacings (~1/8 of top-1)
+BF16_MANTISSA_BITS = 7  # stored bits: bf16 values in [2^e, 2^(e+1)) are 2^(e-7) apart
+
+
+def bf16_spacing(values: torch.Tensor) -> torch.Tensor:
+    """The gap between adjacent bf16 numbers at ``|values|``: ``2^(floor(log2|v|) - 7)``."""
+    exponent = torch.floor(torch.log2(values.abs().float().clamp_min(torch.finfo(torch.float32).tiny)))
+    return torch.exp2(exponent - BF16_MANTISSA_BITS)
+
+
+@torch.no_grad()
+def _layer_sum_norm(decoder: Any, probe: torch.Tensor) -> float:
+    """The largest norm of what the layers add to the residual stream (final-norm input minus embedding)."""
+    seen: dict[str, torch.Tensor] = {}
+    hook = decoder.norm.register_forward_hook(lambda mod, args, out: seen.update(x=args[0]))
+    try:
+        decoder(input_ids=probe, use_cache=False)
+    finally:
+        hook.remove()
+    rest = seen["x"].float() - decoder.embed_tokens(probe).float()
+    return rest.norm(dim=-1).max().item()
+
+
+@torch.no_grad()
+def apply_margin_rule(model: Any, text_vocab: int, seed: int = 0, first_text_id: int = 3) -> Any:
+    """Give ``model`` (a VLM or causal LM with an untied LM head) greedy margins far above bf16 rounding,
+    in place; returns ``model``.
+
+    Every id ``x`` gets a successor ``next(x)`` among the ordinary text ids ``[first_text_id, text_vocab)``
+    (a random permutation of them; other ids, e.g. ``<image>`` or pads, map to a random text id), so greedy
+    runs never emit a special, reserved or end-of-sequence id. Embeddings become random directions of
+    norm ``EMBED_RATIO`` times the layers' contribution; ``lm_head[r]`` is the sum of the unit embeddings
+    of ``r``'s predecessors, scaled so the winner's logit is about :data:`TOP_LOGIT`.
+    """
+    from ..testing.shaping import language_model
+
+    decoder = language_model(model)
+    embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    if embed.data_ptr() == head.data_ptr():
+        raise ValueError("apply_margin_rule needs an untied LM head (tie_word_embeddings=False)")
+    vocab, hidden = head.shape
+    if not 0 <= first_text_id < text_vocab <= vocab:
+        raise ValueError(f"text ids [{first_text_id}, {text_vocab}) must lie inside the {vocab}-row LM head")
+    gen = torch.Generator(device=embed.device).manual_seed(seed)
+    directions = torch.randn(embed.shape[0], hidden, generator=gen, device=embed.device)
+    directions /= directions.norm(dim=-1, keepdim=True)
+    probe = torch.randint(first_text_id, text_vocab, (2, 16), generator=gen, device=embed.device)
+    scale = 0.0
+    for _ in range(4):  # the layers' contribution barely depends on the embedding's scale (every layer normalises)
+        needed = EMBED_RATIO * _layer_sum_norm(decoder, probe)
+        if needed <= scale:
+            break
+        scale = 1.05 * needed
+        embed.copy_(directions * scale)
+    cpu = torch.Generator().manual_seed(seed + 1)
+    text = torch.arange(first_text_id, text_vocab)
+    successor = torch.randint(first_text_id, text_vocab, (embed.shape[0],), generator=cpu)
+    successor[text] = text[torch.randperm(len(text), generator=cpu)]
+    rows = torch.zeros(vocab, hidden, device=head.device)
+    # after the final RMSNorm the hidden state has norm ~sqrt(hidden) and points along the last token's embedding
+    rows.index_add_(0, successor[: embed.shape[0]].to(head.device), directions * (TOP_LOGIT / hidden ** 0.5))
+    head.copy_(rows)
+    return model
+
+
+@torch.no_grad()
+def greedy_margins(model: Any, inputs: dict[str, torch.Tensor], max_new_tokens: int = 32) -> dict[str, Any]:
+    """Top-1 minus top-2 logit at every step of ``model``'s plain greedy continuation of ``inputs``, against
+    bf16's spacing at the top-1 logit. ``min_margin_ulps`` >= :data:`MIN_MARGIN_ULPS` is "well above
+    rounding"; a random head without the rule typically has margins of a few spacings or less."""
+    out = model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens, output_logits=True,
+                         return_dict_in_generate=True)
+    logits = torch.stack(out.logits, dim=1).float()  # [batch, steps, vocab]
+    top = logits.topk(2, dim=-1).values
+    margin = (top[..., 0] - top[..., 1]).flatten().cpu()
+    spacing = bf16_spacing(top[..., 0]).flatten().cpu()
+    in_ulps = margin / spacing
+    return {"steps": int(margin.numel()), "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+            "min_margin": margin.min().item(), "median_margin": margin.median().item(),
+            "max_top_logit": top[..., 0].abs().max().item(),
+            "min_margin_ulps": in_ulps.min().item(), "median_margin_ulps": in_ulps.median().item(),
+            "share_below_4_ulps": (in_ulps < 4).float().mean().item()}
+
+
+def format_margins(name: str, report: dict[str, Any]) -> str:
+    """One line: ``name``'s min / median margins, in logits and in bf16 spacings."""
+    return (f"{name}: {report['steps']} greedy steps ({report['dtype']}), top-1 minus top-2 min {report['min_margin']:.3g}"
+            f" / median {report['median_margin']:.3g} logits = {report['min_margin_ulps']:.3g} / "
+            f"{report['median_margin_ulps']:.3g} bf16 spacings at the top logit (max |top| "
+            f"{report['max_top_logit']:.3g}); steps under 4 spacings: {100 * report['share_below_4_ulps']:.1f} %")
