@@ -166,7 +166,8 @@ def test_options_with_no_tree_meaning_are_refused_before_any_forward():
                              (dict(num_assistant_tokens_schedule="heuristic"), "num_assistant_tokens_schedule"),
                              (dict(num_assistant_tokens=5), "num_assistant_tokens=5"),
                              (dict(repetition_penalty=1.2), "RepetitionPenaltyLogitsProcessor"),
-                             (dict(return_dict_in_generate=True, output_hidden_states=True), "output_hidden_states")):
+                             (dict(return_dict_in_generate=True, output_hidden_states=True), "output_hidden_states"),
+                             (dict(cache_implementation="static"), "cache_implementation='static'")):
             with pytest.raises(hf_specmm.UnsupportedGenerationError, match=named):
                 model.generate(**inputs, max_new_tokens=4, assistant_model=tree, **extra)
         assert calls == []
@@ -215,3 +216,28 @@ def test_tree_chi2_has_power_against_a_verifier_that_keeps_the_draft_path(monkey
     monkeypatch.setattr(verify.SamplingVerifier, "tree", verify.GreedyVerifier.tree)
     with pytest.raises(AssertionError, match="χ²"):
         test_tree_sampling_matches_plain_sampling("llava", "text_only")
+
+
+@pytest.mark.parametrize("family", ("llava", "qwen2_vl"))
+def test_pipeline_generate_kwargs_take_a_tree(family):
+    from transformers import pipeline
+
+    model = testing.tiny_target(family)
+    pipe = pipeline("image-text-to-text", model=model, processor=testing.tiny_processor(family))
+    marker = testing.image_marker(family)
+    images = [[testing.tiny_image(10 + i, s)] for i, s in enumerate([(32, 32), (64, 32)])]
+    texts = [f"{marker} what color is the circle ?", f"{marker} describe the image"]
+
+    def call(extra):
+        return pipe(images=images, text=texts, batch_size=2,
+                    generate_kwargs={"max_new_tokens": 12, "do_sample": False, **extra})
+
+    plain = call({})
+    hf_specmm.enable(pipe.model)
+    try:
+        tree = hf_specmm.Tree(testing.text_draft_from_target(pipe.model), top_k=3, depth=4, tokens=8)
+        assert call({"assistant_model": tree}) == plain
+        stats = hf_specmm.last_stats(pipe.model)
+        assert stats.batch_size == 2 and max(max(r) for r in stats.nodes_per_round) == 8 and stats.accepted_tokens > 0
+    finally:
+        hf_specmm.disable(pipe.model)
