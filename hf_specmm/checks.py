@@ -17,6 +17,7 @@ from .caches import backend_for
 from .history import HISTORY_FREE_PROCESSORS
 from .prompt_checks import check_placeholders
 from .targets import target_spec
+from .trees.drafting import TreeDrafting
 from .trees.expand import TreeShape
 from .trees.wrapper import Tree
 from .vocab import VocabMap, check_vocab_compatible, draft_vocab_size
@@ -155,8 +156,12 @@ def _check_static(config: Any, budget: DraftBudget) -> None:
               f"used with {bad}.")
 
 
-def _check_tree(shape: TreeShape, config: Any, budget: DraftBudget, gamma_set: bool) -> None:
+def _check_tree(shape: TreeShape, kind: DraftKind, config: Any, budget: DraftBudget, gamma_set: bool) -> None:
     """Options with no meaning for a draft tree (see :class:`hf_specmm.Tree`): refused, naming the option."""
+    if not issubclass(kind.drafter, TreeDrafting):
+        _fail(IncompatibleDraftError, f"hf_specmm.Tree: the {kind.name!r} draft kind's drafter "
+              f"({kind.drafter.__name__}) does not draft trees (no hf_specmm.trees.drafting.TreeDrafting); pass the "
+              "draft itself to draft a chain")
     bad = None
     if budget.schedule != "constant":
         bad = (f"num_assistant_tokens_schedule={budget.schedule!r}: a tree's depth is fixed; use "
@@ -224,7 +229,7 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
                           getattr(draft, "generation_config", None)) is not None
     budget = _resolve_budget(target, draft, generation_config, kwargs)
     if shape is not None:
-        _check_tree(shape, config, budget, gamma_set)
+        _check_tree(shape, kind, config, budget, gamma_set)
         budget.gamma, budget.tree = shape.depth, shape
     for key in ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold"):
         kwargs.pop(key, None)  # consumed here; stock generate must not see an assisted-mode option

@@ -241,3 +241,40 @@ def test_pipeline_generate_kwargs_take_a_tree(family):
         assert stats.batch_size == 2 and max(max(r) for r in stats.nodes_per_round) == 8 and stats.accepted_tokens > 0
     finally:
         hf_specmm.disable(pipe.model)
+
+
+class _ChainOnlyDrafter(hf_specmm.Drafter):
+    """A plugin kind's drafter without tree drafting (never reached: the call is refused first)."""
+
+    def prefill(self, prompt, first_tokens, new_cache):
+        raise AssertionError("refused before any work")
+
+    propose = accept = prefill
+
+
+class _ChainOnlyDraft(torch.nn.Module):
+    pass
+
+
+def test_a_kind_that_cannot_draft_trees_is_refused_before_any_forward():
+    from hf_specmm.drafts import registry
+
+    model = target("llava")
+    d = testing.text_draft_from_target(model)
+    d.__class__ = type("ChainOnlyLlama", (_ChainOnlyDraft, type(d)), {})
+    kind = registry.DraftKind(name="chain_only", title="chain only", drafter=_ChainOnlyDrafter,
+                              claims=lambda m: isinstance(m, _ChainOnlyDraft), priority=60, loads=lambda config: None,
+                              training_view=lambda m, vocab, stage: _ChainOnlyDrafter(m, vocab),
+                              param_groups=lambda m, stage, cfg: [])
+    hf_specmm.register_draft_kind(kind)
+    calls = []
+    handle = model.register_forward_pre_hook(lambda *a: calls.append(1))
+    hf_specmm.enable(model)
+    try:
+        with pytest.raises(hf_specmm.IncompatibleDraftError, match="does not draft trees"):
+            model.generate(**batch_inputs("llava", 2), max_new_tokens=4, assistant_model=hf_specmm.Tree(d, 2, 2, 3))
+        assert calls == []
+    finally:
+        handle.remove()
+        hf_specmm.disable(model)
+        registry.unregister_draft_kind("chain_only")

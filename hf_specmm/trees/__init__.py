@@ -37,8 +37,14 @@ Contracts the loop uses, one round per call (P = the target cache's slots before
         left as today (SlottedCache.rollback(compact=True))
     draft: keep the slots tree.draft_slots[path] of the accepted nodes it read, then queue as a chain does
 
-Processors: the loop applies its logits processors to the target's scores at every node before
-verification; history-dependent processors see each node's root path, not a chain history.
+Processors: the loop applies its logits processors to the target's scores (and the drafter to the draft's)
+at every node; only history-free ones (temperature, top-k/p, ...): processors that read the token history
+are refused before any forward (a node's history is its root path, not the row's chain).
+
+In ``generate``: ``assistant_model=hf_specmm.Tree(draft, top_k=K, depth=D, tokens=N)`` (:class:`Tree`). The
+drafters draft through :class:`~hf_specmm.trees.drafting.TreeDrafting` (one forward per level on their own
+cache), the loop verifies a :class:`~hf_specmm.block.TreeBlock` (one target forward) with the verifier's
+``tree`` rule, and both caches keep the accepted path in place (``SlottedCache.rollback`` with a path).
 """
 
 from .expand import StepFn, TreeShape, expand_tree, top_k_first_index
