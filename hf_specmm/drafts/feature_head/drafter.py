@@ -200,7 +200,7 @@ class FeatureHeadDrafter(TreeDrafting, Drafter):
         tokens = tokens.scatter(1, n[:, None], next_tokens[:, None])  # next_i right after the n_i accepted drafts
         ids = tokens.gather(1, k).masked_fill(~valid, 0)
         features = verified.gather(1, k[..., None].expand(-1, -1, verified.shape[-1]))
-        self.pending, self.verified = (features, ids, valid), None
+        self.pending, self.verified, self.level_features = (features, ids, valid), None, None
 
 
 def previous_features(features: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
