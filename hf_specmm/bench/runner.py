@@ -91,9 +91,10 @@ def _note(config: BenchConfig, target: Any) -> str | None:
         return None
     note = "controlled acceptance: systems benchmark (random weights)"
     if target.dtype in (torch.bfloat16, torch.float16):
-        # measured on an H100 (benchmarks/results/gpu-h100/p1-bf16): outputs differed from plain, τ 1.1 at α 0.7
-        note += ("; in reduced precision a random target's near-tied argmaxes can flip between a verification and "
-                 "a 1-token step, which breaks the replayed reference (lossless False, τ collapses): use --dtype float32")
+        # a random head's near-tied argmaxes flip between a verification and a 1-token step in half precision (H100,
+        # benchmarks/results/gpu-h100/p1-bf16: τ 1.1 at α 0.7); the presets' margin rule (margins.py) rules them out
+        note += ("; half precision: the presets' greedy margins are far above rounding (margin rule); a target of "
+                 "your own needs them too (hf_specmm.bench.margins.greedy_margins), or lossless False and τ collapse")
     return note
 
 
