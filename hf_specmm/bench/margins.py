@@ -102,16 +102,18 @@ def greedy_margins(model: Any, inputs: dict[str, torch.Tensor], max_new_tokens: 
     rounding"; a random head without the rule typically has margins of a few spacings or less."""
     out = model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens, output_logits=True,
                          return_dict_in_generate=True)
-    logits = torch.stack(out.logits, dim=1).float()  # [batch, steps, vocab]
-    top = logits.topk(2, dim=-1).values
-    margin = (top[..., 0] - top[..., 1]).flatten().cpu()
-    spacing = bf16_spacing(top[..., 0]).flatten().cpu()
-    in_ulps = margin / spacing
-    return {"steps": int(margin.numel()), "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-            "min_margin": margin.min().item(), "median_margin": margin.median().item(),
-            "max_top_logit": top[..., 0].abs().max().item(),
-            "min_margin_ulps": in_ulps.min().item(), "median_margin_ulps": in_ulps.median().item(),
-            "share_below_4_ulps": (in_ulps < 4).float().mean().item()}
+    return {"dtype": str(next(model.parameters()).dtype).removeprefix("torch."), **summarize_margins(out.logits)}
+
+
+def summarize_margins(step_logits: tuple[torch.Tensor, ...] | list[torch.Tensor]) -> dict[str, Any]:
+    """Top-1 minus top-2 over every row of every step's logits ([rows, vocab] each), in logits and in bf16
+    spacings at the top-1 logit: min, median, and the share of steps under 4 spacings."""
+    top = torch.cat([s.float().topk(2, dim=-1).values for s in step_logits]).cpu()  # [steps x rows, 2]
+    margin = top[:, 0] - top[:, 1]
+    in_ulps = margin / bf16_spacing(top[:, 0])
+    return {"steps": int(margin.numel()), "min_margin": margin.min().item(), "median_margin": margin.median().item(),
+            "max_top_logit": top[:, 0].abs().max().item(), "min_margin_ulps": in_ulps.min().item(),
+            "median_margin_ulps": in_ulps.median().item(), "share_below_4_ulps": (in_ulps < 4).float().mean().item()}
 
 
 def format_margins(name: str, report: dict[str, Any]) -> str:
@@ -120,3 +122,32 @@ def format_margins(name: str, report: dict[str, Any]) -> str:
             f" / median {report['median_margin']:.3g} logits = {report['min_margin_ulps']:.3g} / "
             f"{report['median_margin_ulps']:.3g} bf16 spacings at the top logit (max |top| "
             f"{report['max_top_logit']:.3g}); steps under 4 spacings: {100 * report['share_below_4_ulps']:.1f} %")
+
+
+def preset_margins(name: str, device: str = "cpu", dtype: str | None = None, batch: int = 1, prompt_tokens: int = 32,
+                   max_new_tokens: int = 128, seed: int = 0) -> dict[str, Any]:
+    """:func:`greedy_margins` of bench preset ``name`` on the inputs ``hf-specmm bench`` gives it (same seed)."""
+    from .presets import build_preset, synthetic_inputs
+
+    preset = build_preset(name, device, dtype, seed)
+    return greedy_margins(preset.target, synthetic_inputs(preset, batch, prompt_tokens, seed), max_new_tokens)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Prints one line for a preset (``main(["cpu-proxy", "--dtype", "bfloat16"])``, as ``benchmarks/gpu_bench.sh``
+    calls it); returns 1 when the margins are not well above bf16 rounding (min < MIN_MARGIN_ULPS spacings)."""
+    import argparse
+
+    from .presets import PRESETS
+
+    parser = argparse.ArgumentParser(prog="hf_specmm.bench.margins", description="greedy margins of a bench preset")
+    parser.add_argument("preset", choices=PRESETS)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    args = parser.parse_args(argv)
+    report = preset_margins(args.preset, args.device, args.dtype, args.batch, args.prompt_tokens, args.max_new_tokens)
+    print(format_margins(args.preset, report))
+    return 0 if report["min_margin_ulps"] >= MIN_MARGIN_ULPS else 1
