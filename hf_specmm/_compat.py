@@ -267,7 +267,14 @@ def compiled_graph_count() -> int:
 def compiled_call(model: Any, compile_config: Any = None) -> Callable[..., Any]:
     """``torch.compile(model.__call__, **compile_config.to_dict())`` as stock builds it (cached on the model,
     rebuilt when the config changes; ``CompileConfig()`` defaults: inductor, ``mode="reduce-overhead"``)."""
-    return model.get_compiled_call(compile_config)
+    if hasattr(model, "get_compiled_call") and hasattr(model, "generation_config"):
+        return model.get_compiled_call(compile_config)
+    # a module without a generation config (a wrapped draft): the same compile, cached on it the same way
+    cached = vars(model).get("_hf_specmm_compiled_call")
+    if cached is None or cached[0] != compile_config:
+        cached = (compile_config, torch.compile(model.__call__, **compile_config.to_dict()))
+        vars(model)["_hf_specmm_compiled_call"] = cached
+    return cached[1]
 
 
 # ---- draft trees (issue 19) ----------------------------------------------------------------------------

@@ -103,6 +103,9 @@ class SpeculativeDecoding:
         self.drafter.observe_prefill(out)
         self.target_kv = self.backend.wrap_target(target, _compat.output_cache(out), mask, prompt_len, batch,
                                                   self.device, positions)
+        # the verification forward: compiled where the backend compiles, except for a drafter that hooks the
+        # target's modules (a compiled graph does not run hooks added after it was traced)
+        self.target_call = target if self.drafter.observes_verification else self.target_kv.step_call(target)
         self.outputs = GenerateOutputs(generation_config, batch, prompt_len, compacted=self.target_kv.compact)
         logits = out.logits[:, -1:].to(dtype=torch.float32, device=self.device)
         scores = apply_processors(logits_processor, self.rows.history, logits)
@@ -136,8 +139,8 @@ class SpeculativeDecoding:
         start = target_kv.length
         inputs = block.append_to(target_kv)
         with drafter.watch(self.target) if drafter.observes_verification else contextlib.nullcontext():
-            out = target_kv.step_call(self.target)(input_ids=block.tokens, **target_kv.forward_kwargs(), use_cache=True,
-                                                   logits_to_keep=block.width, **inputs, **self.outputs.forward_kwargs())
+            out = self.target_call(input_ids=block.tokens, **target_kv.forward_kwargs(), use_cache=True,
+                                   logits_to_keep=block.width, **inputs, **self.outputs.forward_kwargs())
         drafter.observe_verification(out)
         logits = out.logits[:, -block.width:].to(dtype=torch.float32, device=self.device)
         scores = apply_processors(self.processors, rows.history, logits, rows=rows.cache_index)  # p_0..p_γ
