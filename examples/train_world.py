@@ -12,6 +12,8 @@ shipped inside the package are replaced only when asked explicitly.
     python examples/train_world.py --overwrite-shipped        # replace hf_specmm/world/checkpoints
     python examples/train_world.py --feature-head-only --overwrite-shipped --per-task 300 --steps 500
                                          # only the feature head, on the shipped target (what shipped it)
+    python examples/train_world.py --eagle3-head-only --overwrite-shipped --per-task 300 --steps 500
+                                         # only the EAGLE-3 head: the same lines and steps as the feature head
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 import torch
 
 from hf_specmm.cli import HelpFormatter
-from hf_specmm.world.recipe import build_feature_head_checkpoint, build_world_checkpoints
+from hf_specmm.world.recipe import build_head_checkpoint, build_world_checkpoints
 from hf_specmm.world.shipped import CHECKPOINTS
 
 
@@ -37,10 +39,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"write into the package's own checkpoints, {CHECKPOINTS}, replacing the shipped ones")
     parser.add_argument("--feature-head-only", action="store_true",
                         help="train only the feature head on the target already in the ship dir")
+    parser.add_argument("--eagle3-head-only", action="store_true",
+                        help="train only the EAGLE-3 head on the target already in the ship dir")
     parser.add_argument("--per-task", type=int, default=None,
-                        help="--feature-head-only: the first N distillation lines of each task (default: all)")
+                        help="--*-head-only: the first N distillation lines of each task (default: all)")
     parser.add_argument("--steps", type=int, default=None,
-                        help="--feature-head-only: optimizer steps per stage (default: the recipe's)")
+                        help="--*-head-only: optimizer steps per stage (default: the recipe's)")
     return parser
 
 
@@ -58,8 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     ship_dir = ship_dir_for(args)
     torch.set_num_threads(2)  # the recipe's numbers were measured on 2 cores; float sums depend on the split
-    if args.feature_head_only:
-        result = build_feature_head_checkpoint(args.work_dir, ship_dir, args.per_task, args.steps)
+    if args.feature_head_only and args.eagle3_head_only:
+        raise SystemExit("train_world.py: error: give one of --feature-head-only and --eagle3-head-only")
+    if args.feature_head_only or args.eagle3_head_only:
+        kind = "feature_head" if args.feature_head_only else "eagle3"
+        result = build_head_checkpoint(kind, args.work_dir, ship_dir, args.per_task, args.steps)
         print(json.dumps({k: result["summary"][k] for k in ("tau_before", "tau_after")}, indent=1))
         return 0
     summary = build_world_checkpoints(args.work_dir, ship_dir)

@@ -4,8 +4,9 @@
 2. the target trained from scratch (:func:`~hf_specmm.world.train_target.train_world_target`);
 3. a text-only and an image-adapter draft distilled from it with ``hf_specmm.train`` (the target's own
    greedy answers to the training prompts, forward KL), each ~4 % of the target's parameters, and a
-   feature head (EAGLE-1 style, one decoder layer on the target's hidden states) trained on the same lines
-   (:func:`build_feature_head_checkpoint` trains only the head, on the shipped target).
+   feature head (EAGLE-1 style, one decoder layer on the target's hidden states) and an EAGLE-3 head (one
+   decoder layer on three fused target layers, training-time test, a draft vocabulary) trained on the same
+   lines (:func:`build_head_checkpoint` trains only one head, on the shipped target).
 
 ``examples/train_world.py`` runs it; everything lands in ``ship_dir`` (safetensors + model cards +
 ``recipe.json`` with every setting and measured number), which is what ``hf-specmm demo`` loads.
@@ -40,11 +41,19 @@ ADAPTER_TRAINING = {"stage2_steps": 1000}
 # the head: 1 layer (DRAFT_CONFIG's num_hidden_layers), the target's width; EAGLE's loss with the token term
 # weighted 1.0 instead of EAGLE's 0.1 (at this scale the token loss is what acceptance follows)
 HEAD_TRAINING = {"stage2_steps": 1000, "token_loss_weight": 1.0}
-KIND_TRAINING = {"image_adapter": ADAPTER_TRAINING, "feature_head": HEAD_TRAINING}
+# the EAGLE-3 head: the EAGLE-1 head's stages, steps and lr; 5 training-time-test steps (drafting step k + 1 reads
+# the head's own k earlier outputs: 5 steps train every step of a γ = 5 round); a 64-id draft vocabulary: the
+# answers use 51 of the world's 77 ids (50 words + </s>), the rest are prompt-only words, specials, <image> and
+# <pad>, which a draft never proposes
+EAGLE3_TRAINING = {"stage2_steps": 1000, "ttt_steps": 5, "draft_vocab_size": 64}
+KIND_TRAINING = {"image_adapter": ADAPTER_TRAINING, "feature_head": HEAD_TRAINING, "eagle3": EAGLE3_TRAINING}
 EVAL_PER_TASK = 32  # held-out lines per task (images not in the training split) the drafts' cards are measured on
 TARGET_NAME = "world-target"  # what the draft cards call the target (the folder name in ship_dir)
-SHIPPED_KINDS = ("text_only", "image_adapter", "feature_head")  # the draft kinds the world ships, one folder each
-DRAFT_DIRS = {name: f"{get_kind(name).title}-draft" for name in SHIPPED_KINDS}
+# the draft kinds the world ships, one folder each (named by the kind's title; the EAGLE-3 head's has spaces)
+SHIPPED_KINDS = ("text_only", "image_adapter", "feature_head", "eagle3")
+HEAD_KINDS = ("feature_head", "eagle3")  # trained on the shipped target alone by build_head_checkpoint
+DRAFT_DIRS = {name: "eagle3-head-draft" if name == "eagle3" else f"{get_kind(name).title}-draft"
+              for name in SHIPPED_KINDS}
 
 
 def _prompts_only(examples: list[Example], world: Path, dst: Path, per_task: int | None = None) -> Path:
@@ -143,11 +152,15 @@ def build_world_checkpoints(work_dir: str | Path, ship_dir: str | Path) -> dict[
     return summary
 
 
-def build_feature_head_checkpoint(work_dir: str | Path, ship_dir: str | Path, per_task: int | None = None,
-                                  steps: int | None = None) -> dict[str, Any]:
-    """Train only the feature head on the shipped target (same world, same distillation lines and held-out
-    lines as the other drafts; with ``per_task``, the first ``per_task`` lines of each task only, and
-    ``steps`` per stage) into ``ship_dir``, and record it in ``ship_dir/recipe.json``."""
+def build_head_checkpoint(kind: str, work_dir: str | Path, ship_dir: str | Path, per_task: int | None = None,
+                          steps: int | None = None) -> dict[str, Any]:
+    """Train only one feature head (``kind``: ``feature_head`` = EAGLE-1, ``eagle3`` = EAGLE-3) on the shipped
+    target (same world, same distillation lines and held-out lines as the other drafts; with ``per_task``, the
+    first ``per_task`` lines of each task only, and ``steps`` per stage) into ``ship_dir``, and record it in
+    ``ship_dir/recipe.json``. Both heads trained with the same ``per_task`` and ``steps`` see the same answer
+    lines (the same seed draws the same batches) for the same number of optimizer steps."""
+    if kind not in HEAD_KINDS:
+        raise ValueError(f"kind={kind!r}: build_head_checkpoint trains one of {HEAD_KINDS}")
     work, ship = Path(work_dir), Path(ship_dir)
     work.mkdir(parents=True, exist_ok=True)
     world = generate_world(work / "world", n=WORLD["n"], seed=WORLD["seed"], image_size=WORLD["image_size"])
@@ -156,13 +169,13 @@ def build_feature_head_checkpoint(work_dir: str | Path, ship_dir: str | Path, pe
     heldout = _prompts_only(unseen(load_examples(world / "heldout.jsonl"), train), world,
                             work / "heldout_eval.jsonl", EVAL_PER_TASK)
     overrides = {} if steps is None else {"steps": steps, "stage2_steps": steps}
-    result = _distil("feature_head", ship / TARGET_NAME, world, work, distil_data, heldout, **overrides)
-    folder = DRAFT_DIRS["feature_head"]
+    result = _distil(kind, ship / TARGET_NAME, world, work, distil_data, heldout, **overrides)
+    folder = DRAFT_DIRS[kind]
     shutil.rmtree(ship / folder, ignore_errors=True)
     shutil.copytree(Path(result["summary"]["draft_dir"]), ship / folder)
     _card_home(ship, folder)
     recipe = json.loads((ship / "recipe.json").read_text())
     result["distillation_lines_per_task"] = per_task  # None: every line, as the other drafts
-    recipe["drafts"]["feature_head"] = result
+    recipe["drafts"][kind] = result
     (ship / "recipe.json").write_text(json.dumps(recipe, indent=1, default=str) + "\n")
     return result

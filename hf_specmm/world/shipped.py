@@ -6,7 +6,7 @@ Example::
     >>> from hf_specmm.world.shipped import load_world_models, eval_examples
     >>> models = load_world_models()
     >>> sorted(models.drafts)
-    ['feature-head (distilled)', 'image-adapter (distilled)', 'text-only (distilled)', 'text-only (untrained)']
+    ['EAGLE-3 head (distilled)', 'feature-head (distilled)', 'image-adapter (distilled)', 'text-only (distilled)', 'text-only (untrained)']
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ CHECKPOINTS = Path(__file__).resolve().parent / "checkpoints"
 EVAL_SEED = 1  # the evaluation scenes: another seed than the training world's (WORLD["seed"])
 DRAFT_NAMES = {"text-only (untrained)": None, "text-only (distilled)": DRAFT_DIRS["text_only"],
                "image-adapter (distilled)": DRAFT_DIRS["image_adapter"],
-               "feature-head (distilled)": DRAFT_DIRS["feature_head"]}
+               "feature-head (distilled)": DRAFT_DIRS["feature_head"],  # EAGLE-1
+               "EAGLE-3 head (distilled)": DRAFT_DIRS["eagle3"]}
 
 
 @dataclass
@@ -45,7 +46,8 @@ class WorldModels:
 
 
 def load_world_models(ship_dir: str | Path = CHECKPOINTS) -> WorldModels:
-    """Target, processor and the three drafts (the untrained one rebuilt from the recipe's seed), float32, eval."""
+    """Target, processor and the drafts of ``DRAFT_NAMES`` (the untrained one rebuilt from the recipe's seed),
+    float32, eval."""
     ship = Path(ship_dir)
     missing = [name for name in (TARGET_NAME, *DRAFT_DIRS.values(), "recipe.json") if not (ship / name).exists()]
     if missing:
