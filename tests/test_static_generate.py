@@ -108,5 +108,12 @@ def test_compiled_rounds_do_not_recompile():
                 plain = model.generate(**inputs, max_new_tokens=8, **STATIC)
                 hf_specmm.enable(model)
                 assert torch.equal(out, plain)
+        # a feature head hooks the target's modules: its target forward stays eager, its own steps compile
+        head = testing.feature_head_from_target(model)
+        hf_specmm.disable(model)
+        plain = model.generate(**inputs, max_new_tokens=8, **STATIC)
+        hf_specmm.enable(model)
+        out = model.generate(**inputs, **kwargs, assistant_model=head, num_assistant_tokens=3)
+        assert torch.equal(out, plain) and hf_specmm.last_stats(model).acceptance_rate == 1.0
     finally:
         hf_specmm.disable(model)
