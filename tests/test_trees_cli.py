@@ -40,7 +40,7 @@ def test_bench_tree_rows_beside_the_chain_rows_under_controlled_acceptance():
     """A top-1 tree of depth γ runs the chain's rounds (same draws, same τ); a wider tree's top path follows
     the same draws; the chain rows are what they are without trees; every row is lossless."""
     from hf_specmm.bench import BenchConfig, run_benchmark
-    from hf_specmm.bench.runner import format_table
+    from hf_specmm.bench.report import format_table
 
     config = dict(preset="tiny", gammas=[3], batch_sizes=[2], acceptance=0.7, max_new_tokens=24, repeats=1, warmup=0,
                   stock=False, draft_kinds=["text_only", "feature_head"])

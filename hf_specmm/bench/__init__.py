@@ -7,7 +7,8 @@
 
 from .controlled import controlled_acceptance, set_reference
 from .presets import PRESETS, build_preset, synthetic_inputs
-from .runner import BenchConfig, format_table, run_benchmark, write_outputs
+from .report import format_table, write_outputs
+from .runner import BenchConfig, run_benchmark
 
 __all__ = ["PRESETS", "BenchConfig", "build_preset", "controlled_acceptance", "format_table", "run_benchmark",
            "set_reference", "synthetic_inputs", "write_outputs"]

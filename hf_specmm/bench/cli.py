@@ -72,7 +72,8 @@ def _refuse(message: str) -> SystemExit:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from .runner import BenchConfig, format_table, run_benchmark, write_outputs
+    from .report import format_table, write_outputs
+    from .runner import BenchConfig, run_benchmark
 
     # checked before any model is built: each of these would otherwise fail minutes later
     if len(set(args.draft_kinds)) != len(args.draft_kinds):
