@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
             f"training split), greedy, max {MAX_ANSWER_TOKENS} new tokens; `{command}`")
     costs = step_costs(load_world_models(args.checkpoints), eval_examples(1)["caption"][0])
     note += ("\n\nSize and step cost of each draft (one drafted token on its KV cache vs one target decoding "
-             "step, batch 1, median of 50, CPU, torch threads as set; machine-dependent):\n\n" + costs_markdown(costs))
+             "step, batch 1, fastest of 50 each, timed in turns, CPU, torch threads as set; machine-dependent):\n\n" + costs_markdown(costs))
     print(table + "\n\n" + note)
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(f"{args.output}.json").write_text(json.dumps({"rows": rows, "step_costs": costs, "note": note}, indent=1) + "\n")
