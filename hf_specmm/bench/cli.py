@@ -44,8 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "as from_pretrained(device_map='auto') does, to time a target larger than one GPU; the "
                              "draft and inputs stay on --device (default: off, the whole target on --device)")
     parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                        help="weights' dtype (default: the preset's own, float32 for cpu-proxy and tiny, "
-                             "bfloat16 for llava-1.5-7b-shape)")
+                        help="weights' dtype (default: the preset's own, float32 for cpu-proxy and the tiny "
+                             "presets, bfloat16 for llava-1.5-7b-shape and qwen2.5-vl-7b-shape)")
     parser.add_argument("--warmup", type=int_at_least(0), default=1, help="untimed runs of each method first")
     parser.add_argument("--repeats", type=int_at_least(1), default=3,
                         help="timed runs of each method, interleaved (the median is reported)")
