@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
 
 import torch
 
+from ..drafts.wrapper import DraftWrapper
 from .expand import TreeShape
 
 
-class Tree(torch.nn.Module):
+class Tree(DraftWrapper):
     """Wraps any draft (text-only, image-adapter, vlm, feature head, ``TextOnly(...)``) so that every round
     drafts a tree: level by level up to ``depth``, the ``top_k`` children of the ``top_k`` best frontier nodes
     (one draft forward per level), the ``tokens`` best nodes by cumulative draft probability kept; the target
@@ -34,6 +34,8 @@ class Tree(torch.nn.Module):
         TreeShape(top_k=2, depth=3, tokens=6)
     """
 
+    wrapped_name = "draft"
+
     def __init__(self, draft: torch.nn.Module, top_k: int = 4, depth: int = 5, tokens: int = 24):
         super().__init__()
         if isinstance(draft, Tree):
@@ -42,12 +44,3 @@ class Tree(torch.nn.Module):
             raise TypeError(f"Tree(draft): draft must be a draft model (torch.nn.Module), got {type(draft).__name__}")
         self.shape = TreeShape(top_k=top_k, depth=depth, tokens=tokens)  # checked: clear errors on bad shapes
         self.draft = draft
-
-    def __getattr__(self, name: str) -> Any:  # config, device, generation_config, ... of the wrapped draft
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            return getattr(self._modules["draft"], name)
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.draft(*args, **kwargs)

@@ -11,9 +11,10 @@ from ...drafter import DraftPrompt, Prompt
 from ...errors import IncompatibleDraftError
 from ...vocab import VocabMap
 from ..chain import ChainDrafter
+from ..wrapper import DraftWrapper
 
 
-class TextOnly(torch.nn.Module):
+class TextOnly(DraftWrapper):
     """Use ``model`` as a text-only draft even where hf_specmm would pick another kind for it (e.g. a
     small VLM whose image layout differs from the target's): ``assistant_model=hf_specmm.TextOnly(vlm)``.
 
@@ -30,15 +31,6 @@ class TextOnly(torch.nn.Module):
         if isinstance(model, TextOnly):
             model = model.model
         self.model = model
-
-    def __getattr__(self, name: str) -> Any:  # config, device, generation_config, ... of the wrapped model
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            return getattr(self._modules["model"], name)
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.model(*args, **kwargs)
 
 
 def text_only_view(vocab: VocabMap, input_ids: torch.Tensor,
