@@ -10,14 +10,14 @@ COLUMNS = [("draft_kind", "draft", "{}"), ("tree", "tree K,D,N", "{}"), ("compil
            ("stock_as_called_speedup", "stock as called ×", "{:.2f}"), ("stock_as_called_tau", "its τ", "{:.2f}"),
            ("stock_speedup", "stock same-γ ×", "{:.2f}"), ("stock_tau", "its τ", "{:.2f}"), ("speedup", "hf_specmm ×", "{:.2f}"), ("compiled_over_eager", "compiled/eager ×", "{:.2f}"), ("tau", "τ", "{:.2f}"),
            ("tau_steady", "τ steady", "{:.2f}"), ("expected_tau", "τ exp", "{:.2f}"), ("rounds", "rounds", "{:.0f}"), ("acceptance", "acc", "{:.2f}"), ("T1_ms", "T1 ms", "{:.1f}"),
-           ("Tv_ms", "Tv ms", "{:.1f}"), ("Td_ms", "Td ms", "{:.2f}"), ("Td_over_T1", "Td/T1", "{:.3f}"),
+           ("Tv_ms", "Tv ms", "{:.1f}"), ("Td_ms", "Td ms", "{:.2f}"), ("Td_over_T1", "Td/T1", "{:.3f}"), ("Tv_over_T1", "Tv/T1", "{:.2f}"),
            ("ideal_speedup", "ideal ×", "{:.2f}"), ("efficiency", "eff", "{:.2f}"),
            ("Tp_ms", "Tp ms", "{:.0f}"), ("ideal_speedup_e2e", "ideal e2e ×", "{:.2f}"),
            ("efficiency_e2e", "eff e2e", "{:.2f}"), ("decode_speedup", "decode ×", "{:.2f}"),
            ("efficiency_decode", "eff decode", "{:.2f}"), ("mbsu", "MBSU", "{:.2f}"), ("tree_nodes", "nodes", "{:.1f}"),
            ("accepted_depth", "acc depth", "{:.2f}"), ("lossless", "lossless", "{}")]
 #: columns shown only when some row has them (``--compile``, ``--tree``); a chain row's tree cell reads "chain"
-OPTIONAL_COLUMNS = ("compiled_over_eager", "tree", "tree_nodes", "accepted_depth")
+OPTIONAL_COLUMNS = ("compiled_over_eager", "tree", "tree_nodes", "accepted_depth", "Tv_over_T1")
 
 
 def format_table(result: dict[str, Any]) -> str:

@@ -262,14 +262,16 @@ class BenchStep:
             clock.remove()
         target_costs = target_step_costs(self.target, self.inputs, self.gamma)
         rows = [self._row(kind, timed, target_costs) for kind in run.drafts]
-        rows += [self._tree_row(name, timed) for name in self.ours_tree]
+        rows += [self._tree_row(name, timed, target_costs["T1"]) for name in self.ours_tree]
         return rows + [self._compiled_row(kind, timed) for kind in self.ours_compiled]
 
-    def _tree_row(self, name: str, timed: dict[str, Any]) -> dict[str, Any]:
+    def _tree_row(self, name: str, timed: dict[str, Any], t1: float) -> dict[str, Any]:
         """hf_specmm with ``hf_specmm.Tree`` around a kind's draft, against plain timed in the same turns. The
-        chain cost model (τ·T1/(Tv + γ·Td)) does not describe a tree round, so its columns are left out."""
+        chain cost model (τ·T1/(Tv + γ·Td)) does not describe a tree round, so its columns are left out; Tv is
+        measured for the tree's width (N + 1 tokens in one target forward) beside T1."""
         method = self.ours_tree[name]
         stats, shape, new_tokens = method.stats, method.tree, self.batch * self.config.max_new_tokens
+        tv = target_step_costs(self.target, self.inputs, shape.tokens)["Tv"]
         t_plain, (t_ours, ours) = timed["plain"][0], timed[f"ours_{name}"][:2]
         acceptance = [st.acceptance_rate for st in stats if st.acceptance_rate is not None]
         return {
@@ -282,6 +284,7 @@ class BenchStep:
             "acceptance": statistics.mean(acceptance) if acceptance else None,
             "tree_nodes": statistics.mean(st.tree_nodes_per_round or 0.0 for st in stats),
             "accepted_depth": statistics.mean(st.mean_accepted_depth or 0.0 for st in stats),
+            "T1_ms": t1 * 1e3, "Tv_ms": tv * 1e3, "Tv_over_T1": tv / t1,
             "decode_speedup": statistics.median(timed["plain"][3]) / statistics.median(timed[f"ours_{name}"][3]),
             "lossless": bool(torch.equal(ours, self.plain)) if not self.config.do_sample else None,
             "times_s": {key: timed[key][2] for key in ("plain", f"ours_{name}")},
