@@ -145,6 +145,16 @@ def is_static_cache(cache: Any) -> bool:
     return isinstance(cache, StaticCache)
 
 
+def filled_generation_default(name: str) -> Any:
+    """The value transformers fills into a generation config field left unset (``_get_default_generation_params``;
+    5.17's pipelines pass configs filled this way, e.g. ``assistant_confidence_threshold=0.4``,
+    ``num_assistant_tokens=20``), or None where this version fills nothing."""
+    from transformers import GenerationConfig
+
+    defaults = getattr(GenerationConfig, "_get_default_generation_params", None)
+    return defaults().get(name) if callable(defaults) else None
+
+
 def resolve_generation_config(model: Any, generation_config: Any, kwargs: dict) -> Any:
     """The generation config ``generate`` would use (model defaults < ``generation_config`` < kwargs)."""
     config, _ = model._prepare_generation_config(generation_config, **dict(kwargs))

@@ -67,6 +67,16 @@ def _explicit(name: str, kwargs: dict, generation_config: Any, *configs: Any) ->
     return None
 
 
+def _chosen(name: str, kwargs: dict, generation_config: Any, *configs: Any) -> bool:
+    """Whether the caller chose ``name``: in generate's kwargs, on a model's or the draft's generation config,
+    or on the passed config with another value than the one transformers fills into unset fields (a 5.17
+    pipeline passes such a filled config)."""
+    if kwargs.get(name) is not None or any(getattr(c, name, None) is not None for c in configs if c is not None):
+        return True
+    value = getattr(generation_config, name, None) if generation_config is not None else None
+    return value is not None and value != _compat.filled_generation_default(name)
+
+
 def _resolve_budget(target: Any, draft: Any, generation_config: Any, kwargs: dict) -> DraftBudget:
     sources = (getattr(target, "generation_config", None), getattr(draft, "generation_config", None))
     gamma = _explicit("num_assistant_tokens", kwargs, generation_config, *sources)
@@ -225,9 +235,12 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
         criteria = StoppingCriteriaList(kwargs.pop("stopping_criteria", None) or [])
         criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=config.stop_strings))
         kwargs["stopping_criteria"], kwargs["stop_strings"] = criteria, None
-    gamma_set = _explicit("num_assistant_tokens", kwargs, generation_config, getattr(target, "generation_config", None),
-                          getattr(draft, "generation_config", None)) is not None
+    sources = (getattr(target, "generation_config", None), getattr(draft, "generation_config", None))
+    gamma_set = _chosen("num_assistant_tokens", kwargs, generation_config, *sources)
     budget = _resolve_budget(target, draft, generation_config, kwargs)
+    if budget.confidence is not None and (shape is not None or config.cache_implementation == "static") \
+            and not _chosen("assistant_confidence_threshold", kwargs, generation_config, sources[1]):
+        budget.confidence = None  # transformers' filled-in default, not the caller's: no threshold for fixed shapes
     if shape is not None:
         _check_tree(shape, kind, config, budget, gamma_set)
         budget.gamma, budget.tree = shape.depth, shape

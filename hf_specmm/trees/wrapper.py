@@ -17,7 +17,8 @@ class Tree(DraftWrapper):
     accepted root path plus its own next token. ``Tree(draft, top_k=1, depth=γ, tokens=γ)`` is the chain.
 
     Options with no tree meaning are refused before any forward, naming the option:
-    ``assistant_confidence_threshold`` (the tree's shape is static), ``num_assistant_tokens_schedule`` other
+    ``assistant_confidence_threshold`` (the tree's shape is static; a value transformers filled into an unset
+    field, as 5.17's pipelines pass, is not the caller's choice and is dropped), ``num_assistant_tokens_schedule`` other
     than ``'constant'`` (the depth is fixed), ``num_assistant_tokens`` other than ``depth`` (the depth is the
     tree's γ), ``cache_implementation='static'``, ``output_attentions`` / ``output_hidden_states`` with
     ``return_dict_in_generate`` (a tree forward's per-node tensors have no plain-generate layout; scores and
