@@ -17,6 +17,7 @@ import torch
 from . import _compat
 from .caches import SlottedCache
 from .drafter import Drafter, Proposal
+from .history import RowHistory, apply_processors, apply_processors_along_paths
 from .trees import DraftTree
 
 if TYPE_CHECKING:
@@ -40,6 +41,11 @@ class ChainBlock:
     def append_to(self, cache: SlottedCache) -> dict[str, torch.Tensor | None]:
         """Record the block in ``cache``; the attention mask and position ids of the forward that writes it."""
         return cache.append(None, self.width)
+
+    def scores(self, processors: Any, history: RowHistory, logits: torch.Tensor,
+               rows: torch.Tensor | None) -> torch.Tensor:
+        """p_0..p_γ: position j's logits processed with the row's history plus d_1..d_j."""
+        return apply_processors(processors, history, logits, rows=rows)
 
     def verify(self, verifier: "GreedyVerifier | SamplingVerifier", proposal: Proposal, scores: torch.Tensor,
                lengths: torch.Tensor | None) -> "Acceptance":
@@ -87,6 +93,12 @@ class TreeBlock(ChainBlock):
         inputs["attention_mask"] = _compat.tree_attention_argument(
             self.config, lambda window: self.tree.attention_mask(prefix, self.dtype, window))
         return inputs
+
+    def scores(self, processors: Any, history: RowHistory, logits: torch.Tensor,
+               rows: torch.Tensor | None) -> torch.Tensor:
+        """Each node's logits processed with the row's history plus the node's own root path."""
+        return apply_processors_along_paths(processors, history, logits, self.tree.root_paths(), self.tree.depths,
+                                            rows=rows)
 
     def verify(self, verifier: "GreedyVerifier | SamplingVerifier", proposal: Proposal, scores: torch.Tensor,
                lengths: torch.Tensor | None) -> "Acceptance":

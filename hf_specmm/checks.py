@@ -14,7 +14,6 @@ from .errors import IncompatibleDraftError, UnsupportedGenerationError
 from .drafts import DraftKind, kind_of
 from .budget import DraftBudget
 from .caches import backend_for
-from .history import HISTORY_FREE_PROCESSORS
 from .prompt_checks import check_placeholders
 from .targets import target_spec
 from .trees.drafting import TreeDrafting
@@ -188,16 +187,6 @@ def _check_tree(shape: TreeShape, kind: DraftKind, config: Any, budget: DraftBud
                "layout (scores and logits are returned); drop them")
     if bad is not None:
         _fail(UnsupportedGenerationError, f"generate(assistant_model=hf_specmm.Tree(...)) cannot be used with {bad}.")
-
-
-def check_tree_processors(processors: Any) -> None:
-    """Draft trees apply only logits processors that never read the token history (a node's history is its
-    root path, not the row's chain): refuse the others, naming them, before any forward."""
-    reading = sorted({type(p).__name__ for p in processors or [] if type(p) not in HISTORY_FREE_PROCESSORS})
-    if reading:
-        _fail(UnsupportedGenerationError, f"generate(assistant_model=hf_specmm.Tree(...)) cannot be used with the "
-              f"logits processors {reading}: they read the token history, which differs per tree node. Drop the "
-              "options that add them (repetition_penalty, no_repeat_ngram_size, min_length, ...) or draft a chain.")
 
 
 def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, streamer: Any, kwargs: dict) -> Plan:

@@ -153,3 +153,27 @@ def stop_counts(criteria: Any, history: RowHistory, emitted: torch.Tensor, count
                     kept[i], stopped[i] = j + 1, True
                     break
     return kept, stopped
+
+
+def history_free(processors: Any) -> bool:
+    """Whether every processor ignores the token history (then any block can be processed in one call)."""
+    return processors is None or all(type(p) in HISTORY_FREE_PROCESSORS for p in processors)
+
+
+def apply_processors_along_paths(processors: Any, history: RowHistory, logits: torch.Tensor, paths: torch.Tensor,
+                                 depths: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Processed scores for positions that each continue their row's history with a path of their own (tree
+    nodes): position k of row i sees the history plus ``paths[i, k, :depths[i, k]]``. ``logits`` [A, K, V],
+    ``paths`` [A, K, D], ``depths`` [A, K]; ``rows`` as in :func:`apply_processors`."""
+    if history_free(processors):
+        return apply_processors(processors, history, logits, rows=rows)
+    out = torch.empty_like(logits)
+    depths_host = depths.tolist()
+    for k in range(logits.shape[1]):
+        for depth in sorted({row[k] for row in depths_host}):
+            if depth:
+                history.write(paths[:, k, :depth], rows=rows)  # tentative: later writes overwrite it
+            scored = apply_processors(processors, history, logits[:, k : k + 1], offset=depth, rows=rows)
+            chosen = depths[:, k] == depth
+            out[chosen, k] = scored[chosen, 0]
+    return out

@@ -30,7 +30,6 @@ from . import _compat
 from .block import block_of
 from .budget import DraftBudget
 from .caches import DynamicBackend
-from .checks import check_tree_processors
 from .drafter import Drafter, Prompt, Proposal
 from .history import apply_processors
 from .outputs import GenerateOutputs
@@ -81,8 +80,6 @@ class SpeculativeDecoding:
         draft reads the prompt."""
         batch, prompt_len = input_ids.shape
         self.target, self.processors, self.device = target, logits_processor, input_ids.device
-        if self.budget.tree is not None:
-            check_tree_processors(logits_processor)  # before any forward
         self.do_sample = bool(generation_config.do_sample)
         pad = _compat.pad_token_tensor(generation_config)
         self.rows = Rows(input_ids, generation_config.max_length, int(pad) if pad is not None else 0,
@@ -143,7 +140,7 @@ class SpeculativeDecoding:
                                    logits_to_keep=block.width, **inputs, **self.outputs.forward_kwargs())
         drafter.observe_verification(out)
         logits = out.logits[:, -block.width:].to(dtype=torch.float32, device=self.device)
-        scores = apply_processors(self.processors, rows.history, logits, rows=rows.cache_index)  # p_0..p_γ
+        scores = block.scores(self.processors, rows.history, logits, rows.cache_index)  # p_0..p_γ
 
         # 3. accept n drafts + one target token per row; a row keeps what plain generate would (EOS, max_length)
         accepted = block.verify(self.verify, proposal, scores, lengths)

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import torch
 
-from .history import apply_processors
+from .history import apply_processors, apply_processors_along_paths
 from .rows import Rows
 
 
@@ -64,11 +64,15 @@ class DraftSelector:
         return apply_processors(self.processors, self.rows.history, draft_logits[:, None], offset=j,
                                 rows=self.rows.cache_index)[:, 0]
 
-    def level_scores(self, draft_logits: torch.Tensor, depth: int) -> torch.Tensor:
-        """Processed scores [A, K, V] of K tree nodes at ``depth`` (draft logits [A, K, V]). Trees run only
-        history-free processors (refused otherwise before any work), so a node's root path is not needed."""
-        return apply_processors(self.processors, self.rows.history, draft_logits, offset=depth,
-                                rows=self.rows.cache_index)
+    def level_scores(self, draft_logits: torch.Tensor, depth: int, paths: torch.Tensor | None = None) -> torch.Tensor:
+        """Processed scores [A, K, V] of K tree nodes at ``depth`` (draft logits [A, K, V]); ``paths`` [A, K, depth]:
+        each node's root path below the root, which history-reading processors see after the row's history."""
+        if paths is None or depth == 0:
+            return apply_processors(self.processors, self.rows.history, draft_logits, offset=depth,
+                                    rows=self.rows.cache_index)
+        depths = torch.full(paths.shape[:2], depth, device=paths.device)
+        return apply_processors_along_paths(self.processors, self.rows.history, draft_logits, paths, depths,
+                                            rows=self.rows.cache_index)
 
     def write_history(self, token: torch.Tensor, j: int) -> None:
         self.rows.history.write(token[:, None], offset=j, rows=self.rows.cache_index)

@@ -165,7 +165,6 @@ def test_options_with_no_tree_meaning_are_refused_before_any_forward():
         for extra, named in ((dict(assistant_confidence_threshold=0.4), "assistant_confidence_threshold"),
                              (dict(num_assistant_tokens_schedule="heuristic"), "num_assistant_tokens_schedule"),
                              (dict(num_assistant_tokens=5), "num_assistant_tokens=5"),
-                             (dict(repetition_penalty=1.2), "RepetitionPenaltyLogitsProcessor"),
                              (dict(return_dict_in_generate=True, output_hidden_states=True), "output_hidden_states"),
                              (dict(cache_implementation="static"), "cache_implementation='static'")):
             with pytest.raises(hf_specmm.UnsupportedGenerationError, match=named):
@@ -216,6 +215,26 @@ def test_tree_chi2_has_power_against_a_verifier_that_keeps_the_draft_path(monkey
     monkeypatch.setattr(verify.SamplingVerifier, "tree", verify.GreedyVerifier.tree)
     with pytest.raises(AssertionError, match="χ²"):
         test_tree_sampling_matches_plain_sampling("llava", "text_only")
+
+
+@pytest.mark.parametrize("family", ["llava", "qwen2_5_vl", "gemma3"])
+def test_history_reading_processors_see_each_nodes_root_path(family):
+    """Repetition penalty, n-gram bans and min_new_tokens read the token history: each tree node (draft side and
+    target side) is processed with its row's history plus its own root path, so the output equals plain's."""
+    model = testing.tiny_target(family, seed=3, eos_bias=2.0)
+    inputs = batch_inputs(family, 3)
+    kwargs = dict(max_new_tokens=20, do_sample=False, repetition_penalty=1.3, no_repeat_ngram_size=2, min_new_tokens=3)
+    plain = model.generate(**inputs, **kwargs)
+    hf_specmm.enable(model)
+    try:
+        for d in (testing.text_draft_from_target(model), testing.random_text_draft(model)):
+            for shape in ((2, 3, 5), (3, 4, 10)):
+                tree = hf_specmm.Tree(d, top_k=shape[0], depth=shape[1], tokens=shape[2])
+                out = model.generate(**inputs, **kwargs, assistant_model=tree)
+                assert torch.equal(out, plain), f"{family} {shape}"
+                assert hf_specmm.last_stats(model).drafted_tokens > 0
+    finally:
+        hf_specmm.disable(model)
 
 
 @pytest.mark.parametrize("family", ("llava", "qwen2_vl"))

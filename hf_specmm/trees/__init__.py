@@ -37,9 +37,9 @@ Contracts the loop uses, one round per call (P = the target cache's slots before
         left as today (SlottedCache.rollback(compact=True))
     draft: keep the slots tree.draft_slots[path] of the accepted nodes it read, then queue as a chain does
 
-Processors: the loop applies its logits processors to the target's scores (and the drafter to the draft's)
-at every node; only history-free ones (temperature, top-k/p, ...): processors that read the token history
-are refused before any forward (a node's history is its root path, not the row's chain).
+Processors: the loop applies its logits processors to the target's scores (``TreeBlock.scores``) and the
+drafter to the draft's (``DraftSelector.level_scores``) at every node; a processor that reads the token history
+sees the row's history plus the node's root path (``DraftTree.root_paths``), never another branch's tokens.
 
 In ``generate``: ``assistant_model=hf_specmm.Tree(draft, top_k=K, depth=D, tokens=N)`` (:class:`Tree`). The
 drafters draft through :class:`~hf_specmm.trees.drafting.TreeDrafting` (one forward per level on their own

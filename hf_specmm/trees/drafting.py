@@ -54,13 +54,20 @@ class TreeDrafting:
         dtype = self.model.dtype if self.model.dtype.is_floating_point else torch.float32
         config = self.model.config
         ancestry = LevelAncestry()
+        level_paths: list[torch.Tensor] = []  # the previous level's nodes' root paths [A, K, depth - 1]
 
         def step(tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
             ancestry.add(parents)
             depth = int(ancestry.depths[0, -1])
             mask = _compat.tree_attention_argument(config, lambda w: ancestry.attention_mask(prefix, dtype, w))
             positions = chain[..., depth - 1 : depth].expand(*chain.shape[:-1], tokens.shape[1])
-            return select.level_scores(self._read_level(tokens, parents, mask, positions), depth)
+            paths = tokens[..., None]
+            if level_paths:  # a node's path: its parent's, then its own token
+                before = level_paths.pop()
+                index = parents.clamp_min(0)[..., None].expand(-1, -1, before.shape[-1])
+                paths = torch.cat([before.gather(1, index), paths], dim=-1)
+            level_paths.append(paths)
+            return select.level_scores(self._read_level(tokens, parents, mask, positions), depth, paths)
 
         root = select.level_scores(root_logits[:, None], 0)[:, 0]
         cur = torch.zeros(root.shape[0], dtype=torch.long, device=root.device)  # the loop puts its own root

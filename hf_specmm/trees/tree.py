@@ -77,6 +77,16 @@ class DraftTree:
         """The deepest node of any row (a host sync)."""
         return int(self.depths.max())
 
+    def root_paths(self) -> torch.Tensor:
+        """[B, N+1, N] the tokens of each node's root path below the root, by depth (node j's first
+        ``depths[b, j]`` entries; zeros after): what a node's history adds to its row's."""
+        on_path = self.ancestors.clone()
+        on_path[..., 0] = False  # the root is the row's current token, already in its history
+        slot = (on_path.long().cumsum(-1) - 1).clamp_min(0)  # parents precede children: index order is depth order
+        source = self.tokens[:, None, :].expand_as(on_path) * on_path
+        paths = torch.zeros_like(source).scatter_add_(2, slot, source)
+        return paths[..., : max(self.num_nodes, 1)]
+
     def limit_depth(self, max_depth: torch.Tensor) -> "DraftTree":
         """Mark nodes deeper than ``max_depth`` [B] invalid (a row with room for only that many new tokens)."""
         return replace(self, valid=self.valid & (self.depths <= max_depth.to(self.depths.device)[:, None]))

@@ -22,9 +22,10 @@ class Tree(DraftWrapper):
     than ``'constant'`` (the depth is fixed), ``num_assistant_tokens`` other than ``depth`` (the depth is the
     tree's γ), ``cache_implementation='static'``, ``output_attentions`` / ``output_hidden_states`` with
     ``return_dict_in_generate`` (a tree forward's per-node tensors have no plain-generate layout; scores and
-    logits are returned along the accepted path), and logits processors that read the token history
-    (repetition penalty, n-gram bans, min length, ...): only history-free ones (temperature, top-k/p, min-p,
-    typical, epsilon, eta) are applied, at every node.
+    logits are returned along the accepted path). Logits processors are honoured at every node, draft side and
+    target side: those that read the token history (repetition penalty, n-gram bans, min length, ...) see the
+    row's history plus the node's own root path (one processor call per node and depth: slower than a chain
+    with such processors, the same output as plain ``generate``).
 
     Example::
 
