@@ -13,7 +13,7 @@ import re
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaForCausalLM, PreTrainedTokenizerFast, StaticCache
+from transformers import LlamaForCausalLM, PreTrainedTokenizerFast, StaticCache
 from transformers.generation.streamers import BaseStreamer
 
 import hf_specmm
@@ -83,7 +83,7 @@ def _short_context_draft(model, context: int):
     cfg = testing.causal_lm_config(model)
     cfg.max_position_embeddings, cfg.num_hidden_layers = context, 1
     torch.manual_seed(0)
-    d = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
+    d = testing.fixture_of(model).text_lm(cfg, "sdpa").eval()
     d.generation_config = copy.deepcopy(model.generation_config)
     return d
 
@@ -92,7 +92,7 @@ def _meta_draft(model):
     cfg = testing.causal_lm_config(model)
     cfg.num_hidden_layers = 1
     with torch.device("meta"):
-        d = AutoModelForCausalLM.from_config(cfg)
+        d = testing.fixture_of(model).text_lm(cfg, "sdpa")
     assert d.device.type == "meta"
     return d
 
