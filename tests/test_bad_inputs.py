@@ -13,6 +13,7 @@ import re
 
 import pytest
 import torch
+import transformers
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast, StaticCache
 from transformers.generation.streamers import BaseStreamer
 
@@ -236,7 +237,9 @@ def test_unsupported_target_lists_supported_classes():
                                                 "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
                                                 "Qwen3VLForConditionalGeneration",
                                                 "Gemma3ForConditionalGeneration", "Idefics3ForConditionalGeneration",
-                                                "SmolVLMForConditionalGeneration", "InternVLForConditionalGeneration"}
+                                                "SmolVLMForConditionalGeneration", "InternVLForConditionalGeneration",
+                                                "Qwen3VLMoeForConditionalGeneration"} | (
+        {"MuseGlimmerForConditionalGeneration"} if hasattr(transformers, "MuseGlimmerForConditionalGeneration") else set())
     assert calls["n"] == 0
     assert not hf_specmm.is_enabled(llama) and "generate" not in vars(llama)
 
