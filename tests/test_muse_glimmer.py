@@ -1,4 +1,4 @@
-"""Muse Glimmer (transformers >= 5.24): what its family reads from a prompt, and what is refused before any
+"""Muse Glimmer: what its family reads from a prompt, and what is refused before any
 work. (The shared matrices over ``testing.FAMILIES`` run its parity, trees, static caches, sampling and the
 draft kinds.)"""
 
@@ -14,7 +14,7 @@ from hf_specmm.errors import IncompatibleDraftError
 from hf_specmm.targets import SUPPORTED_TARGETS, target_spec
 
 pytestmark = pytest.mark.skipif(not hasattr(transformers, "MuseGlimmerForConditionalGeneration"),
-                                reason="MuseGlimmerForConditionalGeneration needs transformers >= 5.24")
+                                reason="this transformers has no MuseGlimmerForConditionalGeneration")
 
 FAMILY = "muse_glimmer"
 

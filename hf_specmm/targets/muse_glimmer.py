@@ -1,4 +1,4 @@
-"""Muse Glimmer (``MuseGlimmerForConditionalGeneration``, Muse-Glimmer-30B; transformers >= 5.24 only).
+"""Muse Glimmer (``MuseGlimmerForConditionalGeneration``, Muse-Glimmer-30B; in transformers 5.17 and 5.24).
 
 - Positions: 1-D RoPE (:data:`~hf_specmm.targets.positions.ROPE_1D`). Images add no position axes: stock
   ``generate`` numbers a left-padded prompt ``cumsum(mask) - 1`` and the text decoder reads those ids on its
@@ -28,7 +28,7 @@ from .registry import TargetFamily, register_target_family
 MARKERS = ("<|image_start|>", "<|image_end|>", "<|vid_start|>", "<|vid_end|>", "<|vid_frame_separator|>")
 
 MUSE_GLIMMER = None
-if hasattr(transformers, "MuseGlimmerForConditionalGeneration"):  # absent before transformers 5.24
+if hasattr(transformers, "MuseGlimmerForConditionalGeneration"):  # absent from transformers releases before it
     MUSE_GLIMMER = register_target_family(TargetFamily(
         "muse_glimmer", "MuseGlimmerForConditionalGeneration", (("image_token_id",), ("video_token_id",)),
         per_call_inputs=("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"),

@@ -37,7 +37,7 @@ from transformers import BatchFeature, PreTrainedModel, ProcessorMixin
 # each module registers its families; this order is FAMILIES' order
 from . import llava, qwen_vl  # noqa: F401
 from . import gemma3, idefics3, internvl  # noqa: F401
-if hasattr(transformers, "MuseGlimmerForConditionalGeneration"):  # transformers >= 5.24
+if hasattr(transformers, "MuseGlimmerForConditionalGeneration"):  # registered only where transformers has it
     from . import muse_glimmer  # noqa: F401
 # isort: on
 from .drafts import (
@@ -56,7 +56,7 @@ FAMILIES = tuple(FIXTURES)
 LLAVA_FAMILIES = families_of("llava")
 QWEN_FAMILIES = families_of("qwen_vl")
 MORE_FAMILIES = families_of("gemma3") + families_of("idefics3") + families_of("internvl")  # upstream id layouts
-MORE_FAMILIES += families_of("muse_glimmer")  # transformers >= 5.24
+MORE_FAMILIES += families_of("muse_glimmer")
 
 __all__ = [
     "BOS_ID",

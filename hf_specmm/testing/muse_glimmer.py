@@ -1,4 +1,4 @@
-"""Tiny Muse Glimmer fixture (``muse_glimmer``, transformers >= 5.24): the upstream layout scaled down.
+"""Tiny Muse Glimmer fixture (``muse_glimmer``): the upstream layout scaled down.
 
 Upstream (Muse-Glimmer-30B) uses a Llama-4-style tokenizer whose 202048 ids hold every special token (BPE
 words, then the specials from 200000: ``<|begin_of_text|>`` 200000, ``<|end_of_text|>`` 200001 (EOS), the
@@ -40,6 +40,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.models.muse_glimmer.modeling_muse_glimmer import MuseGlimmerTextModel
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorKwargs
 
+from .. import _compat
 from .gemma3 import Gemma3Fixtures
 from .layouts import NoVideo, Layout
 from .registry import register_fixture
@@ -78,14 +79,16 @@ class MuseGlimmerTextLM(PreTrainedModel, GenerationMixin):
         self.lm_head = value
 
     def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None, cache: Any = None, inputs_embeds: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None,
                 use_cache: bool | None = None, logits_to_keep: int = 0, **kwargs: Any) -> CausalLMOutputWithPast:
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
-                         inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs)
+        cache = _compat.passed_cache(kwargs)  # ``cache`` from 5.24, ``past_key_values`` before
+        kwargs = {k: v for k, v in kwargs.items() if k not in _compat.CACHE_KWARG_NAMES}
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         inputs_embeds=inputs_embeds, use_cache=use_cache, **_compat.cache_kwargs(cache), **kwargs)
         hidden = out.last_hidden_state[:, -logits_to_keep:] if logits_to_keep else out.last_hidden_state
         cap = self.config.final_logit_softcapping
         logits = cap * torch.tanh(self.lm_head(hidden) * self.config.output_multiplier / cap)
-        return CausalLMOutputWithPast(logits=logits, cache=out.cache)
+        return CausalLMOutputWithPast(logits=logits, **_compat.cache_kwargs(_compat.output_cache(out)))
 
 
 class MuseGlimmerImageProcessorPil(PilBackend):
