@@ -223,6 +223,9 @@ def test_errors_are_value_errors_with_common_base():
         assert cls is getattr(hf_specmm, cls.__name__)
 
 
+MUSE = {"MuseGlimmerForConditionalGeneration"} if hasattr(transformers, "MuseGlimmerForConditionalGeneration") else set()
+
+
 def test_unsupported_target_lists_supported_classes():
     cfg = copy.deepcopy(testing.tiny_target("llava").config.text_config)
     llama = LlamaForCausalLM(cfg).eval()
@@ -238,8 +241,7 @@ def test_unsupported_target_lists_supported_classes():
                                                 "Qwen3VLForConditionalGeneration",
                                                 "Gemma3ForConditionalGeneration", "Idefics3ForConditionalGeneration",
                                                 "SmolVLMForConditionalGeneration", "InternVLForConditionalGeneration",
-                                                "Qwen3VLMoeForConditionalGeneration"} | (
-        {"MuseGlimmerForConditionalGeneration"} if hasattr(transformers, "MuseGlimmerForConditionalGeneration") else set())
+                                                "Qwen3VLMoeForConditionalGeneration"} | MUSE
     assert calls["n"] == 0
     assert not hf_specmm.is_enabled(llama) and "generate" not in vars(llama)
 

@@ -66,7 +66,8 @@ IMAGE_ID, VIDEO_ID = IDS["<|image_pad|>"], IDS["<|video_pad|>"]
 VISION_START_ID, VISION_END_ID = IDS["<|vision_start|>"], IDS["<|vision_end|>"]
 TOKENIZER_SIZE = N_WORDS + len(_SPECIALS)  # 120
 DRAFT_VOCAB = 128  # the natural text draft's rows (Qwen2.5-0.5B: 151936)
-TARGET_VOCAB = {"qwen2_vl": 136, "qwen2_5_vl": 136, "qwen3_vl": 128, "qwen3_vl_moe": 128}  # 152064 / 152064 / 151936 / 151936
+# 152064 / 152064 / 151936 / 151936 upstream
+TARGET_VOCAB = {"qwen2_vl": 136, "qwen2_5_vl": 136, "qwen3_vl": 128, "qwen3_vl_moe": 128}
 # image features scaled down where at full scale they decide every token (a text-only copy of the LM, blind to
 # the image, would then never agree with the target, while real VLMs' answers follow the text too)
 IMAGE_SCALE = {"qwen3_vl_moe": 0.1}
