@@ -15,7 +15,7 @@
 - Logits are ``softcap · tanh(lm_head(h) · output_multiplier / softcap)``: the loop reads the target's logits
   as they are, so verification sees exactly what plain ``generate`` sees.
 - No small text LM with this vocabulary is published; any causal LM over the Muse tokenizer (202048 ids) is a
-  text-only draft, a ``MuseGlimmerForConditionalGeneration`` a ``vlm`` draft. Its own DFlash assistant
+  text-only draft (``hf-specmm train`` makes a fresh one a Llama), a ``MuseGlimmerForConditionalGeneration`` a ``vlm`` draft. Its own DFlash assistant
   (``MuseGlimmerAssistantModel``) is not a draft kind of hf_specmm: it is refused before any work.
 """
 
@@ -35,4 +35,5 @@ if hasattr(transformers, "MuseGlimmerForConditionalGeneration"):  # absent from 
         image_layout_attrs=("vision_config.patch_size", "vision_config.merge_size", "vision_config.patch_temporal"),
         layout_tokens=MARKERS,
         one_run_per_image=True, image_count_input="image_grid_thw",
+        text_model_type="llama",  # no causal LM of its own text config: a fresh text draft is a Llama
     ))
