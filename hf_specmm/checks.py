@@ -199,9 +199,9 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
     kwargs = dict(kwargs)
     tokenizer = kwargs.pop("tokenizer", None)
     draft_tokenizer = kwargs.pop("assistant_tokenizer", None)
-    check_vocab_compatible(spec, draft, tokenizer, draft_tokenizer)
     kind = kind_of(draft)
-    kind.drafter.check(target, draft)
+    kind.drafter.check(target, draft)  # first: a draft that is no kind's (no LM head) may have no vocabulary either
+    check_vocab_compatible(spec, draft, tokenizer, draft_tokenizer)
     ids = _input_ids(inputs, kwargs)
     config = _compat.resolve_generation_config(target, generation_config, kwargs)
     _check_config(config, kwargs, ids.shape[0], streamer)

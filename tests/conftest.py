@@ -46,3 +46,27 @@ def batch_inputs(family: str, batch: int, with_images: bool = True):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+# Families added after round 3 run the heaviest matrices on one representative cell each (CI time on 2 cores);
+# every cell of these matrices still runs for the ten original families. test -> the cell id kept.
+LEAN_FAMILIES = ("qwen3_vl_moe", "muse_glimmer")
+LEAN_CELLS = {
+    "test_parity.py::test_greedy_parity": ("random-3", "self-3"),
+    "test_feature_head.py::test_greedy_parity": ("exact-3",),
+    "test_image_adapter.py::test_adapter_greedy_parity": ("self-1-3",),
+    "test_vlm_draft.py::test_vlm_draft_greedy_parity": ("noised-3",),
+    "test_eagle3.py::test_greedy_parity": ("[1-",),  # batch 3 heads: test_feature_head exact-3
+    "test_trees_generate.py::test_tree_greedy_parity_text_drafts": ("[3-",),
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        family = getattr(item, "callspec", None) and item.callspec.params.get("family")
+        if family not in LEAN_FAMILIES:
+            continue
+        test = f"{item.path.name}::{item.originalname}"
+        kept = LEAN_CELLS.get(test)
+        if kept and not any(cell in item.name for cell in kept):
+            item.add_marker(pytest.mark.skip(reason=f"lean CI for {family}: {test} runs its {kept} cell(s)"))

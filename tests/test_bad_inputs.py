@@ -13,7 +13,8 @@ import re
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaForCausalLM, PreTrainedTokenizerFast, StaticCache
+import transformers
+from transformers import LlamaForCausalLM, PreTrainedTokenizerFast, StaticCache
 from transformers.generation.streamers import BaseStreamer
 
 import hf_specmm
@@ -83,7 +84,7 @@ def _short_context_draft(model, context: int):
     cfg = testing.causal_lm_config(model)
     cfg.max_position_embeddings, cfg.num_hidden_layers = context, 1
     torch.manual_seed(0)
-    d = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
+    d = testing.fixture_of(model).text_lm(cfg, "sdpa").eval()
     d.generation_config = copy.deepcopy(model.generation_config)
     return d
 
@@ -92,7 +93,7 @@ def _meta_draft(model):
     cfg = testing.causal_lm_config(model)
     cfg.num_hidden_layers = 1
     with torch.device("meta"):
-        d = AutoModelForCausalLM.from_config(cfg)
+        d = testing.fixture_of(model).text_lm(cfg, "sdpa")
     assert d.device.type == "meta"
     return d
 
@@ -222,6 +223,9 @@ def test_errors_are_value_errors_with_common_base():
         assert cls is getattr(hf_specmm, cls.__name__)
 
 
+MUSE = {"MuseGlimmerForConditionalGeneration"} if hasattr(transformers, "MuseGlimmerForConditionalGeneration") else set()
+
+
 def test_unsupported_target_lists_supported_classes():
     cfg = copy.deepcopy(testing.tiny_target("llava").config.text_config)
     llama = LlamaForCausalLM(cfg).eval()
@@ -236,7 +240,8 @@ def test_unsupported_target_lists_supported_classes():
                                                 "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
                                                 "Qwen3VLForConditionalGeneration",
                                                 "Gemma3ForConditionalGeneration", "Idefics3ForConditionalGeneration",
-                                                "SmolVLMForConditionalGeneration", "InternVLForConditionalGeneration"}
+                                                "SmolVLMForConditionalGeneration", "InternVLForConditionalGeneration",
+                                                "Qwen3VLMoeForConditionalGeneration"} | MUSE
     assert calls["n"] == 0
     assert not hf_specmm.is_enabled(llama) and "generate" not in vars(llama)
 

@@ -38,6 +38,9 @@ def sharp_target(family: str):
     if model.get_input_embeddings().weight is head.weight:  # tied: untie, so only the logits sharpen
         head.weight = torch.nn.Parameter(head.weight.detach().clone())
     head.weight.data.mul_(20.0)
+    text = model.config.get_text_config()
+    if getattr(text, "final_logit_softcapping", None):  # Muse Glimmer: the cap scaled too, or it flattens the top
+        text.final_logit_softcapping *= 20.0
     return model
 
 

@@ -1,9 +1,14 @@
-"""The Qwen-VL families: Qwen2-VL, Qwen2.5-VL and Qwen3-VL. 3-D multimodal RoPE (M-RoPE).
+"""The Qwen-VL families: Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE. 3-D multimodal RoPE (M-RoPE).
 
 Each image or video becomes ``<|vision_start|> <|image_pad|>×n <|vision_end|>`` (``<|video_pad|>`` for
 videos; Qwen3-VL puts a timestamp before each frame group). A text-only draft (Qwen2.5-0.5B-Instruct,
 Qwen3-0.6B) reads the conversation with those spans removed; the pad and marker ids lie inside its
 vocabulary and are never proposed. Positions follow :class:`~hf_specmm.targets.positions.MRope`.
+
+Qwen3-VL-MoE (Qwen3-VL-30B-A3B, 235B-A22B) is Qwen3-VL (same processor, M-RoPE, deepstack) with sparse
+MoE MLPs. Its router picks each token's top-k experts from that token's hidden state alone (softmax, top-k,
+renormalised; no capacity limit, nothing dropped), so a verification block of gamma + 1 tokens routes every
+token as gamma + 1 single steps would. Its natural text draft is dense: Qwen3-0.6B (151936 rows, as the target).
 """
 
 from __future__ import annotations
@@ -31,3 +36,4 @@ QWEN2_VL = _family("qwen2_vl", "Qwen2VLForConditionalGeneration", "qwen2")
 QWEN2_5_VL = _family("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", "qwen2",
                      ("vision_config.tokens_per_second",))  # video frames' temporal spacing
 QWEN3_VL = _family("qwen3_vl", "Qwen3VLForConditionalGeneration", "qwen3")
+QWEN3_VL_MOE = _family("qwen3_vl_moe", "Qwen3VLMoeForConditionalGeneration", "qwen3")  # dense Qwen3 text drafts

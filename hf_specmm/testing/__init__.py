@@ -29,6 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import transformers
 from PIL import Image
 from transformers import BatchFeature, PreTrainedModel, ProcessorMixin
 
@@ -36,6 +37,8 @@ from transformers import BatchFeature, PreTrainedModel, ProcessorMixin
 # each module registers its families; this order is FAMILIES' order
 from . import llava, qwen_vl  # noqa: F401
 from . import gemma3, idefics3, internvl  # noqa: F401
+if hasattr(transformers, "MuseGlimmerForConditionalGeneration"):  # registered only where transformers has it
+    from . import muse_glimmer  # noqa: F401
 # isort: on
 from .drafts import (
     causal_lm_config,
@@ -53,6 +56,7 @@ FAMILIES = tuple(FIXTURES)
 LLAVA_FAMILIES = families_of("llava")
 QWEN_FAMILIES = families_of("qwen_vl")
 MORE_FAMILIES = families_of("gemma3") + families_of("idefics3") + families_of("internvl")  # upstream id layouts
+MORE_FAMILIES += families_of("muse_glimmer")
 
 __all__ = [
     "BOS_ID",

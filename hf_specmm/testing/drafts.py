@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 
 import torch
-from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+from transformers import PretrainedConfig, PreTrainedModel
 
 from ..drafts.feature_head import FeatureHeadDraft
 from .registry import fixture_of
@@ -26,7 +26,7 @@ def text_draft_from_target(target: PreTrainedModel) -> PreTrainedModel:
     text_cfg = causal_lm_config(target)
     text_cfg.tie_word_embeddings = False
     attn = getattr(target.config, "_attn_implementation", None) or "sdpa"
-    draft = AutoModelForCausalLM.from_config(text_cfg, attn_implementation=attn)
+    draft = fixture_of(target).text_lm(text_cfg, attn)
     state = {f"model.{k}": v for k, v in language_model(target).state_dict().items()}
     state.update({f"lm_head.{k}": v for k, v in target.lm_head.state_dict().items()})
     draft.load_state_dict(state, strict=True)

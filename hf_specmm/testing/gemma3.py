@@ -98,7 +98,7 @@ class Gemma3Fixtures(LayoutFixtures):
         hidden = lm_head.weight.shape[1]
         decoder.layers[-1].post_attention_layernorm.weight[d] = BIAS_RATIO * rest / hidden ** 0.5 - 1.0
         h0 = bias_channel_value(hidden)
-        scale = 1.0 + decoder.norm.weight  # Gemma's final norm
+        scale = self.final_norm_scale(decoder)
         w = lm_head.weight
         w.copy_(torch.randn(w.shape, generator=gen) * (LOGIT_STD / other_channels_norm(hidden)) / scale)
         w[:, d] = 0.0
@@ -108,6 +108,10 @@ class Gemma3Fixtures(LayoutFixtures):
         if eos_bias is not None:
             for e in ids["eos"]:
                 w[e, d] = eos_bias / h0 / scale[d]
+
+    def final_norm_scale(self, decoder: torch.nn.Module) -> torch.Tensor:
+        """What the final norm multiplies the normed hidden state by (Gemma: ``1 + weight``)."""
+        return 1.0 + decoder.norm.weight
 
     def processor(self, vocab_size: int) -> ProcessorMixin:
         tok = self.layout.tokenizer()

@@ -1,4 +1,4 @@
-"""Tiny offline Qwen-VL fixtures (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): real classes, the real token layout
+"""Tiny offline Qwen-VL fixtures (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE): real classes, the real token layout
 scaled down, built from configs with random weights (registered as fixture families: see :mod:`hf_specmm.testing`).
 
 Id layout, as upstream (Qwen2.5-VL-7B: 151,643 BPE ids, the specials from 151,643, a 151,665-token
@@ -11,7 +11,11 @@ tokenizer, a 151,936-row Qwen2.5-0.5B draft and a 152,064-row target), scaled do
   ``<|vision_pad|>``, ``112`` ``<|image_pad|>``, ``113`` ``<|video_pad|>``, ``114 .. 119`` tool markers;
 * config vocab padded beyond the 120-token tokenizer: :data:`DRAFT_VOCAB` = 128 rows for the natural
   text draft (Qwen2.5-0.5B / Qwen3-0.6B shape) and 136 for Qwen2-VL / Qwen2.5-VL targets (152,064 vs
-  151,936 upstream), 128 for Qwen3-VL (151,936 = Qwen3-0.6B's).
+  151,936 upstream), 128 for Qwen3-VL and Qwen3-VL-MoE (151,936 = Qwen3-0.6B's).
+
+Qwen3-VL-MoE: every text layer is a sparse MoE block (4 experts, 2 per token; Qwen3-VL-30B-A3B: 128, 8);
+its exact text copy is a ``Qwen3MoeForCausalLM``, its natural and random text drafts dense ``Qwen3ForCausalLM``
+(Qwen3-0.6B).
 
 The target's LM is shaped like the LLaVA fixtures' (:func:`~hf_specmm.testing.shaping.shape_lm`): vision
 markers, pads and the rows beyond the tokenizer get a logit of about -20, so random generations never emit
@@ -38,8 +42,11 @@ from transformers import (
     Qwen2VLForConditionalGeneration,
     Qwen2VLProcessor,
     Qwen3Config,
+    Qwen3MoeConfig,
     Qwen3VLConfig,
     Qwen3VLForConditionalGeneration,
+    Qwen3VLMoeConfig,
+    Qwen3VLMoeForConditionalGeneration,
     Qwen3VLProcessor,
 )
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
@@ -47,7 +54,7 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 from .registry import FixtureFamily, register_fixture
 from .shaping import WORDS, finish, shape_lm
 
-QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
 N_WORDS = 100
 _SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
              "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>",
@@ -59,11 +66,17 @@ IMAGE_ID, VIDEO_ID = IDS["<|image_pad|>"], IDS["<|video_pad|>"]
 VISION_START_ID, VISION_END_ID = IDS["<|vision_start|>"], IDS["<|vision_end|>"]
 TOKENIZER_SIZE = N_WORDS + len(_SPECIALS)  # 120
 DRAFT_VOCAB = 128  # the natural text draft's rows (Qwen2.5-0.5B: 151936)
-TARGET_VOCAB = {"qwen2_vl": 136, "qwen2_5_vl": 136, "qwen3_vl": 128}  # 152064 / 152064 / 151936 upstream
+# 152064 / 152064 / 151936 / 151936 upstream
+TARGET_VOCAB = {"qwen2_vl": 136, "qwen2_5_vl": 136, "qwen3_vl": 128, "qwen3_vl_moe": 128}
+# image features scaled down where at full scale they decide every token (a text-only copy of the LM, blind to
+# the image, would then never agree with the target, while real VLMs' answers follow the text too)
+IMAGE_SCALE = {"qwen3_vl_moe": 0.1}
+MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=1)
 PATCH, MERGE, TEMPORAL = 4, 2, 2  # 32x32 image -> 8x8 patches -> 4x4 = 16 placeholder tokens
 HIDDEN, HEADS, HEAD_DIM = 64, 4, 16
 MROPE_SECTION = [2, 3, 3]  # sums to HEAD_DIM / 2 (upstream [16, 24, 24] of 64; Qwen3-VL [24, 20, 20])
 EOS_OFFSET = 2.0  # added to tiny_target's eos_bias: eos_bias=2 stops most rows early, as for the LLaVA fixtures
+EOS_OFFSETS = {"qwen3_vl_moe": 0.5}  # measured: with 2.0 every row of the MoE fixture stops at the first free step
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }} "
     "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for c in m['content'] %}"
@@ -74,7 +87,8 @@ CHAT_TEMPLATE = (
 )
 _CLASSES = {"qwen2_vl": (Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLProcessor),
             "qwen2_5_vl": (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLProcessor),
-            "qwen3_vl": (Qwen3VLConfig, Qwen3VLForConditionalGeneration, Qwen3VLProcessor)}
+            "qwen3_vl": (Qwen3VLConfig, Qwen3VLForConditionalGeneration, Qwen3VLProcessor),
+            "qwen3_vl_moe": (Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration, Qwen3VLProcessor)}
 
 
 def reserved_ids(vocab_size: int) -> list[int]:
@@ -94,11 +108,13 @@ def _config(family: str, vocab: int) -> PretrainedConfig:
     elif family == "qwen2_5_vl":
         vision.update(hidden_size=32, intermediate_size=64, out_hidden_size=HIDDEN, window_size=2 * PATCH * MERGE,
                       fullatt_block_indexes=[1], tokens_per_second=2)
-    else:
+    else:  # Qwen3-VL, Qwen3-VL-MoE
         text.update(head_dim=HEAD_DIM, attention_bias=True)  # value bias: the bias channel of shape_lm
         text["rope_parameters"]["mrope_interleaved"] = True
         vision.update(hidden_size=32, intermediate_size=64, out_hidden_size=HIDDEN, num_position_embeddings=64,
                       deepstack_visual_indexes=[0])
+        if family == "qwen3_vl_moe":
+            text.update(MOE)
     cls = _CLASSES[family][0]
     return cls(text_config=text, vision_config=vision, image_token_id=IMAGE_ID, video_token_id=VIDEO_ID,
                vision_start_token_id=VISION_START_ID, vision_end_token_id=VISION_END_ID, tie_word_embeddings=False,
@@ -116,9 +132,12 @@ def build_target(family: str, seed: int, eos_bias: float | None) -> PreTrainedMo
             last = [m for m in merger.modules() if isinstance(m, torch.nn.Linear)][-1]
             last.weight[0] = 0.0
             last.bias[0] = 0.0
+            if family in IMAGE_SCALE:
+                last.weight.mul_(IMAGE_SCALE[family])
+                last.bias.mul_(IMAGE_SCALE[family])
     gen = torch.Generator().manual_seed(seed + 1000)
     shape_lm(model.model.language_model, model.lm_head, vocab, reserved_ids(vocab),
-             None if eos_bias is None else eos_bias + EOS_OFFSET, gen, eos_id=EOS_ID)
+             None if eos_bias is None else eos_bias + EOS_OFFSETS.get(family, EOS_OFFSET), gen, eos_id=EOS_ID)
     if eos_bias is not None:  # EOS's logit is the bias alone (a random part can keep it low for a whole run)
         with torch.no_grad():
             keep = model.lm_head.weight[EOS_ID, 0].clone()
@@ -127,8 +146,9 @@ def build_target(family: str, seed: int, eos_bias: float | None) -> PreTrainedMo
     return finish(model, PAD_ID, EOS_ID, bos_id=None)
 
 
-def text_config(text: PretrainedConfig, vocab: int | None = None, **overrides) -> PretrainedConfig:
-    """The plain causal-LM config (Qwen2 / Qwen3) equal to a Qwen-VL target's text config ``text``."""
+def text_config(text: PretrainedConfig, vocab: int | None = None, dense: bool = False, **overrides) -> PretrainedConfig:
+    """The plain causal-LM config (Qwen2 / Qwen3 / Qwen3-MoE) equal to a Qwen-VL target's text config ``text``
+    (``dense``: a Qwen3 of the same shape without the experts, as Qwen3-0.6B for Qwen3-VL-MoE)."""
     fields = {k: getattr(text, k) for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
                                             "num_attention_heads", "num_key_value_heads", "max_position_embeddings",
                                             "rms_norm_eps", "hidden_act", "initializer_range", "bos_token_id",
@@ -138,6 +158,9 @@ def text_config(text: PretrainedConfig, vocab: int | None = None, **overrides) -
     fields["tie_word_embeddings"] = False
     if text.model_type.startswith("qwen3"):
         fields.update(head_dim=text.head_dim, attention_bias=text.attention_bias)
+        if getattr(text, "num_experts", 0) and not dense:  # Qwen3-VL-MoE's router renormalises its top-k
+            fields.update({k: getattr(text, k) for k in (*MOE, "mlp_only_layers")}, norm_topk_prob=True)
+            return Qwen3MoeConfig(**{**fields, **overrides})
         return Qwen3Config(**{**fields, **overrides})
     return Qwen2Config(use_sliding_window=False, **{**fields, **overrides})
 
@@ -150,7 +173,7 @@ def random_text_draft(target: PreTrainedModel, seed: int, vocab_size: int | None
                   num_key_value_heads=2)
     if text.model_type.startswith("qwen3"):
         fields.update(head_dim=8, attention_bias=True)
-    base = text_config(text, vocab_size or DRAFT_VOCAB, **fields)
+    base = text_config(text, vocab_size or DRAFT_VOCAB, dense=True, **fields)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         draft = AutoModelForCausalLM.from_config(base, attn_implementation="sdpa")
@@ -182,7 +205,7 @@ class TinyQwen3VLProcessor(_NoVideoProcessorMixin, Qwen3VLProcessor):
 
 
 _TINY_PROCESSORS = {"qwen2_vl": TinyQwen2VLProcessor, "qwen2_5_vl": TinyQwen2_5_VLProcessor,
-                    "qwen3_vl": TinyQwen3VLProcessor}
+                    "qwen3_vl": TinyQwen3VLProcessor, "qwen3_vl_moe": TinyQwen3VLProcessor}
 
 
 def tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
@@ -213,7 +236,7 @@ def video_inputs(family: str, frames: int, size: tuple[int, int], seed: int) -> 
     gen = torch.Generator().manual_seed(seed)
     pixels = torch.randn(t * gh * gw, 3 * TEMPORAL * PATCH * PATCH, generator=gen)
     per_frame = gh * gw // MERGE ** 2
-    if family == "qwen3_vl":
+    if family.startswith("qwen3_vl"):
         span = " ".join(f"w{i} <|vision_start|>" + "<|video_pad|>" * per_frame + "<|vision_end|>" for i in range(t))
     else:
         span = "<|vision_start|>" + "<|video_pad|>" * (t * per_frame) + "<|vision_end|>"
@@ -257,7 +280,7 @@ def make_inputs(family: str, proc: ProcessorMixin, prompts: list[str], images: l
 
 
 class QwenVLFixtures(FixtureFamily):
-    """Qwen2-VL / Qwen2.5-VL / Qwen3-VL: their own fixed id layout (``vocab_size`` is ignored)."""
+    """Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3-VL-MoE: their own fixed id layout (``vocab_size`` is ignored)."""
 
     group = "qwen_vl"
     image_marker = "<|image_pad|>"

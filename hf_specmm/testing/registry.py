@@ -17,7 +17,7 @@ import copy
 from typing import Any
 
 import torch
-from transformers import BatchFeature, PretrainedConfig, PreTrainedModel, ProcessorMixin
+from transformers import AutoModelForCausalLM, BatchFeature, PretrainedConfig, PreTrainedModel, ProcessorMixin
 
 from ..targets import target_family
 from .shaping import llama_random_draft
@@ -61,6 +61,10 @@ class FixtureFamily:
     def causal_lm_config(self, target: PreTrainedModel) -> PretrainedConfig:
         """A copy of the target's text config as a plain ``*ForCausalLM`` config."""
         return copy.deepcopy(target.config.get_text_config())
+
+    def text_lm(self, config: PretrainedConfig, attn_implementation: str) -> PreTrainedModel:
+        """A causal LM built from :meth:`causal_lm_config` (the ``*ForCausalLM`` of its model type)."""
+        return AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
 
     def random_draft(self, target: PreTrainedModel, seed: int, vocab_size: int | None,
                      eos_bias: float | None) -> PreTrainedModel:

@@ -77,7 +77,10 @@ def shape_lm(decoder: torch.nn.Module, lm_head: torch.nn.Linear, vocab_size: int
     d = BIAS_DIM
     decoder.embed_tokens.weight[:, d] = 0.0
     for layer in decoder.layers:
-        for lin in (layer.self_attn.o_proj, layer.mlp.down_proj):
+        experts = getattr(layer.mlp, "experts", None)  # a sparse MoE block: experts' stacked [E, hidden, inter]
+        if experts is not None:
+            experts.down_proj[:, d] = 0.0
+        for lin in (layer.self_attn.o_proj,) + (() if experts is not None else (layer.mlp.down_proj,)):
             lin.weight[d] = 0.0
             if lin.bias is not None:
                 lin.bias[d] = 0.0

@@ -228,7 +228,8 @@ def head_config_fields(target: PreTrainedModel, num_layers: int, target_name: st
         raise ValueError(f"num_layers must be >= 1, got {num_layers}")
     text = copy.deepcopy(target.config.get_text_config())
     text.num_hidden_layers = num_layers
-    for name in ("layer_types", "max_window_layers"):  # per-layer lists sized for the target's depth
+    # per-layer lists sized for the target's depth (Muse Glimmer: layer_rope_theta)
+    for name in ("layer_types", "max_window_layers", "layer_rope_theta"):
         if isinstance(getattr(text, name, None), list):
             setattr(text, name, getattr(text, name)[:num_layers])
     return dict(text_config=text.to_dict(), target=target_name or getattr(target.config, "_name_or_path", None) or None,

@@ -11,7 +11,16 @@ from ...drafter import DraftPrompt, Prompt
 from ...errors import IncompatibleDraftError
 from ...vocab import VocabMap
 from ..chain import ChainDrafter
+from ..registry import draft_kinds
 from ..wrapper import DraftWrapper
+
+
+def _lm_head(model: Any) -> Any:
+    """``model``'s LM head, or None where it has none (a base model, a block drafter using the target's)."""
+    try:
+        return model.get_output_embeddings()
+    except (AttributeError, NotImplementedError):  # transformers raises where it cannot find one
+        return None
 
 
 class TextOnly(DraftWrapper):
@@ -54,8 +63,12 @@ class TextOnlyDrafter(ChainDrafter):
     @classmethod
     def check(cls, target: Any, draft: Any) -> None:
         model = draft.model if isinstance(draft, TextOnly) else draft
-        if not callable(getattr(model, "forward", None)) or not hasattr(model, "get_output_embeddings"):
-            raise IncompatibleDraftError(f"a text-only draft must be a causal LM; got {type(model).__name__}")
+        if not callable(getattr(model, "forward", None)) or _lm_head(model) is None:
+            raise IncompatibleDraftError(
+                f"a text-only draft must be a causal LM with its own LM head (a *ForCausalLM); got "
+                f"{type(model).__name__}, which has none. The draft kinds are {', '.join(draft_kinds())}; a block "
+                "drafter that reads the target's hidden states (DFlash, e.g. MuseGlimmerAssistantModel) is not one of "
+                "them: pass a causal LM, a VLM of the target's family, an ImageAdapterDraft or a feature head.")
 
     def draft_inputs(self, prompt: Prompt) -> DraftPrompt:
         ids, valid = text_only_view(self.vocab, prompt.input_ids, prompt.attention_mask)
