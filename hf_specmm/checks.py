@@ -212,6 +212,11 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
               "and hidden states are returned).")
     mask = kwargs.get("attention_mask")
     mask = mask if isinstance(mask, torch.Tensor) and mask.shape == ids.shape else None
+    refused = [k for k in spec.family.refused_inputs if kwargs.get(k) is not None]
+    if refused:
+        _fail(UnsupportedGenerationError, f"generate(assistant_model=...) does not support {', '.join(refused)} for a "
+              f"{type(target).__name__} target (hf_specmm speculates on its text and image inputs): drop them, or "
+              "call hf_specmm.disable(model) and generate without an assistant_model.")
     check_placeholders(spec, target.config, ids, mask, spec.family.model_inputs(kwargs))
     vocab = VocabMap(spec, draft_vocab_size(draft), ids.device)
     _check_draft(draft, kind, ids, config, vocab, kwargs)

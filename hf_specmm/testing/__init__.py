@@ -36,6 +36,7 @@ from transformers import BatchFeature, PreTrainedModel, ProcessorMixin
 # each module registers its families; this order is FAMILIES' order
 from . import llava, qwen_vl  # noqa: F401
 from . import gemma3, idefics3, internvl  # noqa: F401
+from . import gemma4  # noqa: F401  (registers nothing before transformers 5.24)
 # isort: on
 from .drafts import (
     causal_lm_config,
@@ -53,6 +54,7 @@ FAMILIES = tuple(FIXTURES)
 LLAVA_FAMILIES = families_of("llava")
 QWEN_FAMILIES = families_of("qwen_vl")
 MORE_FAMILIES = families_of("gemma3") + families_of("idefics3") + families_of("internvl")  # upstream id layouts
+MORE_FAMILIES += families_of("gemma4")  # Gemma 4, Gemma 4 Unified (transformers >= 5.24)
 
 __all__ = [
     "BOS_ID",
