@@ -201,6 +201,11 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
     draft_tokenizer = kwargs.pop("assistant_tokenizer", None)
     check_vocab_compatible(spec, draft, tokenizer, draft_tokenizer)
     kind = kind_of(draft)
+    why = dict(spec.family.refused_draft_kinds).get(kind.name)
+    if why is not None:
+        _fail(IncompatibleDraftError, f"a {kind.name} draft cannot speculate for a {type(target).__name__} target: "
+              f"{why}. Use a text-only draft (a small text LM of the family) or a vlm draft (a smaller model of "
+              "the family, or the target itself).")
     kind.drafter.check(target, draft)
     ids = _input_ids(inputs, kwargs)
     config = _compat.resolve_generation_config(target, generation_config, kwargs)

@@ -43,6 +43,19 @@ def batch_inputs(family: str, batch: int, with_images: bool = True):
     return testing.make_inputs(family, processor(family), PROMPTS[:batch], images)
 
 
+def refused_kind(family: str, kind: str) -> str | None:
+    """Why ``family`` refuses draft kind ``kind`` before any work (Gemma 4: image adapters and feature heads),
+    or None; the shared matrices skip those pairs, tests/test_gemma4.py checks the refusals."""
+    from hf_specmm.targets import target_family
+
+    return dict(target_family(target(family)).refused_draft_kinds).get(kind)
+
+
+def skip_refused(family: str, kind: str) -> None:
+    if refused_kind(family, kind):
+        pytest.skip(f"{family} refuses {kind} drafts before any work (tests/test_gemma4.py)")
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

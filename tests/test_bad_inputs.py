@@ -13,6 +13,7 @@ import re
 
 import pytest
 import torch
+import transformers
 from transformers import AutoModelForCausalLM, LlamaForCausalLM, PreTrainedTokenizerFast, StaticCache
 from transformers.generation.streamers import BaseStreamer
 
@@ -81,7 +82,9 @@ def _swapped_tokenizer(tokenizer, a: int, b: int):
 
 def _short_context_draft(model, context: int):
     cfg = testing.causal_lm_config(model)
-    cfg.max_position_embeddings, cfg.num_hidden_layers = context, 1
+    cfg.max_position_embeddings = context
+    if not getattr(cfg, "num_kv_shared_layers", 0):  # Gemma 4's KV-shared layers need their producers: kept
+        cfg.num_hidden_layers = 1
     torch.manual_seed(0)
     d = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
     d.generation_config = copy.deepcopy(model.generation_config)
@@ -90,7 +93,8 @@ def _short_context_draft(model, context: int):
 
 def _meta_draft(model):
     cfg = testing.causal_lm_config(model)
-    cfg.num_hidden_layers = 1
+    if not getattr(cfg, "num_kv_shared_layers", 0):  # Gemma 4's KV-shared layers need their producers: kept
+        cfg.num_hidden_layers = 1
     with torch.device("meta"):
         d = AutoModelForCausalLM.from_config(cfg)
     assert d.device.type == "meta"
@@ -236,7 +240,9 @@ def test_unsupported_target_lists_supported_classes():
                                                 "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
                                                 "Qwen3VLForConditionalGeneration",
                                                 "Gemma3ForConditionalGeneration", "Idefics3ForConditionalGeneration",
-                                                "SmolVLMForConditionalGeneration", "InternVLForConditionalGeneration"}
+                                                "SmolVLMForConditionalGeneration", "InternVLForConditionalGeneration"} \
+        | {f"{name}ForConditionalGeneration" for name in ("Gemma4", "Gemma4Unified")
+           if hasattr(transformers, f"{name}ForConditionalGeneration")}  # transformers >= 5.24
     assert calls["n"] == 0
     assert not hf_specmm.is_enabled(llama) and "generate" not in vars(llama)
 

@@ -53,6 +53,8 @@ class TargetFamily:
     # per-call inputs of the target's forward that the loop does not handle for this family (Gemma 4's audio
     # and video): a call passing one is refused before any work
     refused_inputs: tuple[str, ...] = ()
+    # draft kinds that cannot run on this family, with why (checked before any work, trees included)
+    refused_draft_kinds: tuple[tuple[str, str], ...] = ()
 
     def model_class(self) -> type:
         import transformers

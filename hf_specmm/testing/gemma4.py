@@ -111,7 +111,7 @@ class _Gemma4Shaping(LayoutFixtures):
         w = lm_head.weight
         w.copy_(torch.randn(w.shape, generator=gen) * (LOGIT_STD / other_channels_norm(hidden)))
         w[:, d] = 0.0
-        for r in ids["reserved"]:
+        for r in ids["reserved"] + [ids["pad"], ids["bos"], self.layout.vocab()[self.layout.unk]]:  # never written
             w[r] = 0.0
             w[r, d] = RESERVED_LOGIT / h0 / scale[d]
         if eos_bias is not None:
