@@ -1,5 +1,5 @@
 """Gemma 4 / Gemma 4 Unified specifics (transformers >= 5.24; skipped before): what is refused before any work
-(audio and video inputs, image-adapter drafts and feature heads), and the prefill's bidirectional image
+(audio and video inputs, EAGLE-1 / EAGLE-3 feature heads), and the prefill's bidirectional image
 attention that a ``vlm`` draft must reproduce. The shared matrices over ``testing.FAMILIES`` cover the rest."""
 
 from __future__ import annotations
@@ -35,21 +35,23 @@ def test_audio_and_video_inputs_are_refused_before_any_forward(family, name):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_image_adapter_drafts_and_heads_are_refused_before_any_forward(family):
+def test_feature_heads_are_refused_before_any_forward(family):
+    """EAGLE-1 / EAGLE-3 heads: none is made for a Gemma 4 target, and one made for another target is refused
+    by generate (as a chain or a tree) before any forward, naming the kind."""
     model = target(family)
-    text = testing.text_draft_from_target(model)
-    drafts = {"image_adapter": hf_specmm.ImageAdapterDraft.for_target(model, text)}
+    for variant in ("eagle1", "eagle3"):
+        with pytest.raises(IncompatibleDraftError, match="feature head"):
+            hf_specmm.FeatureHeadDraft.for_target(model, variant=variant)
+    other = testing.feature_head_from_target(target("gemma3"))
     hf_specmm.enable(model)
     try:
-        for kind, d in drafts.items():
-            for assistant in (d, hf_specmm.Tree(d, top_k=2, depth=2, tokens=4)):
-                with count_forwards_of(model) as calls, pytest.raises(IncompatibleDraftError, match=kind):
-                    model.generate(**batch_inputs(family, 1), max_new_tokens=4, assistant_model=assistant)
-                assert calls["n"] == 0
+        for assistant in (other, hf_specmm.Tree(other, top_k=2, depth=2, tokens=4)):
+            with count_forwards_of(model) as calls, pytest.raises(IncompatibleDraftError, match="feature_head"):
+                model.generate(**batch_inputs(family, 1), max_new_tokens=4, assistant_model=assistant)
+            assert calls["n"] == 0
     finally:
         hf_specmm.disable(model)
-    spec = hf_specmm.targets.target_family(model)
-    assert {k for k, _ in spec.refused_draft_kinds} == {"image_adapter", "feature_head", "eagle3"}
+    assert {k for k, _ in hf_specmm.targets.target_family(model).refused_draft_kinds} == {"feature_head", "eagle3"}
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -71,3 +73,41 @@ def test_prefill_image_attention_is_bidirectional_and_a_vlm_copy_is_exact(family
         assert hf_specmm.last_stats(model).acceptance_rate == 1.0
     finally:
         hf_specmm.disable(model)
+
+
+def test_bench_tiny_gemma4_preset_runs_losslessly_with_margins():
+    """The tiny version of the gemma4-e2b-shape preset (same input builder, fixture-sized): image blocks as the
+    processor writes them, every mode lossless, greedy margins far above bf16 rounding (the margin rule holds
+    on Gemma 4's post-norm, per-layer-embedding layers)."""
+    from hf_specmm.bench import BenchConfig, run_benchmark
+    from hf_specmm.bench.margins import MIN_MARGIN_ULPS, greedy_margins
+    from hf_specmm.bench.presets import PRESETS, build_preset, synthetic_inputs
+
+    assert {"gemma4-e2b-shape", "tiny-gemma4"} <= set(PRESETS)
+    preset = build_preset("tiny-gemma4")
+    inputs = synthetic_inputs(preset, 2, 12)
+    config = preset.target.config
+    assert (inputs["input_ids"] == config.image_token_id).sum() == 2 * 4
+    assert torch.equal(inputs["mm_token_type_ids"], (inputs["input_ids"] == config.image_token_id).long())
+    assert greedy_margins(preset.target, inputs, max_new_tokens=8)["min_margin_ulps"] >= MIN_MARGIN_ULPS
+    result = run_benchmark(BenchConfig(preset="tiny-gemma4", gammas=[3], batch_sizes=[2], acceptance=1.0,
+                                       max_new_tokens=12, repeats=1, warmup=0), progress=False)
+    (row,) = result["rows"]
+    assert row["lossless"] is True and row["tau"] > 1.0
+
+
+def test_bench_gemma4_e2b_shape_configs():
+    """The E2B-shaped preset's configs without allocating its parameters: built on the meta device."""
+    from hf_specmm.bench.presets_gemma4 import draft_270m, target_e2b
+    from hf_specmm.targets import target_spec
+
+    target, draft = target_e2b(torch.bfloat16, "meta"), draft_270m(torch.bfloat16, "meta")
+    text = target.config.text_config
+    assert type(target).__name__ == "Gemma4ForConditionalGeneration" and text.hidden_size_per_layer_input == 256
+    assert text.vocab_size == draft.config.vocab_size == 262144
+    n_target = sum(p.numel() for p in target.parameters())
+    n_draft = sum(p.numel() for p in draft.parameters())
+    print(f"gemma4-e2b-shape: target {n_target / 1e9:.2f}B parameters, draft {n_draft / 1e6:.0f}M")
+    assert 0.25e9 < n_draft < 0.3e9, n_draft
+    spec = target_spec(target)
+    assert spec.text_vocab_end == 258880 and {255999, 256000, 258880, 258881, 258882, 258883, 258884} == spec.dropped_ids

@@ -17,8 +17,9 @@ transformers >= 5.24 (older versions have neither class: nothing is registered t
   compacted away).
 - Audio (``input_features``) and video (``pixel_values_videos``) are refused before any work: their
   placeholders and encoders are not covered by the prompt checks and fixtures.
-- Draft kinds: text-only and ``vlm`` drafts (chains and trees, dynamic and static caches). Image-adapter
-  drafts and EAGLE-1 / EAGLE-3 heads are refused before any work (see ``refused_draft_kinds``).
+- Draft kinds: text-only, image-adapter (a Gemma 4 text LM's per-layer embeddings are looked up from the
+  token ids, see :meth:`ImageAdapterDraft.per_layer_inputs`) and ``vlm`` drafts, chains and trees, dynamic
+  and static caches. EAGLE-1 / EAGLE-3 heads are refused before any work (see ``refused_draft_kinds``).
 """
 
 from __future__ import annotations
@@ -30,13 +31,10 @@ from .registry import TargetFamily, register_target_family
 _COMMON = dict(
     per_call_inputs=("pixel_values", "image_position_ids", "mm_token_type_ids"),
     image_layout_attrs=("vision_config.patch_size", "vision_config.pooling_kernel_size"),
-    span_attrs=(("boi_token_id",), ("eoi_token_id",)),
+    span_attrs=(("boi_token_id",), ("eoi_token_id",), ("boa_token_id",), ("eoa_token_index",)),
     one_run_per_image=True,  # <|image> <|image|>×n <image|> per image
     refused_inputs=("input_features", "input_features_mask", "pixel_values_videos", "video_position_ids"),
     refused_draft_kinds=(
-        ("image_adapter", "the adapter feeds its text LM inputs_embeds, from which a Gemma 4 LM cannot recover the "
-                          "token ids its per-layer embeddings read, and a Gemma 4 Unified LM has no vision tower "
-                          "to adapt (not supported yet)"),
         ("feature_head", "the head's decoder layers are built from the target's text config, whose per-layer "
                          "Gemma 4 attention shapes and KV sharing it does not follow (not supported yet)"),
         ("eagle3", "as for feature_head: the head's layers do not follow Gemma 4's per-layer attention shapes "
