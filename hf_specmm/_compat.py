@@ -44,6 +44,9 @@ def check_transformers_version() -> None:
 
 check_transformers_version()
 
+#: Gemma 4 / Gemma 4 Unified targets are supported from 5.24 on: 5.17 has the model classes, but its Gemma 4
+#: processors import torchvision, so the offline fixtures (and the families) are not verified there
+GEMMA4_SUPPORTED = _INSTALLED >= Version("5.24.0.dev0")
 #: the KV cache's keyword in a model's forward, its outputs and generate's model_kwargs (renamed in 5.24)
 CACHE_KWARG = "cache" if _INSTALLED >= Version("5.24.0.dev0") else "past_key_values"
 #: every name a user may pass a cache under (the old one is still accepted by 5.24, with a warning)

@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers
-
 import hf_specmm
+from hf_specmm import _compat
 from hf_specmm import testing
 from hf_specmm.errors import IncompatibleDraftError, UnsupportedGenerationError
 from conftest import batch_inputs, target
 from test_bad_inputs import count_forwards as count_forwards_of
 
-pytestmark = pytest.mark.skipif(not hasattr(transformers, "Gemma4ForConditionalGeneration"),
-                                reason="Gemma 4 needs transformers >= 5.24")
+pytestmark = pytest.mark.skipif(not _compat.GEMMA4_SUPPORTED, reason="Gemma 4 targets need transformers >= 5.24")
 FAMILIES = ("gemma4", "gemma4_unified")
 
 
@@ -111,3 +109,28 @@ def test_bench_gemma4_e2b_shape_configs():
     assert 0.25e9 < n_draft < 0.3e9, n_draft
     spec = target_spec(target)
     assert spec.text_vocab_end == 258880 and {255999, 256000, 258880, 258881, 258882, 258883, 258884} == spec.dropped_ids
+
+
+def test_speculative_sampling_matches_plain_on_gemma4():
+    """χ² homogeneity per generated position (as tests/test_sampling.py, at its level): rows with an image,
+    sampled plainly and speculatively with a text-only noisy copy of the target's LM."""
+    from test_sampling import ALPHA, NEW, SAMPLING, chi2_homogeneity_pvalue, noisy_copy
+
+    model = testing.tiny_target("gemma4", seed=0, eos_bias=-30.0)
+    rows = 300  # half of test_sampling's N: the Gemma 4 vision tower reads a padded 280-patch budget per image
+    inputs = testing.make_inputs("gemma4", testing.tiny_processor("gemma4"), ["what color is the circle ?"] * rows,
+                                 [testing.tiny_image(0)] * rows)
+    torch.manual_seed(1)
+    plain = model.generate(**inputs, **SAMPLING)[:, inputs["input_ids"].shape[1]:]
+    hf_specmm.enable(model)
+    try:
+        torch.manual_seed(2)
+        spec = model.generate(**inputs, **SAMPLING, assistant_model=noisy_copy(model), num_assistant_tokens=3)
+        spec = spec[:, inputs["input_ids"].shape[1]:]
+        stats = hf_specmm.last_stats(model)
+    finally:
+        hf_specmm.disable(model)
+    assert 0.0 < stats.acceptance_rate < 0.95, stats.acceptance_rate
+    for pos in range(NEW):
+        p, stat, dof = chi2_homogeneity_pvalue(plain[:, pos], spec[:, pos], model.config.text_config.vocab_size)
+        assert p > ALPHA, f"position {pos}: χ²={stat:.1f} (dof {dof}), p={p:.2g}"

@@ -18,9 +18,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import transformers
 
-GEMMA4_PRESETS = ("gemma4-e2b-shape", "tiny-gemma4") if hasattr(transformers, "Gemma4ForConditionalGeneration") else ()
+from .. import _compat
+
+GEMMA4_PRESETS = ("gemma4-e2b-shape", "tiny-gemma4") if _compat.GEMMA4_SUPPORTED else ()
 _MAX_SOFT_TOKENS = 280  # Gemma4ImageProcessor's default budget
 
 

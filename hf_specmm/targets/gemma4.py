@@ -1,6 +1,7 @@
 """Gemma 4 and Gemma 4 Unified (``Gemma4ForConditionalGeneration``: gemma-4-E2B/E4B/26B-A4B/31B;
 ``Gemma4UnifiedForConditionalGeneration``, encoder-free: raw merged patches projected into the LM).
-transformers >= 5.24 (older versions have neither class: nothing is registered there).
+transformers >= 5.24 (nothing is registered before: 5.17 has the classes, but its Gemma 4 processors need
+torchvision, so neither family is verified there; see ``_compat.GEMMA4_SUPPORTED``).
 
 - An image is ``<|image>`` (boi, inside the text ids) + ``<|image|>`` soft tokens + ``<image|>`` (eoi); how many
   soft tokens depends on the image's aspect ratio (at most the image processor's ``max_soft_tokens``), so
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import transformers
 
+from .. import _compat
 from .registry import TargetFamily, register_target_family
 
 _COMMON = dict(
@@ -37,8 +39,9 @@ _COMMON = dict(
     refused_draft_kinds=(
         ("feature_head", "the head's decoder layers are built from the target's text config, whose per-layer "
                          "Gemma 4 attention shapes and KV sharing it does not follow (not supported yet)"),
-        ("eagle3", "as for feature_head: the head's layers do not follow Gemma 4's per-layer attention shapes "
-                   "and KV sharing (not supported yet)"),
+        ("eagle3", "in the prefill a Gemma 4 target runs its KV-shared layers on the last prompt token only, "
+                   "so the features of the other prompt positions that an EAGLE-3 head reads do not exist (not "
+                   "supported yet)"),
     ),
 )
 _PLACEHOLDERS = (("image_token_id",), ("video_token_id",), ("audio_token_id",))
@@ -46,5 +49,5 @@ _PLACEHOLDERS = (("image_token_id",), ("video_token_id",), ("audio_token_id",))
 GEMMA4 = TargetFamily("gemma4", "Gemma4ForConditionalGeneration", _PLACEHOLDERS, **_COMMON)
 GEMMA4_UNIFIED = TargetFamily("gemma4_unified", "Gemma4UnifiedForConditionalGeneration", _PLACEHOLDERS, **_COMMON)
 for _family in (GEMMA4, GEMMA4_UNIFIED):
-    if hasattr(transformers, _family.class_name):  # transformers >= 5.24
+    if _compat.GEMMA4_SUPPORTED and hasattr(transformers, _family.class_name):
         register_target_family(_family)

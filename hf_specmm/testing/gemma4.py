@@ -27,16 +27,16 @@ layout, row-major, padded to the budget.)
 
 from __future__ import annotations
 
-import transformers
 import torch
 from transformers import PreTrainedModel, ProcessorMixin
 
+from .. import _compat
 from .layouts import Layout, LayoutFixtures
 from .registry import register_fixture
 from .shaping import BIAS_DIM, BIAS_RATIO, INIT_RANGE, LOGIT_STD, RESERVED_LOGIT, bias_channel_value, \
     language_model, other_channels_norm
 
-AVAILABLE = hasattr(transformers, "Gemma4ForConditionalGeneration")  # added in transformers 5.24
+AVAILABLE = _compat.GEMMA4_SUPPORTED  # transformers >= 5.24 (see hf_specmm.targets.gemma4)
 
 PATCH, POOL, SOFT_TOKENS = 8, 2, 70  # 70: the smallest budget the Gemma 4 image processors accept
 
