@@ -43,6 +43,17 @@ def batch_inputs(family: str, batch: int, with_images: bool = True):
     return testing.make_inputs(family, processor(family), PROMPTS[:batch], images)
 
 
+#: families that run a representative subset of the heaviest shared matrices (CI time): every suite, but at
+#: batch 3 only (left padding, a row without an image, two image sizes) where a suite also runs batch 1
+LEAN_FAMILIES = testing.families_of("gemma4")
+
+
+def lean_skip(family: str, keep: bool) -> None:
+    """Skip this case for a :data:`LEAN_FAMILIES` family unless ``keep``."""
+    if family in LEAN_FAMILIES and not keep:
+        pytest.skip(f"{family}: representative subset of this matrix (CI time, conftest.LEAN_FAMILIES)")
+
+
 def refused_kind(family: str, kind: str) -> str | None:
     """Why ``family`` refuses draft kind ``kind`` before any work (Gemma 4: image adapters and feature heads),
     or None; the shared matrices skip those pairs, tests/test_gemma4.py checks the refusals."""

@@ -7,7 +7,7 @@ import torch
 
 import hf_specmm
 from hf_specmm import testing
-from conftest import batch_inputs, draft, target
+from conftest import batch_inputs, draft, target, lean_skip
 
 GAMMAS = (1, 3, 5, 8)
 BATCHES = (1, 3)
@@ -18,6 +18,7 @@ DRAFTS = ("random", "self")
 @pytest.mark.parametrize("batch", BATCHES)
 @pytest.mark.parametrize("kind", DRAFTS)
 def test_greedy_parity(family, batch, kind):
+    lean_skip(family, batch == 3 or kind == "self")
     model = target(family)
     inputs = batch_inputs(family, batch)
     hf_specmm.disable(model)

@@ -9,13 +9,14 @@ import torch
 
 import hf_specmm
 from hf_specmm import testing
-from conftest import batch_inputs
+from conftest import batch_inputs, lean_skip
 
 
 @pytest.mark.parametrize("family", testing.FAMILIES)
 @pytest.mark.parametrize("batch", (1, 3))
 @pytest.mark.parametrize("gamma", (1, 3, 5, 8))
 def test_self_draft_accepts_everything(family, batch, gamma):
+    lean_skip(family, batch == 3)
     model = testing.tiny_target(family, seed=0, eos_bias=-30.0)  # no EOS: every row runs the full length
     inputs = batch_inputs(family, batch, with_images=False)
     plain = model.generate(**inputs, max_new_tokens=25, do_sample=False)

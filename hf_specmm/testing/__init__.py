@@ -5,7 +5,8 @@ Shipped as ``torch.testing`` is, and kept out of the core: nothing outside ``hf_
 module of this package (:mod:`~hf_specmm.testing.registry`): LLaVA-1.5 / NeXT / OneVision
 (:mod:`~hf_specmm.testing.llava`), Qwen2-VL / Qwen2.5-VL / Qwen3-VL (:mod:`~hf_specmm.testing.qwen_vl`),
 Gemma 3 (:mod:`~hf_specmm.testing.gemma3`), Idefics3 / SmolVLM (:mod:`~hf_specmm.testing.idefics3`) and
-InternVL (:mod:`~hf_specmm.testing.internvl`). Every model is built from configs with random weights and
+InternVL (:mod:`~hf_specmm.testing.internvl`); on transformers >= 5.24 also Gemma 4 and Gemma 4 Unified
+(:mod:`~hf_specmm.testing.gemma4`). Every model is built from configs with random weights and
 shaped LM heads (:mod:`~hf_specmm.testing.shaping`); every processor is the family's real transformers
 processor over an in-memory ``tokenizers`` WordLevel vocabulary and a PIL image processor (no torchvision).
 

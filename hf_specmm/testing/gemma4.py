@@ -13,12 +13,13 @@ vocabulary and are never proposed.
 Text LM: 4 layers (sliding window 16, full, sliding, full), the last two reusing the first two's K/V
 (``num_kv_shared_layers=2``), keys = values on full layers (``attention_k_eq_v``), bidirectional attention
 over image blocks (``use_bidirectional_attention="vision"``); ``gemma4`` adds per-layer input embeddings
-(``hidden_size_per_layer_input``). A prompt's ``<|image|>`` becomes ``<|image>`` + 64 soft tokens +
-``<image|>`` for a square image (fewer for other aspect ratios): the image processors' smallest budget
-(``max_soft_tokens=70``). ``gemma4`` encodes 8-px patches with a 2-layer vision tower pooled 2x2;
-``gemma4_unified`` is encoder-free: 16-px merged patches projected directly. (Its upstream image processor
-needs torchvision: Gemma 4's PIL processor with patch 16 and no pooling writes the same merged-patch
-layout, row-major, padded to the budget.)
+(``hidden_size_per_layer_input``). A prompt's ``<|image|>`` becomes ``<|image>`` + soft tokens + ``<image|>``:
+images are not resized (``do_resize=False``; resized, every image would fill the processors' smallest budget,
+``max_soft_tokens=70``, and its ~64 tokens would swamp a tiny LM's attention), so a 32x32 image is 4 soft
+tokens and a 64x32 one 8, padded to the 280-patch budget as upstream. ``gemma4`` encodes 8-px patches with a
+2-layer vision tower pooled 2x2; ``gemma4_unified`` is encoder-free: 16-px merged patches projected directly.
+(Its upstream image processor needs torchvision: Gemma 4's PIL processor with patch 16 and no pooling writes
+the same merged-patch layout, row-major, padded to the budget.)
 
     >>> from hf_specmm.testing import gemma4
     >>> gemma4.GEMMA4_LAYOUT.ids()["eos"] if gemma4.AVAILABLE else [1, 5]
