@@ -39,9 +39,10 @@ _COMMON = dict(
     refused_draft_kinds=(
         ("feature_head", "the head's decoder layers are built from the target's text config, whose per-layer "
                          "Gemma 4 attention shapes and KV sharing it does not follow (not supported yet)"),
-        ("eagle3", "in the prefill a Gemma 4 target runs its KV-shared layers on the last prompt token only, "
-                   "so the features of the other prompt positions that an EAGLE-3 head reads do not exist (not "
-                   "supported yet)"),
+        ("eagle3", "the head's body is the target family's text model (Gemma 4: per-layer input embeddings, "
+                   "per-layer-type attention shapes) around Llama layers, and in the prefill a Gemma 4 target "
+                   "runs its KV-shared layers on the last prompt token only, so the features of the other "
+                   "prompt positions that the head reads do not exist (not supported yet)"),
     ),
 )
 _PLACEHOLDERS = (("image_token_id",), ("video_token_id",), ("audio_token_id",))
