@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # One call per section on a lent GPU machine (device tool): hf_specmm runs from the working tree, checks
 # that the speculative path is lossless on the GPU, then times the GPU presets. Results land in $OUT.
-#   device run: bash benchmarks/gpu_bench.sh [p0] [p1] [p3] [q1] [t1] [c1]    (no section named: all of them)
+#   device run: bash benchmarks/gpu_bench.sh [p0] [p1] [p3] [q1] [g1] [t1] [c1]    (no section named: all of them)
 #   p0  tiny LLaVA, the draft's own proposals (no controlled acceptance), batch 1/3: lossless smoke test
 #   p1  LLaVA-1.5-7B shape, batch 1, α 0.7, γ 3/5: plain vs stock vs ours, small LM vs feature head
 #   p3  LLaVA-1.5-7B shape, γ 5, batch 1/4/8 (stock refuses batch > 1): small LM vs feature head
 #   q1  Qwen2.5-VL-7B shape, batch 1/4, γ 5 (stock raises on Qwen-VL with a text draft)
+#   g1  Gemma 4 E2B shape (transformers >= 5.24), Gemma 3 270M-shaped text draft, batch 1/4, γ 3/5, text-only
+#       drafts (feature heads are refused for Gemma 4; stock raises on Gemma 4 with a text draft)
 #   t1  LLaVA-1.5-7B shape, batch 1/4: chains (γ 5) beside draft trees (4,6,32 and 8,8,64 nodes), both drafts
 #   c1  LLaVA-1.5-7B shape, batch 1/4/8, γ 5: eager beside compiled (static caches + torch.compile with CUDA
 #       graphs, stock's compile_config) for plain generate and hf_specmm, both drafts
@@ -26,7 +28,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH=$(pwd)${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-sections=${*:-p0 p1 p3 q1 t1 c1}
+sections=${*:-p0 p1 p3 q1 g1 t1 c1}
 python3 - <<'PY' 2>&1 | tee "$OUT/env.txt"
 import torch, transformers, hf_specmm
 print("gpu", torch.cuda.get_device_name(0), "| torch", torch.__version__, "| transformers", transformers.__version__)
@@ -44,10 +46,12 @@ for s in $sections; do
     p1) margins llava-1.5-7b-shape; bench p1 --preset llava-1.5-7b-shape --device cuda "${kinds[@]}" --gammas 3 5 --batch-sizes 1 "${big[@]}" ;;
     p3) margins llava-1.5-7b-shape; bench p3 --preset llava-1.5-7b-shape --device cuda "${kinds[@]}" --gammas 5 --batch-sizes 1 4 8 "${big[@]}" --no-stock ;;
     q1) margins qwen2.5-vl-7b-shape; bench q1 --preset qwen2.5-vl-7b-shape --device cuda "${kinds[@]}" --gammas 5 --batch-sizes 1 4 "${big[@]}" ;;
+    g1) margins gemma4-e2b-shape; bench g1 --preset gemma4-e2b-shape --device cuda --draft-kind text_only --gammas 3 5 \
+          --batch-sizes 1 4 "${big[@]}" ;;
     t1) margins llava-1.5-7b-shape; bench t1 --preset llava-1.5-7b-shape --device cuda "${kinds[@]}" --gammas 5 --batch-sizes 1 4 \
           --tree 4,6,32 --tree 8,8,64 "${big[@]}" --no-stock ;;
     c1) margins llava-1.5-7b-shape; bench c1 --preset llava-1.5-7b-shape --device cuda "${kinds[@]}" --gammas 5 --batch-sizes 1 4 8 \
           --compile "${big[@]}" --no-stock ;;
-    *) echo "unknown section $s (p0 p1 p3 q1 t1 c1)"; exit 2 ;;
+    *) echo "unknown section $s (p0 p1 p3 q1 g1 t1 c1)"; exit 2 ;;
   esac
 done

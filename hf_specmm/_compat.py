@@ -44,6 +44,9 @@ def check_transformers_version() -> None:
 
 check_transformers_version()
 
+#: Gemma 4 / Gemma 4 Unified targets are supported from 5.24 on: 5.17 has the model classes, but its Gemma 4
+#: processors import torchvision, so the offline fixtures (and the families) are not verified there
+GEMMA4_SUPPORTED = _INSTALLED >= Version("5.24.0.dev0")
 #: the KV cache's keyword in a model's forward, its outputs and generate's model_kwargs (renamed in 5.24)
 CACHE_KWARG = "cache" if _INSTALLED >= Version("5.24.0.dev0") else "past_key_values"
 #: every name a user may pass a cache under (the old one is still accepted by 5.24, with a warning)
@@ -229,15 +232,24 @@ def new_static_cache(model: Any, max_cache_len: int, full_layers: bool = False) 
     return cache
 
 
+def kv_layers(cache: Any) -> list:
+    """The layers of ``cache`` that hold K/V. Gemma 4's KV-shared layers read their producer layer's states
+    and get a ``DummyLayer`` (5.24: ``keys`` None, no length, never written) in a cache built from the config."""
+    from transformers import cache_utils
+
+    dummy = getattr(cache_utils, "DummyLayer", None)
+    return [layer for layer in cache.layers if dummy is None or not isinstance(layer, dummy)]
+
+
 def static_capacity(cache: Any) -> int:
     """Slots per row of a static cache (every layer of a full-layer static cache has the same)."""
-    return min(layer.max_cache_len for layer in cache.layers)
+    return min(layer.max_cache_len for layer in kv_layers(cache))
 
 
 def set_static_length(cache: Any, length: int) -> None:
     """Move every layer's write pointer to slot ``length`` in place (the tensors keep their static addresses,
     so compiled graphs and CUDA graphs stay valid): later writes overwrite the slots from there on."""
-    for layer in cache.layers:
+    for layer in kv_layers(cache):
         if layer.is_initialized:
             layer.cumulative_length.fill_(length)
 
@@ -245,7 +257,7 @@ def set_static_length(cache: Any, length: int) -> None:
 def select_static_rows(cache: Any, keep: torch.Tensor) -> None:
     """Keep only rows ``keep`` of a static cache: new (smaller) tensors, marked static again, so a compiled
     forward recompiles once for the new batch size."""
-    for layer in cache.layers:
+    for layer in kv_layers(cache):
         if not layer.is_initialized:
             continue
         index = keep.to(layer.keys.device)

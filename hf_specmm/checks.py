@@ -200,6 +200,11 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
     tokenizer = kwargs.pop("tokenizer", None)
     draft_tokenizer = kwargs.pop("assistant_tokenizer", None)
     kind = kind_of(draft)
+    why = dict(spec.family.refused_draft_kinds).get(kind.name)
+    if why is not None:
+        _fail(IncompatibleDraftError, f"a {kind.name} draft cannot speculate for a {type(target).__name__} target: "
+              f"{why}. Use a text-only draft (a small text LM of the family) or a vlm draft (a smaller model of "
+              "the family, or the target itself).")
     kind.drafter.check(target, draft)  # first: a draft that is no kind's (no LM head) may have no vocabulary either
     check_vocab_compatible(spec, draft, tokenizer, draft_tokenizer)
     ids = _input_ids(inputs, kwargs)
@@ -212,6 +217,11 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
               "and hidden states are returned).")
     mask = kwargs.get("attention_mask")
     mask = mask if isinstance(mask, torch.Tensor) and mask.shape == ids.shape else None
+    refused = [k for k in spec.family.refused_inputs if kwargs.get(k) is not None]
+    if refused:
+        _fail(UnsupportedGenerationError, f"generate(assistant_model=...) does not support {', '.join(refused)} for a "
+              f"{type(target).__name__} target (hf_specmm speculates on its text and image inputs): drop them, or "
+              "call hf_specmm.disable(model) and generate without an assistant_model.")
     check_placeholders(spec, target.config, ids, mask, spec.family.model_inputs(kwargs))
     vocab = VocabMap(spec, draft_vocab_size(draft), ids.device)
     _check_draft(draft, kind, ids, config, vocab, kwargs)

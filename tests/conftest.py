@@ -43,15 +43,30 @@ def batch_inputs(family: str, batch: int, with_images: bool = True):
     return testing.make_inputs(family, processor(family), PROMPTS[:batch], images)
 
 
+def refused_kind(family: str, kind: str) -> str | None:
+    """Why ``family`` refuses draft kind ``kind`` before any work (Gemma 4: image adapters and feature heads),
+    or None; the shared matrices skip those pairs, tests/test_gemma4.py checks the refusals."""
+    from hf_specmm.targets import target_family
+
+    return dict(target_family(target(family)).refused_draft_kinds).get(kind)
+
+
+def skip_refused(family: str, kind: str) -> None:
+    if refused_kind(family, kind):
+        pytest.skip(f"{family} refuses {kind} drafts before any work (tests/test_gemma4.py)")
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
 
 
-# Families added after round 3 run the heaviest matrices on one representative cell each (CI time on 2 cores);
-# every cell of these matrices still runs for the ten original families. test -> the cell id kept.
-LEAN_FAMILIES = ("qwen3_vl_moe", "muse_glimmer")
+# Families added after round 3 run the heaviest matrices on representative cells (CI time on 2 cores: batch 3
+# has left padding, a row without an image and two image sizes); every cell of these matrices still runs for
+# the ten original families. test -> the cell ids kept (substrings of the test id).
+LEAN_FAMILIES = ("qwen3_vl_moe", "muse_glimmer") + testing.families_of("gemma4")
 LEAN_CELLS = {
+    "test_self_draft.py::test_self_draft_accepts_everything": ("-3-",),
     "test_parity.py::test_greedy_parity": ("random-3", "self-3"),
     "test_feature_head.py::test_greedy_parity": ("exact-3",),
     "test_image_adapter.py::test_adapter_greedy_parity": ("self-1-3",),

@@ -18,6 +18,7 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerFast, StaticCache
 from transformers.generation.streamers import BaseStreamer
 
 import hf_specmm
+from hf_specmm import _compat
 from hf_specmm import testing
 from hf_specmm.targets import target_spec
 from hf_specmm.errors import (
@@ -82,7 +83,9 @@ def _swapped_tokenizer(tokenizer, a: int, b: int):
 
 def _short_context_draft(model, context: int):
     cfg = testing.causal_lm_config(model)
-    cfg.max_position_embeddings, cfg.num_hidden_layers = context, 1
+    cfg.max_position_embeddings = context
+    if not getattr(cfg, "num_kv_shared_layers", 0):  # Gemma 4's KV-shared layers need their producers: kept
+        cfg.num_hidden_layers = 1
     torch.manual_seed(0)
     d = testing.fixture_of(model).text_lm(cfg, "sdpa").eval()
     d.generation_config = copy.deepcopy(model.generation_config)
@@ -91,7 +94,8 @@ def _short_context_draft(model, context: int):
 
 def _meta_draft(model):
     cfg = testing.causal_lm_config(model)
-    cfg.num_hidden_layers = 1
+    if not getattr(cfg, "num_kv_shared_layers", 0):  # Gemma 4's KV-shared layers need their producers: kept
+        cfg.num_hidden_layers = 1
     with torch.device("meta"):
         d = testing.fixture_of(model).text_lm(cfg, "sdpa")
     assert d.device.type == "meta"
@@ -241,7 +245,8 @@ def test_unsupported_target_lists_supported_classes():
                                                 "Qwen3VLForConditionalGeneration",
                                                 "Gemma3ForConditionalGeneration", "Idefics3ForConditionalGeneration",
                                                 "SmolVLMForConditionalGeneration", "InternVLForConditionalGeneration",
-                                                "Qwen3VLMoeForConditionalGeneration"} | MUSE
+                                                "Qwen3VLMoeForConditionalGeneration"} | MUSE \
+        | ({"Gemma4ForConditionalGeneration", "Gemma4UnifiedForConditionalGeneration"} if _compat.GEMMA4_SUPPORTED else set())
     assert calls["n"] == 0
     assert not hf_specmm.is_enabled(llama) and "generate" not in vars(llama)
 

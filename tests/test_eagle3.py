@@ -10,7 +10,7 @@ import torch
 
 import hf_specmm
 from hf_specmm import IncompatibleDraftError, testing
-from conftest import batch_inputs, target
+from conftest import batch_inputs, target, skip_refused
 from eagle3_fixtures import lagged_head
 from test_sampling import ALPHA, NEW, _samples, chi2_homogeneity_pvalue
 from test_train import count_forwards
@@ -24,6 +24,7 @@ def random_head(model, draft_vocab_size=None):
 @pytest.mark.parametrize("family", testing.FAMILIES)
 @pytest.mark.parametrize("batch", (1, 3))
 def test_greedy_parity(family, batch):
+    skip_refused(family, "eagle3")
     model = target(family)
     inputs = batch_inputs(family, batch)
     hf_specmm.disable(model)

@@ -136,11 +136,12 @@ def test_rows_finishing_early_keep_the_structure():
                     assert not a[i].any()
 
 
-def test_sliding_window_target_outputs():
-    """Gemma 3 (sliding-window layers): output_attentions is refused before any work; scores, logits and
-    hidden states equal plain generate's; no cache is returned (the loop's has no plain layout)."""
-    model = eager_target("gemma3", eos_bias=-30.0)
-    inputs = batch_inputs("gemma3", 3)
+@pytest.mark.parametrize("family", ("gemma3",) + testing.families_of("gemma4"))
+def test_sliding_window_target_outputs(family):
+    """Gemma 3 / Gemma 4 (sliding-window layers): output_attentions is refused before any work; scores, logits
+    and hidden states equal plain generate's; no cache is returned (the loop's has no plain layout)."""
+    model = eager_target(family, eos_bias=-30.0)
+    inputs = batch_inputs(family, 3)
     hf_specmm.enable(model)
     try:
         with pytest.raises(hf_specmm.UnsupportedGenerationError, match="output_attentions.*sliding-window"):

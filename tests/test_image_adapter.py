@@ -8,7 +8,7 @@ import torch
 
 import hf_specmm
 from hf_specmm import ImageAdapterDraft, IncompatibleDraftError, testing
-from conftest import batch_inputs
+from conftest import batch_inputs, skip_refused
 
 
 def _target(family: str):
@@ -26,6 +26,7 @@ def adapter_draft(target, kind: str, pool: int = 1) -> ImageAdapterDraft:
 @pytest.mark.parametrize("batch", (1, 3))
 @pytest.mark.parametrize("kind,pool", [("random", 1), ("self", 1), ("self", 3)])
 def test_adapter_greedy_parity(family, batch, kind, pool):
+    skip_refused(family, "image_adapter")
     model = _target(family)
     inputs = batch_inputs(family, batch)
     plain = model.generate(**inputs, max_new_tokens=20, do_sample=False)
@@ -75,6 +76,7 @@ def test_text_only_copy_is_worse_than_adapter_copy_on_images():
 @pytest.mark.parametrize("family", testing.FAMILIES)
 @pytest.mark.parametrize("do_sample", (False, True))
 def test_vision_tower_runs_once_per_generate_call(family, do_sample):
+    skip_refused(family, "image_adapter")
     model = _target(family)
     inputs = batch_inputs(family, 3)
     calls = []

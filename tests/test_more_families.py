@@ -19,7 +19,7 @@ from hf_specmm.testing import idefics3 as idefics3_fixtures
 from hf_specmm.drafts.text_only import text_only_view
 from hf_specmm.targets import target_spec
 from hf_specmm.vocab import VocabMap, check_vocab_compatible
-from conftest import PROMPTS, batch_inputs, processor, target
+from conftest import PROMPTS, batch_inputs, processor, target, LEAN_FAMILIES
 
 FAMILIES = testing.MORE_FAMILIES
 
@@ -34,12 +34,13 @@ def test_natural_drafts_are_lossless_and_never_propose_what_the_target_lacks(fam
     logits = vocab.to_target(torch.zeros(1, exact.config.vocab_size))
     assert logits.shape[-1] == spec.vocab_size  # InternVL: the draft's extra rows are cut off
     assert torch.isinf(logits[0, sorted(spec.reserved_ids)]).all()
-    for batch, images in ((1, True), (3, True), (3, False)):
+    lean = family in LEAN_FAMILIES  # Gemma 4: the natural draft has the target's rows (parity covers it)
+    for batch, images in ((3, True),) if lean else ((1, True), (3, True), (3, False)):
         inputs = batch_inputs(family, batch, images)
         plain = model.generate(**inputs, max_new_tokens=20, do_sample=False)
         hf_specmm.enable(model)
         for d in (exact, noised):
-            for gamma in (1, 3, 5):
+            for gamma in (3,) if lean else (1, 3, 5):
                 out = model.generate(**inputs, max_new_tokens=20, do_sample=False, assistant_model=d,
                                      num_assistant_tokens=gamma)
                 assert torch.equal(out, plain), f"{family} batch={batch} images={images} γ={gamma}"

@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import batch_inputs, target
 
-from hf_specmm import _compat
+from hf_specmm import _compat, testing
 from hf_specmm.caches import StaticSlottedCache
 from hf_specmm.targets import target_family
 
@@ -65,7 +65,7 @@ def _kept(accepted):
 
 
 @pytest.mark.parametrize("family, attention", [("llava", None), ("qwen2_5_vl", None), ("gemma3", None),
-                                               ("gemma3", "eager")])
+                                               ("gemma3", "eager")] + [(f, None) for f in testing.families_of("gemma4")])
 def test_static_equals_cache_free_forward_with_holes(family, attention):
     """Fixed-width blocks, per-row partial acceptance (holes), rollbacks, one block with unread slots and a
     capacity small enough that holes must be compacted away: every read slot's logits equal those of one
@@ -94,7 +94,7 @@ def test_static_equals_cache_free_forward_with_holes(family, attention):
         compactions += static.length < before + WIDTH
         reference = _without_cache(model, inputs, [kept[b] + block[b][read[b]].tolist() for b in range(3)])
         for b in range(3):
-            torch.testing.assert_close(logits[b][read[b]], reference[b, -int(read[b].sum()):], atol=1e-5, rtol=0,
+            torch.testing.assert_close(logits[b][read[b]], reference[b, -int(read[b].sum()):], atol=3e-5, rtol=0,
                                        msg=lambda m, step=step, b=b: f"{family} round {step} row {b}: {m}")
         keep = _kept(accepted) & read
         for b in range(3):

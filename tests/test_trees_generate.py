@@ -16,7 +16,7 @@ import torch
 
 import hf_specmm
 from hf_specmm import testing
-from conftest import batch_inputs, draft, target
+from conftest import batch_inputs, draft, target, refused_kind
 from test_sampling import ALPHA, chi2_homogeneity_pvalue, noisy_copy
 
 SHAPES = ((2, 3, 5), (4, 3, 12))
@@ -47,12 +47,13 @@ def sharp_target(family: str):
 def exact_drafts(family: str, model) -> dict[str, object]:
     """Drafts of every kind that are exact copies of ``model`` on the rows they can read."""
     text = testing.text_draft_from_target(model)
-    return {
-        "text_only": text,
-        "image_adapter": hf_specmm.ImageAdapterDraft.for_target(model, text, copy_projector=True),
-        "vlm": copy.deepcopy(model),
-        "feature_head": testing.feature_head_from_target(model),
+    builders = {
+        "text_only": lambda: text,
+        "image_adapter": lambda: hf_specmm.ImageAdapterDraft.for_target(model, text, copy_projector=True),
+        "vlm": lambda: copy.deepcopy(model),
+        "feature_head": lambda: testing.feature_head_from_target(model),
     }
+    return {kind: build() for kind, build in builders.items() if not refused_kind(family, kind)}
 
 
 def generate(model, inputs, **kwargs):

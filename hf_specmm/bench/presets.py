@@ -15,6 +15,8 @@ greedy pick wins by far more than bf16 rounding, so controlled acceptance is val
 stays on ``device``.
 - ``qwen2.5-vl-7b-shape`` / ``tiny-qwen2.5-vl``: Qwen2.5-VL-7B with a Qwen2.5-0.5B-shaped draft, and its
   tiny test version (``presets_qwen.py``).
+- ``gemma4-e2b-shape`` / ``tiny-gemma4`` (transformers 5.24): Gemma 4 E2B-shaped with a Gemma 3 270M-shaped
+  draft, and its tiny test version (``presets_gemma4.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from transformers import CLIPVisionConfig, LlamaConfig, LlamaForCausalLM, LlavaC
 
 from ..devices import execution_device
 from .margins import apply_margin_rule
+from .presets_gemma4 import GEMMA4_PRESETS, build_gemma4_preset
 from .presets_qwen import QWEN_PRESETS, build_qwen_preset
 
 
@@ -124,10 +127,12 @@ def _build(name: str, device: str, dtype: str | None, seed: int) -> Preset:
         return Preset(target, testing.random_text_draft(target), testing.IMAGE_SIZE, image, image)
     if name in QWEN_PRESETS:
         return build_qwen_preset(name, device, dtype, seed, Preset)
+    if name in GEMMA4_PRESETS:
+        return build_gemma4_preset(name, device, dtype, seed, Preset)
     raise ValueError(f"unknown preset {name!r}; choose one of {PRESETS}")
 
 
-PRESETS = ("cpu-proxy", "llava-1.5-7b-shape", "tiny") + QWEN_PRESETS
+PRESETS = ("cpu-proxy", "llava-1.5-7b-shape", "tiny") + QWEN_PRESETS + GEMMA4_PRESETS
 
 
 def synthetic_inputs(preset: Preset, batch: int, prompt_tokens: int, seed: int = 0, with_image: bool = True) -> dict:

@@ -50,6 +50,11 @@ class TargetFamily:
     # from the config's image id, a guess that :class:`TargetSpec` keeps apart (see ``unverified_layout_ids``)
     layout_tokens: tuple[str, ...] = ()
     layout_ids: Callable[[Any], Iterable[int]] | None = None
+    # per-call inputs of the target's forward that the loop does not handle for this family (Gemma 4's audio
+    # and video): a call passing one is refused before any work
+    refused_inputs: tuple[str, ...] = ()
+    # draft kinds that cannot run on this family, with why (checked before any work, trees included)
+    refused_draft_kinds: tuple[tuple[str, str], ...] = ()
 
     def model_class(self) -> type:
         import transformers

@@ -5,7 +5,8 @@ Shipped as ``torch.testing`` is, and kept out of the core: nothing outside ``hf_
 module of this package (:mod:`~hf_specmm.testing.registry`): LLaVA-1.5 / NeXT / OneVision
 (:mod:`~hf_specmm.testing.llava`), Qwen2-VL / Qwen2.5-VL / Qwen3-VL (:mod:`~hf_specmm.testing.qwen_vl`),
 Gemma 3 (:mod:`~hf_specmm.testing.gemma3`), Idefics3 / SmolVLM (:mod:`~hf_specmm.testing.idefics3`) and
-InternVL (:mod:`~hf_specmm.testing.internvl`). Every model is built from configs with random weights and
+InternVL (:mod:`~hf_specmm.testing.internvl`); on transformers >= 5.24 also Gemma 4 and Gemma 4 Unified
+(:mod:`~hf_specmm.testing.gemma4`). Every model is built from configs with random weights and
 shaped LM heads (:mod:`~hf_specmm.testing.shaping`); every processor is the family's real transformers
 processor over an in-memory ``tokenizers`` WordLevel vocabulary and a PIL image processor (no torchvision).
 
@@ -39,6 +40,7 @@ from . import llava, qwen_vl  # noqa: F401
 from . import gemma3, idefics3, internvl  # noqa: F401
 if hasattr(transformers, "MuseGlimmerForConditionalGeneration"):  # registered only where transformers has it
     from . import muse_glimmer  # noqa: F401
+from . import gemma4  # noqa: F401  (registers nothing before transformers 5.24)
 # isort: on
 from .drafts import (
     causal_lm_config,
@@ -57,6 +59,7 @@ LLAVA_FAMILIES = families_of("llava")
 QWEN_FAMILIES = families_of("qwen_vl")
 MORE_FAMILIES = families_of("gemma3") + families_of("idefics3") + families_of("internvl")  # upstream id layouts
 MORE_FAMILIES += families_of("muse_glimmer")
+MORE_FAMILIES += families_of("gemma4")  # Gemma 4, Gemma 4 Unified (transformers >= 5.24)
 
 __all__ = [
     "BOS_ID",

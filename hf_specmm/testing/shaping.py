@@ -120,9 +120,9 @@ def language_model(model: PreTrainedModel) -> torch.nn.Module:
 
 def vision_module(model: PreTrainedModel) -> torch.nn.Module:
     """The vision encoder of a tiny target (``vision_tower``; Idefics3 / SmolVLM: ``vision_model``;
-    Qwen-VL: ``visual``)."""
+    Qwen-VL: ``visual``; Gemma 4 Unified, encoder-free: ``embed_vision``)."""
     inner = model.model
-    for name in ("vision_tower", "vision_model", "visual"):
+    for name in ("vision_tower", "vision_model", "visual", "embed_vision"):
         tower = getattr(inner, name, None)
         if tower is not None:
             return tower

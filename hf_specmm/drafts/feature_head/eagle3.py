@@ -258,7 +258,7 @@ class Eagle3FeatureHead(FeatureHeadDraft):
         ids until :meth:`select_draft_vocab`), ``num_layers`` decoder layers."""
         if kwargs.pop("variant", "eagle3") != "eagle3" or kwargs:
             raise ValueError(f"Eagle3FeatureHead.for_target: unexpected arguments {sorted(kwargs)}")
-        fields = head_config_fields(target, num_layers, target_name)
+        fields = head_config_fields(target, num_layers, target_name, kind="eagle3")
         if isinstance(fields["text_config"].get("layer_types"), list):  # Llama layers attend to the whole context
             fields["text_config"]["layer_types"] = ["full_attention"] * num_layers
         text = target.config.get_text_config()

@@ -29,6 +29,7 @@ from transformers import AutoModel, PreTrainedModel
 from transformers.utils import ModelOutput
 
 from ... import _compat
+from ...targets import family_of
 from ..checkpoints import DraftCheckpointMixin
 from ...errors import IncompatibleDraftError
 from .configuration import FeatureHeadDraftConfig
@@ -221,11 +222,16 @@ class FeatureHeadDraft(DraftCheckpointMixin, PreTrainedModel):
         return self.to(device=param.device, dtype=param.dtype).attach(target, check=False).eval()
 
 
-def head_config_fields(target: PreTrainedModel, num_layers: int, target_name: str | None) -> dict[str, Any]:
+def head_config_fields(target: PreTrainedModel, num_layers: int, target_name: str | None,
+                       kind: str = "feature_head") -> dict[str, Any]:
     """The config fields every feature head records: the target's text config with ``num_layers`` layers (the
     per-layer lists cut to that depth), what the target is, and the fingerprint of its embedding / LM head."""
     if num_layers < 1:
         raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+    family = family_of(target)
+    why = dict(family.refused_draft_kinds).get(kind) if family is not None else None
+    if why is not None:
+        raise IncompatibleDraftError(f"no feature head can be made for a {type(target).__name__} target: {why}.")
     text = copy.deepcopy(target.config.get_text_config())
     text.num_hidden_layers = num_layers
     # per-layer lists sized for the target's depth (Muse Glimmer: layer_rope_theta)

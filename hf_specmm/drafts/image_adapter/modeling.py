@@ -122,7 +122,20 @@ class ImageAdapterDraft(DraftCheckpointMixin, PreTrainedModel, GenerationMixin):
                 **kwargs: Any) -> Any:
         if inputs_embeds is None:
             inputs_embeds = self.embed(input_ids, image_features)
+            kwargs.update(self.per_layer_inputs(input_ids))
         return self.language_model(inputs_embeds=inputs_embeds, logits_to_keep=logits_to_keep, **kwargs)
+
+    def per_layer_inputs(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """A language model with per-layer input embeddings (Gemma 4 text LMs) looks them up from token ids,
+        which ``inputs_embeds`` do not carry: they are looked up here, image slots read as the pad id, as the
+        Gemma 4 targets do. Empty for other LMs."""
+        decoder = self.language_model.get_decoder()
+        if not getattr(decoder.config, "hidden_size_per_layer_input", None) or \
+                not hasattr(decoder, "get_per_layer_inputs"):
+            return {}
+        placeholders = torch.isin(input_ids, torch.tensor(self.config.placeholder_ids, device=input_ids.device))
+        pad = decoder.config.pad_token_id or 0
+        return {"per_layer_inputs": decoder.get_per_layer_inputs(input_ids.masked_fill(placeholders, pad))}
 
     # ---- construction ---------------------------------------------------------------------------
     @classmethod
