@@ -115,3 +115,13 @@ def test_lmms_eval_world_task_plain_vs_drafts_same_outputs_and_scores(tmp_path):
             assert stats["avg_hf_specmm_tau"] > 1.5, name
     assert "avg_hf_specmm_tau" not in plain["throughput"]
     assert results["the target itself"]["throughput"]["avg_hf_specmm_acceptance"] == 1.0
+
+
+def test_world_task_command(tmp_path, capsys):
+    from hf_specmm import cli
+
+    assert cli.main(["world-task", str(tmp_path / "t"), "--per-task", "1"]) == 0
+    assert "--include_path" in capsys.readouterr().out and len((tmp_path / "t" / "vqa.jsonl").read_text().splitlines()) == 1
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["world-task", str(tmp_path / "u"), "--per-task", "0"])
+    assert exc.value.code == 2 and not (tmp_path / "u").exists()
