@@ -78,6 +78,14 @@ def test_bad_model_args_refused_before_loading(args, message):
 
 
 @needs_lmms
+def test_batch_size_from_model_args_or_the_option_not_two_different_ones():
+    with pytest.raises(ModelArgsError, match="batch_size given in --model_args and as an lmms-eval option"):
+        HFSpecMM.create_from_arg_string("pretrained=/nonexistent,batch_size=8", {"batch_size": "4", "device": None})
+    with pytest.raises(OSError):  # lmms-eval's default --batch_size 1 yields: on to loading (nothing there)
+        HFSpecMM.create_from_arg_string("pretrained=/nonexistent,batch_size=8", {"batch_size": 1})
+
+
+@needs_lmms
 def test_draft_of_another_kind_than_asked_is_refused():
     with pytest.raises(ModelArgsError, match="is a 'text_only' draft, not draft_kind='eagle3'"):
         HFSpecMM(pretrained=str(TARGET), draft=str(CHECKPOINTS / "text-only-draft"), draft_kind="eagle3",

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
+from lmms_eval import utils
 from lmms_eval.api.instance import Instance
 from lmms_eval.api.model import lmms
 from lmms_eval.models.chat.huggingface import Huggingface
@@ -155,21 +156,20 @@ class HFSpecMM(Huggingface):
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> "HFSpecMM":
-        """As lmms-eval's, except that ``batch_size`` in ``--model_args`` is honoured (lmms-eval also passes
-        its ``--batch_size``, default 1, which would collide); two different explicit values are refused."""
-        from lmms_eval import utils
-
+        """As lmms-eval's, except that ``batch_size`` in ``--model_args`` wins over lmms-eval's ``--batch_size``
+        when that is its default, 1 (lmms-eval passes both, which would collide); other clashes are refused."""
         args = utils.simple_parse_args_string(arg_string)
-        extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
-        if "batch_size" in args and "batch_size" in extra:
-            cli = int(extra.pop("batch_size")) if str(extra["batch_size"]).isdigit() else extra.pop("batch_size")
-            if cli not in (1, args["batch_size"]):
-                raise ModelArgsError(f"batch_size={args['batch_size']} in --model_args and --batch_size {cli}: "
-                                     "give one")
-        clash = sorted(set(args) & set(extra))
+        options = {k: v for k, v in (additional_config or {}).items() if v is not None}
+        if "batch_size" in args and str(options.get("batch_size", 1)) == "1":
+            options.pop("batch_size", None)
+        clash = sorted(set(args) & set(options))
         if clash:
-            raise ModelArgsError(f"{', '.join(clash)} given both in --model_args and as lmms-eval options: give one")
-        return cls(**args, **extra)
+            raise ModelArgsError(f"{', '.join(clash)} given in --model_args and as an lmms-eval option: give one")
+        return cls(**args, **options)
+
+    def loglikelihood(self, requests: list[Instance]) -> list:
+        raise NotImplementedError("hf_specmm runs generation tasks (generate_until); lmms-eval's huggingface chat "
+                                  "model it builds on has no loglikelihood either")
 
     def generate_until(self, requests: list[Instance]) -> list:
         self.speculation.check_requests(requests)
