@@ -110,7 +110,8 @@ def test_lmms_eval_world_task_plain_vs_drafts_same_outputs_and_scores(tmp_path):
                 for s in samples}
 
     def scores(result):
-        return {task: {k: v for k, v in metrics.items() if "stderr" not in k} for task, metrics in result["results"].items()}
+        return {task: {k: v for k, v in metrics.items() if "stderr" not in k}
+                for task, metrics in result["results"].items()}
 
     plain = results["plain"]
     assert len(outputs(plain)) == 8 and scores(plain)[lmms_task.TASK_NAMES["caption"]]["bleu,none"] > 50
@@ -129,7 +130,8 @@ def test_world_task_command(tmp_path, capsys):
     from hf_specmm import cli
 
     assert cli.main(["world-task", str(tmp_path / "t"), "--per-task", "1"]) == 0
-    assert "--include_path" in capsys.readouterr().out and len((tmp_path / "t" / "vqa.jsonl").read_text().splitlines()) == 1
+    assert "--include_path" in capsys.readouterr().out
+    assert len((tmp_path / "t" / "vqa.jsonl").read_text().splitlines()) == 1
     with pytest.raises(SystemExit) as exc:
         cli.main(["world-task", str(tmp_path / "u"), "--per-task", "0"])
     assert exc.value.code == 2 and not (tmp_path / "u").exists()

@@ -58,7 +58,8 @@ def parse_tree(text: str) -> TreeShape:
         top_k, depth, tokens = (int(part) for part in str(text).split(":"))
         return TreeShape(top_k=top_k, depth=depth, tokens=tokens)
     except ValueError as error:
-        raise ModelArgsError(f"tree={text!r}: expected K:D:N (top_k:depth:tokens), e.g. tree=8:6:48 ({error})") from None
+        raise ModelArgsError(f"tree={text!r}: expected K:D:N (top_k:depth:tokens), e.g. tree=8:6:48 "
+                             f"({error})") from None
 
 
 def check_model_args(draft: str | None, draft_kind: str | None, gamma: Any, tree: Any, batch_size: Any,
@@ -233,7 +234,7 @@ class _Speculation:
         model.generate = self  # an instance attribute, as hf_specmm.enable's own
 
     def reset(self) -> None:
-        self.seconds, self.new_tokens, self.calls = 0.0, 0, 0
+        self.seconds, self.new_tokens = 0.0, 0
         self.generated, self.forwards, self.drafted, self.accepted = 0, 0, 0, 0
 
     def check_requests(self, requests: list[Instance]) -> None:
@@ -255,8 +256,8 @@ class _Speculation:
             torch.cuda.synchronize(out.device)
         self.seconds += time.perf_counter() - start
         prompt = (kwargs.get("input_ids") if kwargs.get("input_ids") is not None else args[0]).shape[1]
-        self.new_tokens += _tokens_to_eos(out[:, prompt:], kwargs.get("eos_token_id", self.model.generation_config.eos_token_id))
-        self.calls += 1
+        eos = kwargs.get("eos_token_id", self.model.generation_config.eos_token_id)
+        self.new_tokens += _tokens_to_eos(out[:, prompt:], eos)
         if self.assistant is not None:
             stats = api.last_stats(self.model)
             self.generated += stats.generated_tokens
