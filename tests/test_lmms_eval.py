@@ -1,6 +1,7 @@
 """lmms-eval integration: the world task folder (always), and where lmms-eval is installed (CI: the transformers
 5.24 leg, scripts/test.sh) lmms-eval run end to end on it, plain vs drafts: the same per-sample outputs and
-the same scores; a copy of the target as its own draft is accepted 100 %; bad model_args refused before loading."""
+the same scores; a copy of the target as its own draft is accepted 100 %; bad model_args refused before loading;
+the lmms-eval CLI with a draft named as a Hub repo (offline, from the Hub cache)."""
 
 from __future__ import annotations
 
@@ -135,3 +136,35 @@ def test_world_task_command(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(["world-task", str(tmp_path / "u"), "--per-task", "0"])
     assert exc.value.code == 2 and not (tmp_path / "u").exists()
+
+
+@needs_lmms
+def test_lmms_eval_cli_with_a_draft_by_hub_name(tmp_path):
+    """`lmms-eval --model hf_specmm` through the CLI and the entry point, the draft named as a Hub repo (read from
+    the Hub cache offline: load_draft's one path), answers as plain generate does."""
+    import os
+    import subprocess
+    import sys
+
+    from fake_hub import populate_hf_cache
+
+    from hf_specmm.integrations.lmms_eval.compare import load_run
+
+    folder = lmms_task.write_world_task(tmp_path / "task", per_task=3)
+    populate_hf_cache(tmp_path / "hub", "hf-specmm/world-image-adapter-draft", CHECKPOINTS / "image-adapter-draft")
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "HF_DATASETS_CACHE": str(tmp_path / "datasets"), "OMP_NUM_THREADS": "1"}
+    args = f"pretrained={TARGET},draft=hf-specmm/world-image-adapter-draft,batch_size=3,dtype=float32,device=cpu"
+    task = lmms_task.TASK_NAMES["vqa"]
+    subprocess.run([sys.executable, "-m", "lmms_eval", "--include_path", str(folder), "--tasks", task,
+                    "--model", "hf_specmm", "--model_args", args, "--output_path", str(tmp_path / "out"),
+                    "--log_samples", "--verbosity", "WARNING"], env=env, check=True, capture_output=True, timeout=300)
+    hub_run = load_run("hub draft", tmp_path / "out")
+    plain = simple_evaluate(model="hf_specmm", model_args=f"pretrained={TARGET},batch_size=3,dtype=float32,device=cpu",
+                            tasks=[task], task_manager=TaskManager(include_path=str(folder), include_defaults=False),
+                            log_samples=True, bootstrap_iters=0, verbosity="WARNING")
+    (answers,) = {len(s["filtered_resps"]) for s in plain["samples"][task]}  # in memory a list per sample
+    assert answers == 1 and hub_run.outputs == {(task, s["doc_id"]): s["filtered_resps"][0]
+                                                for s in plain["samples"][task]}
+    assert hub_run.scores[task]["exact_match"] == plain["results"][task]["exact_match,none"]
+    assert hub_run.stat("tau") >= 1 and hub_run.stat("new_tokens") == plain["throughput"]["avg_hf_specmm_new_tokens"]
