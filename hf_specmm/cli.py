@@ -27,6 +27,7 @@ COMMANDS = {
                                      "held-out τ, optionally push it."),
     "demo": ("hf_specmm.world.demo", "Offline demo: the shipped miniature-world target, plain vs speculative."),
     "world-tau": ("hf_specmm.world.tau_table", "τ per task × γ × draft kind on held-out miniature-world scenes."),
+    "world-task": ("hf_specmm.world.lmms_task", "Write the miniature world as an offline lmms-eval task folder."),
 }
 
 

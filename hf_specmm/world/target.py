@@ -28,6 +28,24 @@ from .tokenizer import IMAGE_TOKEN, build_world_tokenizer
 # evaluation, the demo and the τ table generate.
 MAX_ANSWER_TOKENS = 48
 
+# One user turn rendered as the raw prompt the target was trained on: "<image> " per image, then the text
+# (what ``train.data.format_prompt`` writes with ``"raw"``), so chat clients such as lmms-eval's
+# ``huggingface`` model send exactly the trained prompt. The world has no system or assistant turns.
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{%- if message['role'] != 'user' -%}"
+    "{{ raise_exception('the world target answers one user turn; got a ' + message['role'] + ' message') }}"
+    "{%- endif -%}"
+    "{%- if message['content'] is string -%}{{ message['content'] }}"
+    "{%- else -%}{%- for item in message['content'] -%}"
+    "{%- if item['type'] == 'image' -%}{{ '<image> ' }}"
+    "{%- elif item['type'] == 'text' -%}{{ item['text'] }}"
+    "{%- else -%}{{ raise_exception('the world target reads images and text, not ' + item['type']) }}"
+    "{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{%- endfor -%}"
+)
+
 
 @dataclass(frozen=True)
 class WorldTargetConfig:
@@ -62,12 +80,14 @@ def build_world_processor(cfg: WorldTargetConfig = WorldTargetConfig()) -> Llava
     """A real ``LlavaProcessor``: world tokenizer + PIL CLIP image processor (no torchvision needed; the
     tower is SigLIP-shaped, the normalisation only has to be the same in training and use).
 
-    No chat template: prompts are ``"<image> " + question`` and the answer follows directly.
+    Prompts are ``"<image> " + question`` and the answer follows directly; the chat template
+    (``CHAT_TEMPLATE``) renders a user turn as exactly that.
     """
     size = cfg.image_size
     images = CLIPImageProcessorPil(size={"shortest_edge": size}, crop_size={"height": size, "width": size})
     return LlavaProcessor(image_processor=images, tokenizer=build_world_tokenizer(), patch_size=cfg.patch_size,
-                          vision_feature_select_strategy="full", num_additional_image_tokens=0)
+                          vision_feature_select_strategy="full", num_additional_image_tokens=0,
+                          chat_template=CHAT_TEMPLATE)
 
 
 def build_world_target(cfg: WorldTargetConfig = WorldTargetConfig(), seed: int = 0) -> LlavaForConditionalGeneration:

@@ -1,0 +1,1 @@
+"""Integrations with other tools; each subpackage is imported only by the tool it serves (optional extras)."""
