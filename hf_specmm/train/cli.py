@@ -154,6 +154,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--hub-token", help="Hub token for --push-to-hub (default: the logged-in one)")
     g.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bars (default: show them)")
+    g.add_argument("--trust-remote-code", action="store_true",
+                   help="let the --target / --draft checkpoints run their own Python code (their config's auto_map); "
+                        "read that code first (default: never run it)")
 
 
 def config_from_args(args: argparse.Namespace) -> Any:

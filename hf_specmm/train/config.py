@@ -40,6 +40,7 @@ _NOT_HASHED = frozenset({
     "response_cache", "gen_batch_size", "eval_gamma", "eval_max_new_tokens", "eval_batch_size",
     "eval_before", "task_name", "target_name", "push_to_hub", "hub_private", "hub_token", "images",
     "target_device_map",  # where the target's layers run: the same logits
+    "trust_remote_code",  # whether the checkpoints' own code may run: the same models either way
 })
 
 
@@ -119,6 +120,7 @@ class TrainConfig:
     hub_private: bool = False
     hub_token: str | None = None
     progress: bool = True
+    trust_remote_code: bool = False  # let the target / draft checkpoints run their own code (their auto_map)
 
     def __post_init__(self) -> None:
         if self.stages is not None:
