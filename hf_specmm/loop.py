@@ -68,6 +68,8 @@ class SpeculativeDecoding:
             self.round()
             self.drop_finished_rows()
         self.stats.graphs_compiled = _compat.compiled_graph_count() - graphs
+        if getattr(self.backend, "compile_config", None) is not None:  # dynamo may have given up on a frame: say so
+            self.stats.recompile_limit_hits = _compat.recompile_limit_hits()
         if self.streamer is not None:
             self.streamer.end()
         if self.outputs.return_dict:

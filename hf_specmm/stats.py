@@ -29,6 +29,9 @@ class SpecStats:
     nodes_per_round: list[list[int]] = field(default_factory=list)
     depths_per_round: list[list[int]] = field(default_factory=list)
     graphs_compiled: int = 0  # torch.compile graphs compiled during the call (0 once warm: no recompilation)
+    # compiled calls only: frames dynamo gave up compiling in this process so far (its recompile limit): when > 0,
+    # some forwards run eager, and a graphs_compiled of 0 does not mean that every round replayed a graph
+    recompile_limit_hits: int = 0
 
     def record_prefill(self, kept: list[int]) -> None:
         """The prefill forward: one target forward per row, ``kept`` [B] its tokens (1, or 0 if cut)."""
@@ -100,7 +103,7 @@ class SpecStats:
         return self.generated_tokens / self.wall_time_s if self.wall_time_s > 0 else 0.0
 
     def as_dict(self) -> dict[str, float | int | None]:
-        keys = ("batch_size", "gamma", "graphs_compiled", "target_forwards", "draft_forwards", "drafted_tokens", "accepted_tokens",
+        keys = ("batch_size", "gamma", "graphs_compiled", "recompile_limit_hits", "target_forwards", "draft_forwards", "drafted_tokens", "accepted_tokens",
                 "generated_tokens", "wall_time_s")
         out: dict[str, float | int | None] = {k: getattr(self, k) for k in keys}
         for k in ("block_efficiency", "round_block_efficiency", "steady_block_efficiency", "acceptance_rate",
