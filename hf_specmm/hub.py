@@ -155,7 +155,7 @@ _CONVERT = ("hf_specmm loads drafts from safetensors only (a pickle checkpoint c
             "(save_pretrained writes model.safetensors), then load new_path.")
 
 
-def _looks_local(name: str) -> bool:
+def looks_local(name: str) -> bool:
     """A path rather than an ``org/name`` Hub id: exists, is absolute or relative, or has more than one '/'."""
     return Path(name).exists() or name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name
 
@@ -185,7 +185,7 @@ def _check_weight_files(folder: Path, where: str) -> None:
 
 def _config_file(name: str, hub_kwargs: dict) -> Path | None:
     """``name``'s config.json: in the local folder, or fetched from the Hub / its cache (None: not found)."""
-    if _looks_local(name):
+    if looks_local(name):
         config_file = Path(name).expanduser() / "config.json"
         return config_file if config_file.is_file() else None
     found = _compat.hub_file(name, "config.json", **hub_kwargs)
@@ -210,7 +210,7 @@ def _import_engine_checkpoint(name: str, folder: Path, layout: str, target: Any,
     if target is None:
         raise DraftLoadError(f"{name} is an EAGLE-3 draft in the {layout} layout: it reads its target's hidden states "
                              "and embedding, so load it with its target: hf_specmm.load_draft(path, target=model)")
-    if not _looks_local(name):  # every safetensors file of the repo next to the cached config.json
+    if not looks_local(name):  # every safetensors file of the repo next to the cached config.json
         from huggingface_hub import list_repo_files
 
         for file in list_repo_files(name, revision=hub_kwargs.get("revision"), token=hub_kwargs.get("token")):
@@ -245,7 +245,7 @@ def load_draft(repo_or_path: str | Path, *, target: PreTrainedModel | None = Non
     name = str(repo_or_path)
     hub_kwargs = {k: v for k, v in kwargs.items() if k in _HUB_KWARGS}
     config_file = _config_file(name, hub_kwargs)
-    if _looks_local(name) and config_file is None:
+    if looks_local(name) and config_file is None:
         folder = Path(name).expanduser()
         what = "is not a folder" if not folder.is_dir() else "has no config.json"
         raise DraftLoadError(f"No draft at local path {name!r}: {folder.resolve()} {what} (a saved draft is a "
@@ -254,7 +254,7 @@ def load_draft(repo_or_path: str | Path, *, target: PreTrainedModel | None = Non
     layout = None if raw is None else checkpoint_format(raw)
     if layout is not None:  # an EAGLE-3 draft in vLLM's speculators or SGLang's layout
         return _import_engine_checkpoint(name, config_file.parent, layout, target, hub_kwargs)
-    if _looks_local(name):
+    if looks_local(name):
         _check_weight_files(Path(name).expanduser(), f"local draft folder {Path(name).expanduser().resolve()}")
     if raw is not None:
         _check_remote_code(raw, config_file, trust_remote_code)
@@ -264,7 +264,7 @@ def load_draft(repo_or_path: str | Path, *, target: PreTrainedModel | None = Non
     except OSError as err:
         raise DraftLoadError(f"Could not find the draft {name!r} as a local folder (no such path) nor on the Hub "
                              f"or in its local cache: {err}") from err
-    if not _looks_local(name):
+    if not looks_local(name):
         weights = _compat.hub_file(name, "model.safetensors", **hub_kwargs)
         if weights is None and _compat.hub_file(name, "model.safetensors.index.json", **hub_kwargs) is None:
             raise DraftLoadError(f"The Hub repo {name!r} has no model.safetensors. {_CONVERT}")

@@ -155,7 +155,10 @@ def make_draft(cfg: TrainConfig, target: PreTrainedModel, tokenizer: Any,
             raise TrainingInputError(f"{source} is a {loaded.title} draft; it cannot be trained as a {kind.title} "
                                      f"draft (train it with draft_kind={loaded.name}, or start from a plain causal LM)")
         check_draft(target, draft, tokenizer, draft_tok)
-        draft, draft_tok = kind.build(target, draft, cfg, target_name), None
+        try:
+            draft, draft_tok = kind.build(target, draft, cfg, target_name), None
+        except ValueError as err:  # a size the target cannot take (draft_vocab_size above its vocabulary, ...)
+            raise TrainingInputError(f"cannot build a {kind.title} draft for {target_name}: {err}") from err
     check_draft(target, draft, tokenizer, draft_tok)
     return draft.to(device=cfg.device, dtype=torch.float32), kind.name
 
