@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoConfig, PreTrainedModel
+from transformers import CONFIG_MAPPING, AutoConfig, PreTrainedModel
 
 from . import _compat
 from .drafts.checkpoints import read_config_json, weight_files
@@ -195,8 +195,6 @@ def _config_file(name: str, hub_kwargs: dict) -> Path | None:
 def _check_remote_code(raw: dict, config_file: Path, trust_remote_code: bool) -> None:
     """A config whose ``model_type`` transformers does not know, with an ``auto_map`` naming Python files of the
     checkpoint, loads only by running them: refused unless the caller passed ``trust_remote_code=True``."""
-    from transformers import CONFIG_MAPPING
-
     if trust_remote_code or not raw.get("auto_map") or raw.get("model_type") in CONFIG_MAPPING:
         return
     raise DraftLoadError(f"{config_file}: model_type {raw.get('model_type')!r} is defined only by the checkpoint's own "
@@ -264,6 +262,11 @@ def load_draft(repo_or_path: str | Path, *, target: PreTrainedModel | None = Non
     except OSError as err:
         raise DraftLoadError(f"Could not find the draft {name!r} as a local folder (no such path) nor on the Hub "
                              f"or in its local cache: {err}") from err
+    except ValueError as err:  # transformers refusing the checkpoint's own code (trust_remote_code=False)
+        if "trust_remote_code" not in str(err):
+            raise
+        raise DraftLoadError(f"{name}: its config needs the checkpoint's own code; hf_specmm runs none unless you "
+                             "pass load_draft(..., trust_remote_code=True), after reading that code.") from err
     if not looks_local(name):
         weights = _compat.hub_file(name, "model.safetensors", **hub_kwargs)
         if weights is None and _compat.hub_file(name, "model.safetensors.index.json", **hub_kwargs) is None:

@@ -67,11 +67,12 @@ def test_trust_remote_code_true_reaches_the_loader(tmp_path, no_prompt):
 
 def test_training_loaders_pass_the_flag(tmp_path, no_prompt):
     """``hf-specmm train``'s target loader (config, weights, processor) never runs or asks either."""
+    from hf_specmm.train.config import TrainingInputError
     from hf_specmm.train.models import load_target
 
     marker = tmp_path / "marker"
     folder = _remote_code_folder(tmp_path / "ckpt", marker)
-    with pytest.raises(ValueError, match="trust_remote_code"):
+    with pytest.raises(TrainingInputError, match="trust_remote_code=True"):
         load_target(str(folder), "cpu", "fp32")
     assert not marker.exists() and not no_prompt
     with pytest.raises(TypeError, match="True or False"):
@@ -87,7 +88,8 @@ def _native(kind, folder):
     draft = {"text_only": lambda: testing.random_text_draft(model),
              "image_adapter": lambda: ImageAdapterDraft.for_target(model, testing.text_draft_from_target(model)),
              "feature_head": lambda: testing.feature_head_from_target(model),
-             "eagle3": lambda: lagged_head(model, draft_vocab_size=24)}[kind]()
+             "eagle3": lambda: lagged_head(model, draft_vocab_size=24),
+             "vlm": lambda: testing.tiny_target("llava", seed=5)}[kind]()
     draft.save_pretrained(folder)
     return folder
 
@@ -141,6 +143,9 @@ CORRUPTIONS = {  # (kind or layout, corruption) -> what the error names
     ("text_only", "intermediate_size"): (_edit_config(_set("intermediate_size", 40)), r"mis-shaped weights.*\[40, "),
     ("image_adapter", "bad json"): (_bad_json, r"config\.json is not valid JSON"),
     ("image_adapter", "stale copy"): (_stale_copy, "stale"),
+    ("vlm", "bad json"): (_bad_json, r"config\.json is not valid JSON"),
+    ("vlm", "stale copy"): (_stale_copy, "stale"),
+    ("vlm", "hidden_size"): (_edit_config(_set("text_config.intermediate_size", 40)), "mis-shaped weights"),
     ("feature_head", "fingerprint string"): (_edit_config(_set("target_fingerprint", "abc")), "target_fingerprint"),
     ("feature_head", "no hidden_size"): (_edit_config(_set("text_config.hidden_size", _DROP)), r"text_config\.hidden_size is missing"),
     ("feature_head", "model_type llama"): (_edit_config(_set("model_type", "llama")), "model_type is 'llama'"),

@@ -65,7 +65,14 @@ def file_sha256(path: str | Path) -> str:
 
 def target_class(name: str, trust_remote_code: bool = False) -> type:
     """The registered target family's class for the checkpoint ``name`` (from its config's model_type)."""
-    config = AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code)
+    try:
+        config = AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code)
+    except ValueError as err:  # transformers refusing the checkpoint's own code
+        if "trust_remote_code" not in str(err):
+            raise
+        raise TrainingInputError(f"{name}: its config needs the checkpoint's own code; hf_specmm runs none unless "
+                                 "you pass trust_remote_code=True (hf-specmm train --trust-remote-code), after "
+                                 "reading that code") from err
     family = family_by_model_type(config.model_type)
     if family is not None:
         return family.model_class()
