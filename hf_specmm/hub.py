@@ -240,6 +240,10 @@ def load_draft(repo_or_path: str | Path, *, target: PreTrainedModel | None = Non
     """
     if not isinstance(trust_remote_code, bool):
         raise TypeError(f"load_draft(trust_remote_code=...) takes True or False, got {trust_remote_code!r}")
+    fixed = sorted(k for k in ("use_safetensors", "output_loading_info") if k in kwargs)
+    if fixed:  # what load_draft guarantees (safetensors only, a strict load) is not an option
+        raise TypeError(f"load_draft takes no {', '.join(fixed)}: drafts load from safetensors only, and strictly "
+                        "(missing or unexpected weights are an error)")
     name = str(repo_or_path)
     hub_kwargs = {k: v for k, v in kwargs.items() if k in _HUB_KWARGS}
     config_file = _config_file(name, hub_kwargs)

@@ -77,6 +77,8 @@ def test_training_loaders_pass_the_flag(tmp_path, no_prompt):
     assert not marker.exists() and not no_prompt
     with pytest.raises(TypeError, match="True or False"):
         hf_specmm.load_draft(folder, trust_remote_code="yes")
+    with pytest.raises(TypeError, match="no use_safetensors"):
+        hf_specmm.load_draft(folder, use_safetensors=False)
 
 
 # ---- corrupt checkpoints, every kind and layout -----------------------------------------------------------
