@@ -286,6 +286,18 @@ def compiled_graph_count() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
+_RECOMPILE_LIMIT = "Dynamo recompile limit exceeded"  # the start of dynamo's message when it gives up on a frame
+
+
+def recompile_limit_hits() -> int:
+    """Frames dynamo has given up compiling in this process so far (its ``recompile_limit`` hit: they run eager
+    from then on, for the rest of the process, without compiling anything more). Read from dynamo's own
+    ``counters["unimplemented"]`` (torch 2.1x), where each give-up is recorded once."""
+    from torch._dynamo.utils import counters
+
+    return int(sum(n for message, n in counters["unimplemented"].items() if message.startswith(_RECOMPILE_LIMIT)))
+
+
 def compiled_call(model: Any, compile_config: Any = None) -> Callable[..., Any]:
     """``torch.compile(model.__call__, **compile_config.to_dict())`` as stock builds it (cached on the model,
     rebuilt when the config changes; ``CompileConfig()`` defaults: inductor, ``mode="reduce-overhead"``)."""

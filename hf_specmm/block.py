@@ -52,8 +52,8 @@ class ChainBlock:
         """What ``verifier`` keeps of the block given the target's processed ``scores`` [A, γ+1, V]."""
         return verifier(proposal.tokens, proposal.probs, scores, lengths)
 
-    def drafted(self, proposal: Proposal, lengths: torch.Tensor | None) -> torch.Tensor:
-        """[A] drafts each row proposed."""
+    def drafted(self, proposal: Proposal, lengths: torch.Tensor | None, room: list[int] | None = None) -> torch.Tensor:
+        """[A] drafts each row proposed (a chain: all; the statistics cap them at the row's ``room``)."""
         if lengths is not None:
             return lengths
         return torch.full((self.tokens.shape[0],), proposal.gamma, dtype=torch.long, device=self.tokens.device)
@@ -104,8 +104,14 @@ class TreeBlock(ChainBlock):
                lengths: torch.Tensor | None) -> "Acceptance":
         return verifier.tree(self.tree, scores)
 
-    def drafted(self, proposal: Proposal, lengths: torch.Tensor | None) -> torch.Tensor:
-        return self.tree.valid[:, 1:].sum(-1)
+    def drafted(self, proposal: Proposal, lengths: torch.Tensor | None, room: list[int] | None = None) -> torch.Tensor:
+        """[A] valid nodes of each row no deeper than its ``room`` [A] (the tokens it may still add, less the
+        target's own): the tree is cut to the roomiest row's depth, so a row with less room has deeper nodes
+        it could never keep."""
+        valid = self.tree.valid[:, 1:]
+        if room is not None:
+            valid = valid & (self.tree.depths[:, 1:] <= torch.tensor(room, device=valid.device)[:, None])
+        return valid.sum(-1)
 
     def along_path(self, x: torch.Tensor, accepted: "Acceptance") -> torch.Tensor:
         index = accepted.path.to(x.device).view(*accepted.path.shape, *([1] * (x.dim() - 2)))

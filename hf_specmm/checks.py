@@ -28,6 +28,8 @@ With a draft ~1 % of the target (c ≈ 0.01–0.05) and acceptance α ≈ 0.6–
 two block sizes of 2404.08856."""
 
 SCHEDULES = ("constant", "heuristic", "heuristic_transient")
+#: attribute of a draft holding the γ a heuristic schedule wrote into its generation config (not the caller's)
+HEURISTIC_GAMMA = "_hf_specmm_heuristic_gamma"
 #: ``cache_implementation`` values a speculative call honours (None: the default dynamic cache)
 CACHE_IMPLEMENTATIONS = (None, "dynamic", "static")
 
@@ -165,7 +167,25 @@ def _check_static(config: Any, budget: DraftBudget) -> None:
               f"used with {bad}.")
 
 
-def _check_tree(shape: TreeShape, kind: DraftKind, config: Any, budget: DraftBudget, gamma_set: bool) -> None:
+def _gamma_source(kwargs: dict, generation_config: Any, target: Any, draft: Any) -> str | None:
+    """Where the caller chose ``num_assistant_tokens`` (None: nowhere). A value a heuristic schedule wrote into
+    the draft's generation config (as stock does) is the schedule's, not the caller's."""
+    draft_config = getattr(draft, "generation_config", None)
+    written = vars(draft).get(HEURISTIC_GAMMA)
+    if draft_config is not None and written is not None and draft_config.num_assistant_tokens == written:
+        draft_config = None
+    named = (("generate(num_assistant_tokens=...)", None), ("the passed generation_config", None),
+             ("the target's generation_config", getattr(target, "generation_config", None)),
+             ("the draft's generation_config", draft_config))
+    if kwargs.get("num_assistant_tokens") is not None:
+        return named[0][0]
+    if _chosen("num_assistant_tokens", {}, generation_config):
+        return named[1][0]
+    return next((label for label, config in named[2:] if _chosen("num_assistant_tokens", {}, None, config)), None)
+
+
+def _check_tree(shape: TreeShape, kind: DraftKind, config: Any, budget: DraftBudget, gamma_source: str | None,
+                vocab: VocabMap) -> None:
     """Options with no meaning for a draft tree (see :class:`hf_specmm.Tree`): refused, naming the option."""
     if not issubclass(kind.drafter, TreeDrafting):
         _fail(IncompatibleDraftError, f"hf_specmm.Tree: the {kind.name!r} draft kind's drafter "
@@ -177,9 +197,12 @@ def _check_tree(shape: TreeShape, kind: DraftKind, config: Any, budget: DraftBud
                "num_assistant_tokens_schedule='constant' (or leave it unset)")
     elif budget.confidence is not None:
         bad = "assistant_confidence_threshold: a tree's shape is static; drop the threshold"
-    elif gamma_set and budget.gamma != shape.depth:
-        bad = (f"num_assistant_tokens={budget.gamma}: a tree's γ is its depth ({shape.depth}); drop "
-               "num_assistant_tokens or set it to the depth")
+    elif gamma_source is not None and budget.gamma != shape.depth:
+        bad = (f"num_assistant_tokens={budget.gamma} (from {gamma_source}): a tree's γ is its depth ({shape.depth}); "
+               "drop num_assistant_tokens or set it to the depth")
+    elif shape.top_k > vocab.target_vocab:
+        bad = (f"top_k={shape.top_k}: more children per node than the target's {vocab.target_vocab} token ids; use "
+               f"hf_specmm.Tree(draft, top_k=k) with k <= {vocab.target_vocab}")
     elif config.cache_implementation == "static":
         bad = "cache_implementation='static': draft trees run on the default dynamic cache; drop it"
     elif config.return_dict_in_generate and (config.output_attentions or config.output_hidden_states):
@@ -235,13 +258,12 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
         criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=config.stop_strings))
         kwargs["stopping_criteria"], kwargs["stop_strings"] = criteria, None
     sources = (getattr(target, "generation_config", None), getattr(draft, "generation_config", None))
-    gamma_set = _chosen("num_assistant_tokens", kwargs, generation_config, *sources)
     budget = _resolve_budget(target, draft, generation_config, kwargs)
     if budget.confidence is not None and (shape is not None or config.cache_implementation == "static") \
             and not _chosen("assistant_confidence_threshold", kwargs, generation_config, sources[1]):
         budget.confidence = None  # transformers' filled-in default, not the caller's: no threshold for fixed shapes
     if shape is not None:
-        _check_tree(shape, kind, config, budget, gamma_set)
+        _check_tree(shape, kind, config, budget, _gamma_source(kwargs, generation_config, target, draft), vocab)
         budget.gamma, budget.tree = shape.depth, shape
     for key in ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold"):
         kwargs.pop(key, None)  # consumed here; stock generate must not see an assisted-mode option

@@ -15,6 +15,7 @@ import argparse
 import importlib
 import math
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable, NoReturn
 
 if TYPE_CHECKING:
@@ -100,6 +101,34 @@ def number_in(low: float | None = None, high: float | None = None, low_open: boo
 
     parse.__name__ = f"number {span}"
     return parse
+
+
+def existing_folder(text: str) -> str:
+    """An argparse ``type=``: a folder that exists (checked at parse time, before any work)."""
+    if not Path(text).expanduser().is_dir():
+        raise argparse.ArgumentTypeError(f"no such folder: {text!r}")
+    return text
+
+
+def model_source(text: str) -> str:
+    """An argparse ``type=``: a Hub id (``org/name``) or a local folder that exists. A path that does not exist
+    is refused here (transformers would report it as an invalid repo id, with a traceback)."""
+    from .hub import looks_local  # transformers is imported only once a sub-command's flags are parsed
+
+    if looks_local(text) and not Path(text).expanduser().is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is neither an existing local folder nor a Hub id (org/name)")
+    return text
+
+
+def device_name(text: str) -> str:
+    """An argparse ``type=``: a torch device name (``cpu``, ``cuda``, ``cuda:1``, ``mps``, ...)."""
+    import torch
+
+    try:
+        torch.device(text)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"not a torch device: {text!r} (e.g. cpu, cuda, cuda:0)") from None
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:

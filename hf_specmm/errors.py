@@ -26,8 +26,22 @@ class DraftLoadError(SpecMMError):
 
 
 def check_strict_load(info: dict[str, Any], what: str) -> None:
-    """Raise if ``from_pretrained(..., output_loading_info=True)`` reported missing, unexpected or mis-shaped
-    weights: transformers only warns, and a partly random model would make every measurement meaningless."""
-    problems = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
+    """Raise :class:`DraftLoadError` if ``from_pretrained(..., output_loading_info=True)`` reported missing,
+    unexpected or mis-shaped weights: transformers only warns, and a partly random model would make every
+    measurement meaningless. Mis-shaped weights are named with both shapes (the file's and what the config
+    makes), which transformers reports when loading with ``ignore_mismatched_sizes=True``."""
+    problems = []
+    for key, label in (("missing_keys", "missing"), ("unexpected_keys", "unexpected")):
+        if info.get(key):
+            problems.append(f"{label} weights {sorted(info[key])}")
+    mismatched = info.get("mismatched_keys") or []
+    if mismatched:
+        shapes = []
+        for entry in sorted(mismatched, key=str):
+            if isinstance(entry, (tuple, list)) and len(entry) == 3:
+                shapes.append(f"{entry[0]} is {list(entry[1])} in the file, {list(entry[2])} by config.json")
+            else:
+                shapes.append(str(entry))
+        problems.append("mis-shaped weights (" + "; ".join(shapes) + ")")
     if problems:
-        raise SpecMMError(f"{what} does not match its config: {problems}")
+        raise DraftLoadError(f"{what} does not match its config.json: " + "; ".join(problems) + ".")

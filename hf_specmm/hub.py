@@ -16,11 +16,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoConfig, PreTrainedModel
+from transformers import CONFIG_MAPPING, AutoConfig, PreTrainedModel
 
 from . import _compat
-from .drafts.registry import kind_of, loading_class
-from .errors import DraftLoadError, check_strict_load
+from .drafts.checkpoints import read_config_json, weight_files
+from .drafts.feature_head.formats import checkpoint_format
+from .drafts.registry import check_checkpoint_config, kind_of, loading_class
+from .errors import DraftLoadError, SpecMMError, check_strict_load
 
 
 def draft_kind(draft: PreTrainedModel) -> str:
@@ -153,7 +155,7 @@ _CONVERT = ("hf_specmm loads drafts from safetensors only (a pickle checkpoint c
             "(save_pretrained writes model.safetensors), then load new_path.")
 
 
-def _looks_local(name: str) -> bool:
+def looks_local(name: str) -> bool:
     """A path rather than an ``org/name`` Hub id: exists, is absolute or relative, or has more than one '/'."""
     return Path(name).exists() or name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name
 
@@ -177,41 +179,36 @@ def _check_weight_files(folder: Path, where: str) -> None:
     if not tensors:
         found = ", ".join(p.name for p in files) or "no weight files"
         raise DraftLoadError(f"{where} has no .safetensors weights ({found}). {_CONVERT}")
-    for path in tensors:
+    for path in weight_files(folder, where):  # a stale extra file is refused, not silently loaded
         _check_safetensors_file(path)
 
 
-def _engine_checkpoint(name: str, hub_kwargs: dict) -> tuple[Path, str] | None:
-    """(folder, layout) when ``name``'s config.json, read as JSON data, is a speculators / SGLang EAGLE-3
-    config; None otherwise (and when there is no config.json: the usual errors follow)."""
-    import json
-
-    from .drafts.feature_head.formats import checkpoint_format
-
-    if _looks_local(name):
+def _config_file(name: str, hub_kwargs: dict) -> Path | None:
+    """``name``'s config.json: in the local folder, or fetched from the Hub / its cache (None: not found)."""
+    if looks_local(name):
         config_file = Path(name).expanduser() / "config.json"
-        config_file = config_file if config_file.is_file() else None
-    else:
-        found = _compat.hub_file(name, "config.json", **hub_kwargs)
-        config_file = None if found is None else Path(found)
-    if config_file is None:
-        return None
-    try:
-        layout = checkpoint_format(json.loads(config_file.read_text()))
-    except (ValueError, AttributeError):
-        return None  # not a JSON object: AutoConfig reports it
-    return None if layout is None else (config_file.parent, layout)
+        return config_file if config_file.is_file() else None
+    found = _compat.hub_file(name, "config.json", **hub_kwargs)
+    return None if found is None else Path(found)
 
 
-def _import_engine_checkpoint(name: str, found: tuple[Path, str], kwargs: dict, hub_kwargs: dict) -> PreTrainedModel:
+def _check_remote_code(raw: dict, config_file: Path, trust_remote_code: bool) -> None:
+    """A config whose ``model_type`` transformers does not know, with an ``auto_map`` naming Python files of the
+    checkpoint, loads only by running them: refused unless the caller passed ``trust_remote_code=True``."""
+    if trust_remote_code or not raw.get("auto_map") or raw.get("model_type") in CONFIG_MAPPING:
+        return
+    raise DraftLoadError(f"{config_file}: model_type {raw.get('model_type')!r} is defined only by the checkpoint's own "
+                         f"code (auto_map {raw['auto_map']}); hf_specmm runs no code from a checkpoint unless you pass "
+                         "load_draft(..., trust_remote_code=True), after reading that code.")
+
+
+def _import_engine_checkpoint(name: str, folder: Path, layout: str, target: Any, hub_kwargs: dict) -> PreTrainedModel:
     from .drafts.feature_head.formats import import_head
 
-    folder, layout = found
-    target = kwargs.get("target")
     if target is None:
         raise DraftLoadError(f"{name} is an EAGLE-3 draft in the {layout} layout: it reads its target's hidden states "
                              "and embedding, so load it with its target: hf_specmm.load_draft(path, target=model)")
-    if not _looks_local(name):  # every safetensors file of the repo next to the cached config.json
+    if not looks_local(name):  # every safetensors file of the repo next to the cached config.json
         from huggingface_hub import list_repo_files
 
         for file in list_repo_files(name, revision=hub_kwargs.get("revision"), token=hub_kwargs.get("token")):
@@ -221,45 +218,76 @@ def _import_engine_checkpoint(name: str, found: tuple[Path, str], kwargs: dict, 
     return import_head(folder, target, name).eval()
 
 
-def load_draft(repo_or_path: str | Path, **kwargs: Any) -> PreTrainedModel:
-    """Load a draft of any registered kind (strict: missing or unexpected weights are an error; safetensors
-    only). A local path that does not exist, a Hub id that cannot be found, a corrupt weight file or a
-    pickle-only checkpoint is a :class:`~hf_specmm.errors.DraftLoadError` naming what was looked for.
+_HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only")
 
-    EAGLE-3 drafts saved by vLLM's ``speculators`` or by SGLang / SpecForge (``LlamaForCausalLMEagle3``) are
-    detected from their config.json (read as data: an ``auto_map`` is never followed) and need ``target=``:
+
+def load_draft(repo_or_path: str | Path, *, target: PreTrainedModel | None = None, trust_remote_code: bool = False,
+               **kwargs: Any) -> PreTrainedModel:
+    """Load a draft of any registered kind: the one path every draft load takes (strict: missing, unexpected or
+    mis-shaped weights are an error; safetensors only). A local path that does not exist, a Hub id that cannot
+    be found, an invalid config.json, a config field a draft kind needs that is missing or ill-typed, a corrupt
+    weight file or a pickle-only checkpoint is a :class:`~hf_specmm.errors.DraftLoadError` naming the file and
+    what was wrong.
+
+    ``trust_remote_code`` (default False) reaches every loader: a checkpoint whose config needs its own Python
+    files is refused unless it is True, and nothing is ever asked on the terminal (docs/security.md). ``target``:
+    checked now (and needed for EAGLE-3 drafts saved by vLLM's ``speculators`` or by SGLang / SpecForge
+    (``LlamaForCausalLMEagle3``), detected from their config.json read as data). Other keyword arguments go to
+    the draft class's ``from_pretrained`` (``revision``, ``token``, ``dtype``, ``device_map``, ...).
 
     >>> draft = hf_specmm.load_draft("org/my-llava-draft")  # doctest: +SKIP
     >>> eagle3 = hf_specmm.load_draft("org/qwen2.5-vl-eagle3", target=model)  # doctest: +SKIP
     """
+    if not isinstance(trust_remote_code, bool):
+        raise TypeError(f"load_draft(trust_remote_code=...) takes True or False, got {trust_remote_code!r}")
+    fixed = sorted(k for k in ("use_safetensors", "output_loading_info") if k in kwargs)
+    if fixed:  # what load_draft guarantees (safetensors only, a strict load) is not an option
+        raise TypeError(f"load_draft takes no {', '.join(fixed)}: drafts load from safetensors only, and strictly "
+                        "(missing or unexpected weights are an error)")
     name = str(repo_or_path)
-    hub_kwargs = {k: v for k, v in kwargs.items() if k in ("revision", "token", "cache_dir", "local_files_only")}
-    engine_layout = _engine_checkpoint(name, hub_kwargs)
-    if engine_layout is not None:  # an EAGLE-3 draft in vLLM's speculators or SGLang's layout
-        return _import_engine_checkpoint(name, engine_layout, kwargs, hub_kwargs)
-    if _looks_local(name):
+    hub_kwargs = {k: v for k, v in kwargs.items() if k in _HUB_KWARGS}
+    config_file = _config_file(name, hub_kwargs)
+    if looks_local(name) and config_file is None:
         folder = Path(name).expanduser()
-        if not (folder / "config.json").is_file():
-            what = "is not a folder" if not folder.is_dir() else "has no config.json"
-            raise DraftLoadError(f"No draft at local path {name!r}: {folder.resolve()} {what} (a saved draft is a "
-                                 "folder with config.json and model.safetensors). For a Hub repo pass 'org/name'.")
-        _check_weight_files(folder, f"local draft folder {folder.resolve()}")
+        what = "is not a folder" if not folder.is_dir() else "has no config.json"
+        raise DraftLoadError(f"No draft at local path {name!r}: {folder.resolve()} {what} (a saved draft is a "
+                             "folder with config.json and model.safetensors). For a Hub repo pass 'org/name'.")
+    raw = None if config_file is None else read_config_json(config_file)
+    layout = None if raw is None else checkpoint_format(raw)
+    if layout is not None:  # an EAGLE-3 draft in vLLM's speculators or SGLang's layout
+        return _import_engine_checkpoint(name, config_file.parent, layout, target, hub_kwargs)
+    if looks_local(name):
+        _check_weight_files(Path(name).expanduser(), f"local draft folder {Path(name).expanduser().resolve()}")
+    if raw is not None:
+        _check_remote_code(raw, config_file, trust_remote_code)
+        check_checkpoint_config(raw, str(config_file))
     try:
-        config = AutoConfig.from_pretrained(name, **hub_kwargs)
+        config = AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code, **hub_kwargs)
     except OSError as err:
         raise DraftLoadError(f"Could not find the draft {name!r} as a local folder (no such path) nor on the Hub "
                              f"or in its local cache: {err}") from err
-    if not _looks_local(name):
+    except ValueError as err:  # transformers refusing the checkpoint's own code (trust_remote_code=False)
+        if "trust_remote_code" not in str(err):
+            raise
+        raise DraftLoadError(f"{name}: its config needs the checkpoint's own code; hf_specmm runs none unless you "
+                             "pass load_draft(..., trust_remote_code=True), after reading that code.") from err
+    if not looks_local(name):
         weights = _compat.hub_file(name, "model.safetensors", **hub_kwargs)
         if weights is None and _compat.hub_file(name, "model.safetensors.index.json", **hub_kwargs) is None:
             raise DraftLoadError(f"The Hub repo {name!r} has no model.safetensors. {_CONVERT}")
         if weights is not None:
             _check_safetensors_file(Path(weights))
     cls = loading_class(config)  # the registered kind that loads this config (AutoModelForCausalLM last)
-    target = kwargs.pop("target", None)
-    model, info = cls.from_pretrained(name, output_loading_info=True, use_safetensors=True, **kwargs)
+    kwargs.setdefault("ignore_mismatched_sizes", True)  # mis-shaped weights are reported by name, then refused
+    try:
+        model, info = cls.from_pretrained(name, output_loading_info=True, use_safetensors=True,
+                                          trust_remote_code=trust_remote_code, **kwargs)
+    except SpecMMError:
+        raise
+    except (AssertionError, ValueError, TypeError, KeyError, IndexError, RuntimeError) as err:
+        raise DraftLoadError(f"draft checkpoint {name}: its config.json describes a {cls.__name__} that cannot be "
+                             f"built or loaded from its weights ({type(err).__name__}: {err})") from err
     check_strict_load(info, f"draft checkpoint {name}")
     if target is not None:  # checked now, before any forward (generate checks it again)
         kind_of(model).drafter.check(target, model)
     return model.eval()
-

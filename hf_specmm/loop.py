@@ -68,6 +68,8 @@ class SpeculativeDecoding:
             self.round()
             self.drop_finished_rows()
         self.stats.graphs_compiled = _compat.compiled_graph_count() - graphs
+        if getattr(self.backend, "compile_config", None) is not None:  # dynamo may have given up on a frame: say so
+            self.stats.recompile_limit_hits = _compat.recompile_limit_hits()
         if self.streamer is not None:
             self.streamer.end()
         if self.outputs.return_dict:
@@ -149,8 +151,9 @@ class SpeculativeDecoding:
         self.outputs.record(out, kept, block.along_path(scores, accepted), block.along_path(logits, accepted),
                             target_kv, start)
         del out
-        proposed = rows.to_batch(block.drafted(proposal, lengths)).tolist()
-        self.stats.record_round(gamma, kept, rows.to_batch(accepted.n).tolist(), proposed, remaining, unfinished)
+        proposed = rows.to_batch(block.drafted(proposal, lengths, rows.to_cache([r - 1 for r in remaining]))).tolist()
+        self.stats.record_round(gamma, kept, rows.to_batch(accepted.n).tolist(), proposed, remaining, unfinished,
+                                tree=proposal.tree is not None)
         self.budget.update(kept, gamma)
 
         # 4. roll back both caches: each row keeps [cur, d_1..d_m], m = kept - 1; emitted[m] is the new cur

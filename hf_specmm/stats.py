@@ -25,10 +25,14 @@ class SpecStats:
     wall_time_s: float = 0.0
     tokens_per_round: list[list[int]] = field(default_factory=list)  # per round, per row (0 once finished)
     gammas: list[int] = field(default_factory=list)  # γ used in each round
-    # per round, per row that proposed: drafts (tree nodes) verified, drafts accepted (the accepted depth)
+    # per round, per row whose drafts counted: drafts (tree nodes) counted as drafted, drafts accepted (the
+    # accepted depth); their sums are drafted_tokens and accepted_tokens
     nodes_per_round: list[list[int]] = field(default_factory=list)
     depths_per_round: list[list[int]] = field(default_factory=list)
     graphs_compiled: int = 0  # torch.compile graphs compiled during the call (0 once warm: no recompilation)
+    # compiled calls only: frames dynamo gave up compiling in this process so far (its recompile limit): when > 0,
+    # some forwards run eager, and a graphs_compiled of 0 does not mean that every round replayed a graph
+    recompile_limit_hits: int = 0
 
     def record_prefill(self, kept: list[int]) -> None:
         """The prefill forward: one target forward per row, ``kept`` [B] its tokens (1, or 0 if cut)."""
@@ -36,15 +40,22 @@ class SpecStats:
         self.generated_tokens += sum(kept)
 
     def record_round(self, gamma: int, kept: list[int], accepted: list[int], proposed: list[int],
-                     remaining: list[int], unfinished: list[bool]) -> None:
+                     remaining: list[int], unfinished: list[bool], tree: bool = False) -> None:
         """One verification round, per batch row: ``kept`` tokens the row kept (0 once finished),
-        ``accepted`` drafts the verifier accepted, ``proposed`` drafts the row proposed (≤ γ), and before
-        the round: ``remaining`` tokens it could still add, whether it was ``unfinished``.
+        ``accepted`` drafts the verifier accepted, ``proposed`` drafts the row proposed (≤ γ; a ``tree``: its
+        valid nodes, all verified), and before the round: ``remaining`` tokens it could still add, whether it was
+        ``unfinished``.
 
-        A draft counts as drafted only if its row could have kept it: not past ``max_length``, not after an
-        accepted EOS (a row that stopped at its k-th accepted draft had k drafts that counted)."""
-        drafted = [min(g, r - 1, k if k <= a else g) if u else 0
-                   for g, r, u, k, a in zip(proposed, remaining, unfinished, kept, accepted)]
+        A draft counts as drafted only if its row could have kept it: a chain's not past ``max_length``, none
+        after an accepted EOS (a row that stopped at its k-th accepted draft had k drafts that counted). A
+        tree's ``proposed`` are already its nodes within the row's room (``TreeBlock.drafted``): each counts, as
+        in ``tree_nodes_per_round``, unless the row stopped inside the round (then k, as a chain)."""
+        if tree:
+            drafted = [(p if k > a else min(p, k)) if u else 0
+                       for p, u, k, a in zip(proposed, unfinished, kept, accepted)]
+        else:
+            drafted = [min(g, r - 1, k if k <= a else g) if u else 0
+                       for g, r, u, k, a in zip(proposed, remaining, unfinished, kept, accepted)]
         accepted = [min(a, k, d) for a, k, d in zip(accepted, kept, drafted)]
         self.target_forwards += sum(k > 0 for k in kept)
         self.draft_forwards += gamma
@@ -52,8 +63,8 @@ class SpecStats:
         self.accepted_tokens += sum(accepted)
         self.generated_tokens += sum(kept)
         self.tokens_per_round.append(list(kept))
-        live = [i for i, (u, p) in enumerate(zip(unfinished, proposed)) if u and p > 0 and kept[i] > 0]
-        self.nodes_per_round.append([proposed[i] for i in live])
+        live = [i for i, d in enumerate(drafted) if d > 0 and kept[i] > 0]  # rows whose drafts counted
+        self.nodes_per_round.append([drafted[i] for i in live])
         self.depths_per_round.append([accepted[i] for i in live])
         self.gammas.append(gamma)
 
@@ -84,8 +95,8 @@ class SpecStats:
 
     @property
     def tree_nodes_per_round(self) -> float | None:
-        """Draft nodes the target verified per row and round (a chain: γ; a tree: its N valid nodes); None when
-        nothing was drafted."""
+        """Draft nodes counted as drafted per row and round (a chain: γ; a tree: its N valid nodes; fewer near
+        ``max_new_tokens``, where nodes past the row's room are not counted); None when nothing was drafted."""
         nodes = [n for per_row in self.nodes_per_round for n in per_row]
         return sum(nodes) / len(nodes) if nodes else None
 
@@ -100,7 +111,7 @@ class SpecStats:
         return self.generated_tokens / self.wall_time_s if self.wall_time_s > 0 else 0.0
 
     def as_dict(self) -> dict[str, float | int | None]:
-        keys = ("batch_size", "gamma", "graphs_compiled", "target_forwards", "draft_forwards", "drafted_tokens", "accepted_tokens",
+        keys = ("batch_size", "gamma", "graphs_compiled", "recompile_limit_hits", "target_forwards", "draft_forwards", "drafted_tokens", "accepted_tokens",
                 "generated_tokens", "wall_time_s")
         out: dict[str, float | int | None] = {k: getattr(self, k) for k in keys}
         for k in ("block_efficiency", "round_block_efficiency", "steady_block_efficiency", "acceptance_rate",

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..errors import SpecMMError
 from .presets import DEVICE_MAPS, DRAFT_KINDS, PRESETS
 
 if TYPE_CHECKING:  # argparse is used only when the dispatcher builds the parser
@@ -16,7 +17,7 @@ if TYPE_CHECKING:  # argparse is used only when the dispatcher builds the parser
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the bench flags on ``parser`` (called by ``hf_specmm.cli``). Numbers are range-checked by
     their ``type=`` so that a bad value is a one-line usage error before any model is built."""
-    from ..cli import int_at_least, number_in, tree_shape
+    from ..cli import device_name, int_at_least, number_in, tree_shape
 
     parser.add_argument("--preset", choices=PRESETS, default="cpu-proxy",
                         help="target+draft built from configs (random weights, no download)")
@@ -36,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int_at_least(1), default=64, help="tokens generated per row")
     parser.add_argument("--prompt-tokens", type=int_at_least(1), default=32, help="text tokens per synthetic prompt")
     parser.add_argument("--no-image", action="store_true", help="text-only synthetic prompts")
-    parser.add_argument("--device", default="cpu",
+    parser.add_argument("--device", type=device_name, default="cpu",
                         help="torch device (cpu, cuda, cuda:1, ...) of the target and the draft; with --device-map "
                              "of the draft only (default: cpu)")
     parser.add_argument("--device-map", choices=DEVICE_MAPS, default=None,
@@ -96,7 +97,10 @@ def run(args: argparse.Namespace) -> int:
                          dtype=args.dtype, warmup=args.warmup, repeats=args.repeats, stock=not args.no_stock,
                          seed=args.seed, draft_kinds=args.draft_kinds, compile=args.compile,
                          trees=[[shape.top_k, shape.depth, shape.tokens] for shape in args.tree])
-    result = run_benchmark(config)
+    try:
+        result = run_benchmark(config)
+    except SpecMMError as err:  # e.g. a --tree wider than the preset's vocabulary: refused before that call's forward
+        raise _refuse(str(err)) from None
     paths = write_outputs(result, args.out)
     print(format_table(result))
     for row in result["rows"]:

@@ -46,6 +46,9 @@ class DraftKind:
             logits (e.g. the target's hidden states as regression targets, captured by the view's ``watch``
             around the target's forward). ``target_logits`` [B, R, V]: column r predicts response token r;
             ``columns``: the proposable ids. Metrics must include ``draft_top1``. None: the default loss.
+        check_config: ``(config.json as a dict, its path) -> None``: raises
+            :class:`~hf_specmm.errors.DraftLoadError` naming the field when a checkpoint of this kind has a
+            missing or ill-typed field; run by ``load_draft`` on every checkpoint before transformers reads it.
     """
 
     name: str
@@ -61,6 +64,7 @@ class DraftKind:
     card_rows: Callable[[Any], str] = _no_rows
     build: Callable[..., Any] | None = None
     loss: Callable[..., tuple[Any, dict[str, float]]] | None = None
+    check_config: Callable[[dict, str], None] | None = None
 
 
 _KINDS: dict[str, DraftKind] = {}
@@ -105,3 +109,9 @@ def loading_class(config: Any) -> type:
         if cls is not None:
             return cls
     raise ValueError(f"no registered draft kind loads a {type(config).__name__}")
+
+
+def check_checkpoint_config(raw: dict, source: str) -> None:
+    """Every registered kind's ``check_config`` on a checkpoint's config.json (read as data)."""
+    for check in dict.fromkeys(k.check_config for k in _KINDS.values() if k.check_config is not None):
+        check(raw, source)

@@ -46,23 +46,36 @@ def _device_map(text: str) -> str | dict:
     return value
 
 
+def _draft_config(text: str) -> str:
+    """``--draft-config``: a preset, a JSON file or JSON text with the fields a fresh draft needs (checked now)."""
+    import argparse
+
+    from .config import TrainingInputError, resolve_draft_config
+
+    try:
+        resolve_draft_config(text)
+    except TrainingInputError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the train flags on ``parser`` (called by ``hf_specmm.cli``). Numbers are range-checked by their
     ``type=`` with the bounds of :meth:`TrainConfig.validate`, so a bad value is a one-line usage error before
     the target is loaded."""
-    from ..cli import int_at_least, number_in
+    from ..cli import int_at_least, model_source, number_in
 
     positive, at_least_0 = int_at_least(1), int_at_least(0)
     g = parser.add_argument_group("inputs")
-    g.add_argument("--target", required=True, help="target Hub id or local folder (model + processor); required")
+    g.add_argument("--target", required=True, type=model_source, help="target Hub id or local folder (model + processor); required")
     g.add_argument("--data", required=True,
                    help='JSONL lines {"image": path|null, "prompt": ..., "response": ...}; required')
     g.add_argument("--images", help="folder relative image paths are resolved against (default: the JSONL's folder)")
     g.add_argument("--output-dir", required=True,
                    help="checkpoints, the final draft (draft/) and train_summary.json; required")
-    g.add_argument("--draft", help="draft to start from (Hub id or path, loaded with hf_specmm.load_draft); "
+    g.add_argument("--draft", type=model_source, help="draft to start from (Hub id or path, loaded with hf_specmm.load_draft); "
                    "give this or --draft-config (default: none)")
-    g.add_argument("--draft-config", help="build a fresh draft: preset (tiny, small, vicuna-68m), JSON file or JSON "
+    g.add_argument("--draft-config", type=_draft_config, help="build a fresh draft: preset (tiny, small, vicuna-68m), JSON file or JSON "
                    "text with num_hidden_layers, hidden_size, num_attention_heads [, intermediate_size, model_type]; "
                    "give this or --draft (default: none)")
     from ..drafts import draft_kinds
@@ -106,10 +119,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--variant", choices=("eagle1", "eagle3"), default=None,
                    help="feature_head drafts: eagle3 = EAGLE-3 head on three target layers (the kind eagle3); "
                         "default: eagle1 (the EAGLE-1 head on the last layer)")
-    g.add_argument("--ttt-steps", type=positive, default=3,
-                   help="eagle3 heads: training-time-test steps unrolled on the head's own outputs")
-    g.add_argument("--ttt-decay", type=number_in(0.0, low_open=True), default=1.0,
-                   help="eagle3 heads: weight of TTT step k is this ** k")
+    g.add_argument("--ttt-steps", type=positive, default=None,
+                   help="eagle3 heads: training-time-test steps unrolled on the head's own outputs (default: 3; "
+                        "refused for other kinds)")
+    g.add_argument("--ttt-decay", type=number_in(0.0, low_open=True), default=None,
+                   help="eagle3 heads: weight of TTT step k is this ** k (default: 1.0; refused for other kinds)")
     g.add_argument("--draft-vocab-size", type=positive, default=None,
                    help="eagle3 heads: LM-head rows (the most frequent target ids of the training answers; "
                         "default: the whole vocabulary)")
@@ -154,6 +168,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--hub-token", help="Hub token for --push-to-hub (default: the logged-in one)")
     g.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bars (default: show them)")
+    g.add_argument("--trust-remote-code", action="store_true",
+                   help="let the --target / --draft checkpoints run their own Python code (their config's auto_map); "
+                        "read that code first (default: never run it)")
 
 
 def config_from_args(args: argparse.Namespace) -> Any:

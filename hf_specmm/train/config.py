@@ -40,6 +40,7 @@ _NOT_HASHED = frozenset({
     "response_cache", "gen_batch_size", "eval_gamma", "eval_max_new_tokens", "eval_batch_size",
     "eval_before", "task_name", "target_name", "push_to_hub", "hub_private", "hub_token", "images",
     "target_device_map",  # where the target's layers run: the same logits
+    "trust_remote_code",  # whether the checkpoints' own code may run: the same models either way
 })
 
 
@@ -47,6 +48,8 @@ _NOT_HASHED = frozenset({
 # did not change the hash (and resumability) of runs of the other kinds.
 _KIND_LOSS_DEFAULTS = {"feature_loss_weight": 1.0, "token_loss_weight": 0.1, "variant": None, "ttt_steps": 3,
                        "ttt_decay": 1.0, "draft_vocab_size": None}
+# EAGLE-3 only: None means "not set" (so a value given for another kind is refused, not ignored), read as the default
+EAGLE3_DEFAULTS = {"ttt_steps": 3, "ttt_decay": 1.0}
 
 
 @dataclass
@@ -87,8 +90,8 @@ class TrainConfig:
     token_loss_weight: float = 0.1  # the token loss (`loss`) through the target's frozen LM head
     # EAGLE-3 heads (``draft_kind="eagle3"``, or ``feature_head`` with ``variant="eagle3"``)
     variant: str | None = None  # "eagle1" | "eagle3" for feature_head drafts
-    ttt_steps: int = 3  # training-time-test steps unrolled on the head's own outputs
-    ttt_decay: float = 1.0  # weight of step k: ttt_decay ** k
+    ttt_steps: int | None = None  # training-time-test steps unrolled on the head's own outputs (None: 3)
+    ttt_decay: float | None = None  # weight of step k: ttt_decay ** k (None: 1.0)
     draft_vocab_size: int | None = None  # LM-head rows: the most frequent answer ids (None: the whole vocabulary)
     mm_share_start: float = 0.5  # stage 2: share of image examples per step, ramped linearly to 1.0
     warmup_steps: int = 0
@@ -119,6 +122,7 @@ class TrainConfig:
     hub_private: bool = False
     hub_token: str | None = None
     progress: bool = True
+    trust_remote_code: bool = False  # let the target / draft checkpoints run their own code (their auto_map)
 
     def __post_init__(self) -> None:
         if self.stages is not None:
@@ -169,11 +173,19 @@ class TrainConfig:
             problems.append(f"variant={self.variant!r} (eagle1 or eagle3)")
         elif self.variant == "eagle1" and self.draft_kind not in (None, "feature_head"):
             problems.append(f"variant='eagle1' is a feature_head variant, not of draft_kind={self.draft_kind!r}")
+        elif self.variant == "eagle3" and self.draft_kind != "eagle3":
+            problems.append(f"variant='eagle3' builds an EAGLE-3 head, not a draft_kind={self.draft_kind!r} draft")
         eagle3 = self.draft_kind == "eagle3"
-        if not eagle3 and (self.draft_vocab_size is not None or self.ttt_steps != 3 or self.ttt_decay != 1.0):
-            problems.append("ttt_steps / ttt_decay / draft_vocab_size are for EAGLE-3 heads (variant='eagle3')")
-        if self.ttt_steps < 1 or self.ttt_decay <= 0 or (self.draft_vocab_size is not None and self.draft_vocab_size < 1):
-            problems.append("ttt_steps and draft_vocab_size must be >= 1, ttt_decay > 0")
+        given = [n for n in ("ttt_steps", "ttt_decay", "draft_vocab_size") if getattr(self, n) is not None]
+        if given and not eagle3:
+            problems.append(f"{' / '.join(given)}: for EAGLE-3 heads only (draft_kind='eagle3' or variant='eagle3'), "
+                            f"not draft_kind={self.draft_kind!r}")
+        for name in ("ttt_steps", "draft_vocab_size"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                problems.append(f"{name}={value!r} (an integer >= 1)")
+        if self.ttt_decay is not None and not self.ttt_decay > 0:
+            problems.append(f"ttt_decay={self.ttt_decay!r} (> 0)")
         if self.checkpoint_every < 0:
             problems.append(f"checkpoint_every={self.checkpoint_every} (0 = end of each stage only)")
         if problems:
@@ -200,6 +212,9 @@ class TrainConfig:
             if 2 not in out["stages"]:  # stage-2 settings cannot change this run
                 for name in ("stage2_steps", "stage2_lr", "stage2_lm_lr", "mm_share_start", "image_pool"):
                     out.pop(name)
+        for name, default in EAGLE3_DEFAULTS.items():  # unset reads as the default: hashed the same
+            if out.get(name) is None:
+                out[name] = default
         for name, default in _KIND_LOSS_DEFAULTS.items():  # read by kind-specific losses only: hashed when set
             if out.get(name) == default:
                 out.pop(name)
@@ -233,10 +248,14 @@ def resolve_draft_config(spec: str | dict) -> dict[str, Any]:
         fields = dict(spec)
     elif spec in DRAFT_PRESETS:
         fields = dict(DRAFT_PRESETS[spec])
-    elif spec.lstrip().startswith("{"):
-        fields = json.loads(spec)
-    elif Path(spec).is_file():
-        fields = json.loads(Path(spec).read_text())
+    elif spec.lstrip().startswith("{") or Path(spec).is_file():
+        text = spec if spec.lstrip().startswith("{") else Path(spec).read_text()
+        try:
+            fields = json.loads(text)
+        except ValueError as err:
+            raise TrainingInputError(f"draft_config {spec!r} is not valid JSON ({err})") from None
+        if not isinstance(fields, dict):
+            raise TrainingInputError(f"draft_config {spec!r} is a JSON {type(fields).__name__}, not an object")
     else:
         raise TrainingInputError(f"draft_config {spec!r} is neither a preset ({', '.join(DRAFT_PRESETS)}), "
                                  "a JSON file nor a JSON object")

@@ -63,9 +63,16 @@ def file_sha256(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def target_class(name: str) -> type:
+def target_class(name: str, trust_remote_code: bool = False) -> type:
     """The registered target family's class for the checkpoint ``name`` (from its config's model_type)."""
-    config = AutoConfig.from_pretrained(name)
+    try:
+        config = AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code)
+    except ValueError as err:  # transformers refusing the checkpoint's own code
+        if "trust_remote_code" not in str(err):
+            raise
+        raise TrainingInputError(f"{name}: its config needs the checkpoint's own code; hf_specmm runs none unless "
+                                 "you pass trust_remote_code=True (hf-specmm train --trust-remote-code), after "
+                                 "reading that code") from err
     family = family_by_model_type(config.model_type)
     if family is not None:
         return family.model_class()
@@ -75,19 +82,21 @@ def target_class(name: str) -> type:
 
 
 def load_target(name: str, device: str, dtype: str, device_map: str | dict | None = None,
-                max_memory: dict | None = None, offload_folder: str | Path | None = None) -> tuple[PreTrainedModel, Any]:
+                max_memory: dict | None = None, offload_folder: str | Path | None = None,
+                trust_remote_code: bool = False) -> tuple[PreTrainedModel, Any]:
     """Frozen target in eval mode (bf16 when training in bf16: it is only ever run forward) + its processor.
     ``device_map`` (with ``max_memory`` / ``offload_folder``): dispatched by accelerate as ``from_pretrained``
-    does, for a target larger than one device; otherwise the whole target on ``device``."""
-    cls = target_class(name)
+    does, for a target larger than one device; otherwise the whole target on ``device``. ``trust_remote_code``
+    reaches every loader (config, weights, processor): nothing from the checkpoint runs unless it is True."""
+    cls = target_class(name, trust_remote_code)
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
     if device_map is None:
-        model = cls.from_pretrained(name, dtype=torch_dtype).to(device).eval()
+        model = cls.from_pretrained(name, dtype=torch_dtype, trust_remote_code=trust_remote_code).to(device).eval()
     else:
         model = cls.from_pretrained(name, dtype=torch_dtype, device_map=device_map, max_memory=max_memory,
-                                    offload_folder=offload_folder).eval()
+                                    offload_folder=offload_folder, trust_remote_code=trust_remote_code).eval()
     model.requires_grad_(False)
-    processor = AutoProcessor.from_pretrained(name)
+    processor = AutoProcessor.from_pretrained(name, trust_remote_code=trust_remote_code)
     return model, processor
 
 
@@ -121,7 +130,7 @@ def fresh_language_model(target: PreTrainedModel, fields: dict[str, Any], seed: 
     return model
 
 
-def _draft_tokenizer(name: str) -> Any:
+def _draft_tokenizer(name: str, trust_remote_code: bool = False) -> Any:
     """The draft's own tokenizer when its folder / repo has one (to compare ids with the target's)."""
     if Path(name).is_dir():
         if not any((Path(name) / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
@@ -131,7 +140,7 @@ def _draft_tokenizer(name: str) -> Any:
 
         if not isinstance(try_to_load_from_cache(name, "tokenizer_config.json"), str):
             return None  # not cached: the vocabulary-size check still runs
-    return AutoTokenizer.from_pretrained(name)
+    return AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
 
 
 def make_draft(cfg: TrainConfig, target: PreTrainedModel, tokenizer: Any,
@@ -141,8 +150,8 @@ def make_draft(cfg: TrainConfig, target: PreTrainedModel, tokenizer: Any,
     :class:`~hf_specmm.errors.IncompatibleDraftError` / :class:`TrainingInputError` before any forward."""
     draft_tok = None
     if cfg.draft is not None:
-        draft = load_draft(cfg.draft)
-        draft_tok = _draft_tokenizer(cfg.draft)
+        draft = load_draft(cfg.draft, trust_remote_code=cfg.trust_remote_code)
+        draft_tok = _draft_tokenizer(cfg.draft, cfg.trust_remote_code)
     else:
         draft = fresh_language_model(target, resolve_draft_config(cfg.draft_config), cfg.seed)
     loaded = kind_of(draft)
@@ -153,7 +162,10 @@ def make_draft(cfg: TrainConfig, target: PreTrainedModel, tokenizer: Any,
             raise TrainingInputError(f"{source} is a {loaded.title} draft; it cannot be trained as a {kind.title} "
                                      f"draft (train it with draft_kind={loaded.name}, or start from a plain causal LM)")
         check_draft(target, draft, tokenizer, draft_tok)
-        draft, draft_tok = kind.build(target, draft, cfg, target_name), None
+        try:
+            draft, draft_tok = kind.build(target, draft, cfg, target_name), None
+        except ValueError as err:  # a size the target cannot take (draft_vocab_size above its vocabulary, ...)
+            raise TrainingInputError(f"cannot build a {kind.title} draft for {target_name}: {err}") from err
     check_draft(target, draft, tokenizer, draft_tok)
     return draft.to(device=cfg.device, dtype=torch.float32), kind.name
 

@@ -185,7 +185,8 @@ def train_draft(cfg: TrainConfig, echo: Callable[[str], Any] | None = None) -> T
         check_compatible(saved, fields, chash, resume)
         state.update({k: v for k, v in saved.items() if k not in ("config", "config_fields")})
     # 3. models (no forward pass), the draft checked against the target
-    target, processor = load_target(cfg.target, cfg.device, cfg.dtype, **placement)
+    target, processor = load_target(cfg.target, cfg.device, cfg.dtype, **placement,
+                                    trust_remote_code=cfg.trust_remote_code)
     if cfg.prompt_format == "chat" and not getattr(processor, "chat_template", None):
         raise TrainingInputError(f"prompt_format='chat' but the processor of {cfg.target} has no chat template; "
                                  "use prompt_format='raw' (prompts as written, image token prepended)")

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-
 import torch
 
 from ..drafts.wrapper import DraftWrapper
+from ..errors import UnsupportedGenerationError
 from .expand import TreeShape
 
 
@@ -14,7 +14,9 @@ class Tree(DraftWrapper):
     drafts a tree: level by level up to ``depth``, the ``top_k`` children of the ``top_k`` best frontier nodes
     (one draft forward per level), the ``tokens`` best nodes by cumulative draft probability kept; the target
     verifies all of them in one forward (tree attention mask, positions by depth) and keeps the longest
-    accepted root path plus its own next token. ``Tree(draft, top_k=1, depth=γ, tokens=γ)`` is the chain.
+    accepted root path plus its own next token. ``Tree(draft, top_k=1, depth=γ, tokens=γ)`` is the chain
+    under greedy decoding (the same outputs, forwards and statistics); under sampling both are exact, but the
+    tree draws from the random stream in another order, so a seed gives other samples than the chain's.
 
     Options with no tree meaning are refused before any forward, naming the option:
     ``assistant_confidence_threshold`` (the tree's shape is static; a value transformers filled into an unset
@@ -46,3 +48,13 @@ class Tree(DraftWrapper):
             raise TypeError(f"Tree(draft): draft must be a draft model (torch.nn.Module), got {type(draft).__name__}")
         self.shape = TreeShape(top_k=top_k, depth=depth, tokens=tokens)  # checked: clear errors on bad shapes
         self.draft = draft
+
+    @property
+    def generation_config(self) -> None:
+        """Refused: only hf_specmm drafts trees. Stock transformers' assisted generation (on a model without
+        ``hf_specmm.enable``) reads the assistant's generation config first, and would draft a chain with the
+        inner draft, ignoring the tree: it fails here instead, before any forward."""
+        raise UnsupportedGenerationError(
+            "generate(assistant_model=hf_specmm.Tree(...)) on a model without hf_specmm: stock transformers would "
+            "draft a chain and ignore the tree. Call hf_specmm.enable(model) first (or pass tree.draft for stock's "
+            "chain).")

@@ -54,10 +54,10 @@ def load_world_models(ship_dir: str | Path = CHECKPOINTS) -> WorldModels:
         raise SpecMMError(f"{ship} lacks {missing}: reinstall hf_specmm, or rebuild them with "
                           "`python examples/train_world.py --overwrite-shipped`")
     target, info = LlavaForConditionalGeneration.from_pretrained(ship / TARGET_NAME, dtype=torch.float32,
-                                                                 output_loading_info=True)
+                                                                 output_loading_info=True, trust_remote_code=False)
     check_strict_load(info, str(ship / TARGET_NAME))
     target.eval()
-    processor = AutoProcessor.from_pretrained(ship / TARGET_NAME)
+    processor = AutoProcessor.from_pretrained(ship / TARGET_NAME, trust_remote_code=False)
     drafts = {}
     for name, folder in DRAFT_NAMES.items():
         if folder is None:  # the very initialisation the distilled text-only draft started from

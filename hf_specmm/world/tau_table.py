@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..errors import SpecMMError
 from ..train.evaluate import measure_tau
 from ..trees import Tree, TreeShape
 from .shipped import CHECKPOINTS, eval_examples, load_world_models
@@ -98,7 +100,7 @@ def update_readme(path: str | Path, table: str) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the world-tau flags on ``parser`` (called by ``hf_specmm.cli``)."""
-    from ..cli import int_at_least, tree_shape
+    from ..cli import existing_folder, int_at_least, tree_shape
 
     parser.add_argument("--per-task", type=int_at_least(1), default=32, help="held-out scenes per task")
     parser.add_argument("--gammas", type=int_at_least(1), nargs="+", default=list(GAMMAS),
@@ -108,13 +110,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", default="world_tau", help="writes <output>.json and <output>.md")
     parser.add_argument("--update-readme", metavar="README",
                         help="replace the table between the README's markers (default: leave README files alone)")
-    parser.add_argument("--checkpoints", default=str(CHECKPOINTS), help="folder with the world checkpoints")
+    parser.add_argument("--checkpoints", type=existing_folder, default=str(CHECKPOINTS),
+                        help="folder with the world checkpoints")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.update_readme:
         check_readme(args.update_readme)
-    rows = tau_table(args.per_task, tuple(args.gammas), args.checkpoints, trees=tuple(args.tree))
+    try:
+        rows = tau_table(args.per_task, tuple(args.gammas), args.checkpoints, trees=tuple(args.tree))
+    except SpecMMError as err:  # e.g. a --tree wider than the world's vocabulary: refused before that call's forward
+        print(f"hf-specmm world-tau: error: {err}", file=sys.stderr)
+        return 2
     table = to_markdown(rows)
     command = f"hf-specmm world-tau --per-task {args.per_task} --gammas {' '.join(map(str, args.gammas))}"
     command += "".join(f" --tree {shape_name(shape)}" for shape in args.tree)

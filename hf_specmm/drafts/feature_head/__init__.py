@@ -14,6 +14,7 @@ from .eagle3 import Eagle3FeatureHead, Eagle3HeadConfig
 from .eagle3_drafter import Eagle3Drafter
 from .losses import eagle3_loss, feature_head_loss
 from .modeling import FeatureHeadDraft, target_fingerprint
+from .validation import check_head_config
 
 
 def _param_groups(draft: FeatureHeadDraft, stage: int, cfg: Any) -> list[dict]:
@@ -55,6 +56,7 @@ FEATURE_HEAD = register_draft_kind(DraftKind(
     card_rows=_card_rows,
     build=_build,
     loss=feature_head_loss,
+    check_config=check_head_config,
 ))
 
 def _build_eagle3(target: Any, language_model: Any, cfg: Any, target_name: str | None) -> Eagle3FeatureHead:
@@ -93,6 +95,7 @@ EAGLE3 = register_draft_kind(DraftKind(
     card_rows=_eagle3_card_rows,
     build=_build_eagle3,
     loss=eagle3_loss,
+    check_config=check_head_config,
 ))
 
 

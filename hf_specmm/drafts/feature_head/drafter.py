@@ -109,7 +109,8 @@ class FeatureHeadDrafter(TreeDrafting, Drafter):
         inputs = self.state.append(valid, features.shape[1], position_ids)
         mask = inputs["attention_mask"] if tree_mask is None else tree_mask
         call = self.model if position_ids is not None else self.state.step_call(self.model)  # the prompt: eager
-        out = call(features=features.to(self.device), inputs_embeds=embeds.to(self.device),
+        # contiguous inputs: a slice of a wider block has other strides, which a compiled call would guard on
+        out = call(features=features.to(self.device).contiguous(), inputs_embeds=embeds.to(self.device).contiguous(),
                          attention_mask=mask_to(mask, self.device),
                          position_ids=inputs["position_ids"].to(self.device), cache=self.state.cache,
                          use_cache=True)
@@ -158,6 +159,8 @@ class FeatureHeadDrafter(TreeDrafting, Drafter):
             return self.propose_tree(budget, select)
         gamma = budget.gamma
         assert self.pending is not None and self.state is not None and gamma >= 1
+        if self.state.compile_config is not None:  # compiled rounds read one pending width, γ + 1: one graph
+            self.pending = pad_pending(self.pending, gamma + 1)
         self.state.reserve(self.pending[2].shape[1] + gamma)  # room for the round: slot indices stay put
         logits, restore = self._read_pending()
         feature = self.level_features
@@ -211,3 +214,14 @@ def previous_features(features: torch.Tensor, valid: torch.Tensor | None) -> tor
         return shifted
     before = torch.nn.functional.pad(valid, (1, 0))[:, :-1]  # the slot before is a real token
     return shifted * before[..., None].to(shifted.dtype)
+
+
+def pad_pending(pending: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(features [B, k, F], ids [B, k], valid [B, k]) left-padded with holes (invalid slots) to ``width``."""
+    features, ids, valid = pending
+    extra = width - ids.shape[1]
+    if extra <= 0:
+        return pending
+    return (torch.nn.functional.pad(features, (0, 0, extra, 0)), torch.nn.functional.pad(ids, (extra, 0)),
+            torch.nn.functional.pad(valid, (extra, 0), value=False))

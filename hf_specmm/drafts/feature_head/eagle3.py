@@ -32,6 +32,7 @@ from ... import _compat
 from ...errors import IncompatibleDraftError
 from .configuration import FeatureHeadDraftConfig
 from .modeling import FeatureHeadDraft, FeatureHeadOutput, family_body, head_config_fields
+from .validation import check_vocab_maps
 
 
 def default_aux_layers(num_layers: int) -> list[int]:
@@ -93,7 +94,7 @@ class Eagle3HeadConfig(FeatureHeadDraftConfig):
         elif layer_config is None:
             layer_config = layer_config_for(self.text_config, self.num_layers, self.text_config.vocab_size)
         self.layer_config = layer_config
-        self.aux_layers = list(aux_layers) if aux_layers is not None else [0, 0, 0]
+        self.aux_layers = list(aux_layers) if aux_layers is not None else None  # None: a bare config, no head
         self.draft_vocab_size = int(draft_vocab_size or layer_config.vocab_size)
         self.norm_before_residual = bool(norm_before_residual)
         self.target_num_layers = target_num_layers
@@ -137,6 +138,7 @@ class Eagle3FeatureHead(FeatureHeadDraft):
     """
 
     config_class = Eagle3HeadConfig
+    save_formats = ("hf_specmm", "speculators", "sglang")
 
     def build_modules(self, config: Eagle3HeadConfig) -> None:
         layer = config.layer_config
@@ -224,6 +226,10 @@ class Eagle3FeatureHead(FeatureHeadDraft):
         full = small.new_full((*small.shape[:-1], self.t2d.numel()), float("-inf"))
         return full.index_copy(-1, self.draft_ids.to(small.device), small)
 
+    def check_loaded(self, where: str) -> None:
+        """The vocabulary maps of a loaded checkpoint: every draft id mapped to a distinct target id."""
+        check_vocab_maps(self.d2t, self.t2d, where)
+
     # ---- the target ------------------------------------------------------------------------------------
     def check_target(self, target: PreTrainedModel) -> None:
         """Shapes first (hidden size, vocabulary, layers: a checkpoint imported from another format records no
@@ -245,6 +251,7 @@ class Eagle3FeatureHead(FeatureHeadDraft):
                 f"This EAGLE-3 head was made for {made_for}, not for this {type(target).__name__}: the target has "
                 + "; ".join(problems) + ". Use a head made for this target (FeatureHeadDraft.for_target(target, "
                 "variant='eagle3'), then train it).")
+        check_vocab_maps(self.d2t, self.t2d, f"This EAGLE-3 head (made for {made_for})", vocab, IncompatibleDraftError)
         if config.target_fingerprint is not None:
             super().check_target(target)
 
@@ -263,13 +270,16 @@ class Eagle3FeatureHead(FeatureHeadDraft):
             fields["text_config"]["layer_types"] = ["full_attention"] * num_layers
         text = target.config.get_text_config()
         depth, vocab = int(text.num_hidden_layers), int(target.get_input_embeddings().weight.shape[0])
-        aux = list(aux_layers) if aux_layers is not None else default_aux_layers(depth)
-        if len(aux) < 1 or any(not 0 <= int(k) <= depth for k in aux):
-            raise ValueError(f"aux_layers={aux}: layer inputs 0..{depth} of this {depth}-layer target ({depth}: the "
-                             "last layer's output)")
-        size = vocab if draft_vocab_size is None else int(draft_vocab_size)
-        if not 1 <= size <= vocab:
-            raise ValueError(f"draft_vocab_size={draft_vocab_size}: between 1 and the target's {vocab} ids")
+        aux = list(aux_layers) if isinstance(aux_layers, (list, tuple)) else aux_layers
+        if aux is None:
+            aux = default_aux_layers(depth)
+        elif (not isinstance(aux, list) or not aux
+              or any(isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= depth for k in aux)):
+            raise ValueError(f"aux_layers={aux_layers!r}: a list of layer inputs 0..{depth} (integers) of this "
+                             f"{depth}-layer target ({depth}: the last layer's output)")
+        size = vocab if draft_vocab_size is None else draft_vocab_size
+        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= vocab:
+            raise ValueError(f"draft_vocab_size={draft_vocab_size!r}: an integer between 1 and the target's {vocab} ids")
         config = Eagle3HeadConfig(layer_config=layer_config_for(text, num_layers, vocab).to_dict(),
                                   aux_layers=[int(k) for k in aux], draft_vocab_size=size,
                                   norm_before_residual=norm_before_residual, target_num_layers=depth, **fields)
@@ -279,8 +289,12 @@ class Eagle3FeatureHead(FeatureHeadDraft):
         """``format="hf_specmm"`` (default: config, safetensors, model card), ``"speculators"`` (vLLM's
         ``--speculative-config '{"method": "eagle3", "model": PATH}'``) or ``"sglang"`` (SGLang /
         SpecForge's ``LlamaForCausalLMEagle3``)."""
+        self.check_save_format(format)
         if format == "hf_specmm":
             return super().save_pretrained(save_directory, *args, **kwargs)
+        if args or kwargs:
+            raise ValueError(f"save_pretrained(format={format!r}) writes config.json and model.safetensors only; it "
+                             f"takes no other options (got {sorted(kwargs) or list(args)})")
         from .formats import export_head
 
         export_head(self, save_directory, format)

@@ -36,8 +36,10 @@ from safetensors.torch import save_file
 from transformers import PreTrainedModel
 
 from ...errors import DraftLoadError, IncompatibleDraftError
+from ..checkpoints import read_config_json, weight_files
 from .eagle3 import Eagle3FeatureHead, Eagle3HeadConfig, default_aux_layers
 from .modeling import head_config_fields
+from .validation import check_engine_config, check_tensor_shapes, check_vocab_maps
 
 FORMATS = ("speculators", "sglang")
 SGLANG_ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -145,17 +147,17 @@ def export_head(head: Eagle3FeatureHead, save_directory: str | Path, layout: str
 
 
 # ---- import ---------------------------------------------------------------------------------------------
-def _read_tensors(folder: Path) -> dict[str, torch.Tensor]:
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise DraftLoadError(f"{folder} has no .safetensors weights; hf_specmm reads EAGLE-3 checkpoints from "
-                             "safetensors only (a pickle checkpoint can run code when loaded)")
+def _read_tensors(folder: Path, source: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The tensors and, per tensor, the file it came from (a tensor in two files is refused)."""
     tensors: dict[str, torch.Tensor] = {}
-    for path in files:
+    origin: dict[str, str] = {}
+    for path in weight_files(folder, source):
         with safe_open(str(path), framework="pt") as f:
             for key in f.keys():
-                tensors[key] = f.get_tensor(key)
-    return tensors
+                if key in tensors:
+                    raise DraftLoadError(f"{source}: tensor {key} is in both {origin[key]} and {path.name}")
+                tensors[key], origin[key] = f.get_tensor(key), path.name
+    return tensors, origin
 
 
 def _check_shapes(name: str, layer: dict[str, Any], draft_vocab: int, aux: list[int], target: PreTrainedModel) -> None:
@@ -183,10 +185,11 @@ def import_head(folder: str | Path, target: PreTrainedModel, name: str | None = 
     target's)."""
     folder = Path(folder)
     name = name or str(folder)
-    raw = json.loads((folder / "config.json").read_text())
+    raw = read_config_json(folder / "config.json")
     layout = checkpoint_format(raw)
     if layout is None:
         raise DraftLoadError(f"{name}: config.json is neither a speculators nor an SGLang EAGLE-3 config")
+    check_engine_config(raw, layout, f"{folder / 'config.json'}")
     depth = int(target.config.get_text_config().num_hidden_layers)
     if layout == "speculators":
         if raw["speculators_model_type"] != "eagle3":
@@ -207,7 +210,9 @@ def import_head(folder: str | Path, target: PreTrainedModel, name: str | None = 
     aux = [int(k) for k in aux] if aux is not None else [2, depth // 2, depth - 3]  # the engines' default
     draft_vocab = int(raw.get("draft_vocab_size") or layer["vocab_size"])
     _check_shapes(name, layer, draft_vocab, aux, target)
-    tensors = {_ours_from(k, layout): v for k, v in _read_tensors(folder).items()}
+    read, origin = _read_tensors(folder, name)
+    tensors = {_ours_from(k, layout): v for k, v in read.items()}
+    files = {_ours_from(k, layout): f"{f} ({k})" for k, f in origin.items()}
     stored_embed = tensors.pop("embed_tokens.weight", None)
     if stored_embed is not None:
         own = target.get_input_embeddings().weight
@@ -229,12 +234,10 @@ def import_head(folder: str | Path, target: PreTrainedModel, name: str | None = 
                               norm_before_residual=norm_before_residual,
                               target_num_layers=(raw.get("hf_specmm") or {}).get("target_num_layers"), **fields)
     head = Eagle3FeatureHead(config)
-    expected = set(head.state_dict())
     if "d2t" not in tensors and draft_vocab == int(layer["vocab_size"]):  # a full-vocabulary head may omit the maps
         tensors.update(d2t=head.d2t.clone(), t2d=torch.ones_like(head.t2d))
-    missing, unexpected = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
-    if missing or unexpected:
-        raise DraftLoadError(f"{name} ({layout} layout) does not hold this head's tensors: missing {missing}, "
-                             f"unexpected {unexpected}")
+    check_tensor_shapes({k: v.shape for k, v in head.state_dict().items()},
+                        {k: (v.shape, files.get(k, "the defaults")) for k, v in tensors.items()}, f"{name} ({layout} layout)")
+    check_vocab_maps(tensors["d2t"], tensors["t2d"], f"{name} ({layout} layout)", vocab=int(layer["vocab_size"]))
     head.load_state_dict({k: v.to(head.state_dict()[k].dtype) for k, v in tensors.items()}, strict=True)
     return head.to_target_device(target)

@@ -89,7 +89,7 @@ def eagle3_loss(view: Drafter, batch: Any, target_logits: torch.Tensor | None, c
     keep = columns[head.t2d.to(columns.device)[columns]]  # proposable ids inside the draft vocabulary
     eager = head.config.text_config._attn_implementation == "eager"
     prompt, width = batch.prompt_ids.shape[1], batch.response_ids.shape[1]
-    steps = int(getattr(cfg, "ttt_steps", 1))
+    steps = int(getattr(cfg, "ttt_steps", None) or 3)  # None: EAGLE-3's default
     cache = _compat.new_dynamic_cache()
     feature, total, metrics = previous_features(features, valid), 0.0, {}
     for k in range(min(steps, width - 1)):
@@ -100,7 +100,7 @@ def eagle3_loss(view: Drafter, batch: Any, target_logits: torch.Tensor | None, c
         g = out.hidden_states[:, prompt: prompt + width - 1 - k][sel]
         t_logits = None if target_logits is None or cfg.loss == "ce" else target_logits[:, k + 1:][sel]
         loss, step_metrics = distill_loss(head.lm_logits(g), t_logits, batch.response_ids[:, k + 1:][sel], keep, cfg.loss)
-        total = total + float(getattr(cfg, "ttt_decay", 1.0)) ** k * loss
+        total = total + float(getattr(cfg, "ttt_decay", None) or 1.0) ** k * loss
         metrics[f"ttt{k}_top1"] = step_metrics["draft_top1"]
         if k == 0:
             metrics.update(step_metrics)

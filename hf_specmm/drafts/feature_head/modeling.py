@@ -206,12 +206,15 @@ class FeatureHeadDraft(DraftCheckpointMixin, PreTrainedModel):
         """A randomly initialised head sized for ``target`` (its text family's decoder layers, its width),
         attached to it. ``variant="eagle3"``: an :class:`~hf_specmm.drafts.feature_head.eagle3.Eagle3FeatureHead`
         reading ``aux_layers`` of the target (EAGLE-3's three by default) with a ``draft_vocab_size``-row LM head."""
+        if variant not in ("eagle1", "eagle3"):
+            raise ValueError(f"variant={variant!r}: choose 'eagle1' (the EAGLE-1 head on the last hidden state) or "
+                             "'eagle3' (the EAGLE-3 head on three target layers)")
         if variant == "eagle3":
             from .eagle3 import Eagle3FeatureHead
 
             return Eagle3FeatureHead.for_target(target, num_layers, target_name, aux_layers=aux_layers,
                                                 draft_vocab_size=draft_vocab_size)
-        if variant != "eagle1" or aux_layers is not None or draft_vocab_size is not None:
+        if aux_layers is not None or draft_vocab_size is not None:
             raise ValueError(f"variant={variant!r}: an EAGLE-1 head (variant='eagle1') takes no aux_layers / "
                              "draft_vocab_size; variant='eagle3' does")
         config = FeatureHeadDraftConfig(**head_config_fields(target, num_layers, target_name))
@@ -226,8 +229,8 @@ def head_config_fields(target: PreTrainedModel, num_layers: int, target_name: st
                        kind: str = "feature_head") -> dict[str, Any]:
     """The config fields every feature head records: the target's text config with ``num_layers`` layers (the
     per-layer lists cut to that depth), what the target is, and the fingerprint of its embedding / LM head."""
-    if num_layers < 1:
-        raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+        raise ValueError(f"num_layers must be an integer >= 1, got {num_layers!r}")
     family = family_of(target)
     why = dict(family.refused_draft_kinds).get(kind) if family is not None else None
     if why is not None:

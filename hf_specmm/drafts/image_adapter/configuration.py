@@ -42,8 +42,8 @@ class ImageAdapterDraftConfig(PretrainedConfig):
         self.image_feature_dim = image_feature_dim
         self.image_token_id = image_token_id
         self.video_token_id = video_token_id
-        if image_pool < 1:
-            raise ValueError(f"image_pool must be >= 1, got {image_pool}")
+        if isinstance(image_pool, bool) or not isinstance(image_pool, int) or image_pool < 1:
+            raise ValueError(f"image_pool must be an integer >= 1, got {image_pool!r}")
         self.image_pool = image_pool
         self.target = target
         self.target_class = target_class
