@@ -17,6 +17,7 @@ Private things used (all read in the installed transformers source, 5.17 – 5.2
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable
 
 import torch
@@ -97,15 +98,24 @@ def crop_cache(cache: Any, new_length: int) -> None:
     """Shrink a cache to ``new_length`` physical slots (no copy for dynamic layers)."""
     excess = cache.get_seq_length() - new_length
     if excess > 0:
-        cache.crop(-excess)
+        for layer in attention_layers(cache):  # linear-attention states are rolled back by caches/linear.py
+            layer.crop(-excess)
 
 
-def new_dynamic_cache() -> Any:
+def new_dynamic_cache(model: Any = None) -> Any:
     """A dynamic cache with full (never sliding) layers: it can be cropped at any length. Sliding-window
-    attention still applies, through the attention mask the model builds from its config."""
+    attention still applies, through the attention mask the model builds from its config. A ``model`` with
+    linear-attention layers gets their state layers (``DynamicCache(config=...)`` with every attention layer a
+    full one)."""
     from transformers import DynamicCache
 
-    return DynamicCache()
+    if model is None or not stateful_layer_types(model.config):
+        return DynamicCache()
+    from transformers.cache_utils import DynamicLayer
+
+    cache = DynamicCache(config=model.config)
+    cache.layers = [layer if is_linear_cache_layer(layer) else DynamicLayer() for layer in cache.layers]
+    return cache
 
 
 def has_sliding_layers(config: Any) -> bool:
@@ -137,6 +147,7 @@ def select_cache_rows(cache: Any, keep: torch.Tensor) -> None:
         if getattr(layer, "keys", None) is not None and layer.keys.numel() > 0:
             index = keep.to(layer.keys.device)  # a dispatched model's layers sit on several devices
             layer.keys, layer.values = layer.keys[index], layer.values[index]
+    select_linear_rows(cache, keep)
 
 
 def is_static_cache(cache: Any) -> bool:
@@ -175,6 +186,9 @@ def compact_cache(cache: Any, mask: torch.Tensor | None, prompt_len: int, length
     valid = keep.gather(1, order)
     out = DynamicCache()
     for index, layer in enumerate(cache.layers):
+        if _HAS_LINEAR_LAYERS and is_linear_cache_layer(layer):  # no slots: its states are each row's own
+            out.layers.append(layer)
+            continue
         keys, values = layer.keys, layer.values  # [B, H, L, D]
         idx = order.to(keys.device)[:, None, :, None]
         zero = ~valid.to(keys.device)[:, None, :, None]
@@ -231,13 +245,13 @@ def new_static_cache(model: Any, max_cache_len: int, full_layers: bool = False) 
 
 def static_capacity(cache: Any) -> int:
     """Slots per row of a static cache (every layer of a full-layer static cache has the same)."""
-    return min(layer.max_cache_len for layer in cache.layers)
+    return min(layer.max_cache_len for layer in attention_layers(cache))
 
 
 def set_static_length(cache: Any, length: int) -> None:
     """Move every layer's write pointer to slot ``length`` in place (the tensors keep their static addresses,
     so compiled graphs and CUDA graphs stay valid): later writes overwrite the slots from there on."""
-    for layer in cache.layers:
+    for layer in attention_layers(cache):
         if layer.is_initialized:
             layer.cumulative_length.fill_(length)
 
@@ -245,7 +259,8 @@ def set_static_length(cache: Any, length: int) -> None:
 def select_static_rows(cache: Any, keep: torch.Tensor) -> None:
     """Keep only rows ``keep`` of a static cache: new (smaller) tensors, marked static again, so a compiled
     forward recompiles once for the new batch size."""
-    for layer in cache.layers:
+    select_linear_rows(cache, keep)
+    for layer in attention_layers(cache):
         if not layer.is_initialized:
             continue
         index = keep.to(layer.keys.device)
@@ -309,3 +324,135 @@ def tree_attention_argument(config: Any, make_mask: Callable[[int | None], torch
     if types != {"full_attention", "sliding_attention"}:
         raise NotImplementedError(f"draft trees support full and sliding-window attention layers, not {sorted(types)}")
     return {"full_attention": make_mask(None), "sliding_attention": make_mask(window)}
+
+
+# ---- linear-attention layers (Qwen3.5's Gated DeltaNet, issue 25) ---------------------------------------
+# Read in transformers 5.24 (absent in 5.17): a ``DynamicCache(config=...)`` / ``StaticCache`` of a hybrid model
+# holds a ``LinearAttentionLayer`` (no keys / values, no sequence length) for each "linear_attention" layer, with
+# ``conv_states[0]`` [B, conv_dim, K] (the last K inputs of the causal conv) and ``recurrent_states[0]``
+# [B, H_v, D_k, D_v] (float32), both written in place (``copy_``: static addresses). ``crop`` raises unless
+# past recording is on, and then only trims the conv state: the recurrent state cannot be cropped. A layer's
+# ``*GatedDeltaNet`` module reads its input through ``in_proj_qkv`` (-> the conv), ``in_proj_a`` (-> the decay g)
+# and ``in_proj_b`` (-> beta); a single-token step updates the states with the modeling module's
+# ``causal_conv1d_update`` and ``torch_recurrent_gated_delta_rule``, a longer block with the chunked kernel.
+# A 2-D attention mask zeroes padded tokens' inputs, which is a no-op on a zero state (left padding) only.
+
+STATEFUL_LAYER_TYPES = ("linear_attention", "conv", "hybrid", "hybrid_sliding", "mamba")
+_GATED_DELTA_PARTS = ("in_proj_qkv", "in_proj_a", "in_proj_b", "conv1d", "A_log", "dt_bias", "layer_idx")
+
+
+def stateful_layer_types(config: Any) -> set[str]:
+    """The layer types of ``config``'s decoder that keep a recurrent state (empty for attention-only models)."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    return {t for t in (getattr(text, "layer_types", None) or ()) if t in STATEFUL_LAYER_TYPES}
+
+
+def gated_delta_modules(model: Any) -> dict[int, Any]:
+    """``{layer index: module}`` of ``model``'s Gated DeltaNet linear-attention modules (Qwen3.5, Qwen3-Next)."""
+    found = {}
+    for module in model.modules():
+        if type(module).__name__.endswith("GatedDeltaNet") and all(hasattr(module, p) for p in _GATED_DELTA_PARTS):
+            found[int(module.layer_idx)] = module
+    return found
+
+
+def unsupported_stateful_layers(model: Any) -> str | None:
+    """Why ``model``'s stateful layers cannot be rolled back (None: it has none, or only Gated DeltaNet ones)."""
+    types = stateful_layer_types(model.config)
+    if not types:
+        return None
+    if types != {"linear_attention"}:
+        return f"its layer types {sorted(types)} keep states hf_specmm cannot roll back (only 'linear_attention')"
+    text = model.config.get_text_config(decoder=True)
+    wanted = {i for i, t in enumerate(text.layer_types) if t == "linear_attention"}
+    missing = wanted - set(gated_delta_modules(model))
+    if missing:
+        return (f"its linear-attention layers {sorted(missing)[:4]} are not Gated DeltaNet modules "
+                f"(in_proj_qkv / in_proj_a / in_proj_b / conv1d), the only kind hf_specmm rolls back")
+    return None
+
+
+def is_linear_cache_layer(layer: Any) -> bool:
+    """A cache layer that holds only linear-attention states (no keys / values, no sequence length)."""
+    from transformers.cache_utils import CacheLayerMixin, LinearAttentionCacheLayerMixin
+
+    return isinstance(layer, LinearAttentionCacheLayerMixin) and not isinstance(layer, CacheLayerMixin)
+
+
+def attention_layers(cache: Any) -> list[Any]:
+    """The cache layers that hold keys / values (a hybrid model's linear-attention layers left out)."""
+    if not _HAS_LINEAR_LAYERS:
+        return list(cache.layers)
+    return [layer for layer in cache.layers if not is_linear_cache_layer(layer)]
+
+
+def linear_states(cache: Any, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(conv, recurrent)`` states of a linear-attention layer, or None before its first forward."""
+    layer = cache.layers[layer_idx]
+    if not layer.has_previous_state[0]:
+        return None
+    return layer.conv_states[0], layer.recurrent_states[0]
+
+
+def write_linear_states(cache: Any, layer_idx: int, conv: torch.Tensor, recurrent: torch.Tensor) -> None:
+    """Overwrite a layer's states in place (same tensors: compiled graphs and static addresses stay valid)."""
+    layer = cache.layers[layer_idx]
+    layer.conv_states[0].copy_(conv)
+    layer.recurrent_states[0].copy_(recurrent)
+
+
+def select_linear_rows(cache: Any, keep: torch.Tensor) -> None:
+    """Keep only rows ``keep`` of every linear-attention layer's states."""
+    for layer in cache.layers:
+        if _HAS_LINEAR_LAYERS and is_linear_cache_layer(layer) and layer.has_previous_state[0]:
+            index = keep.to(layer.conv_states[0].device)
+            layer.conv_states[0] = layer.conv_states[0][index].contiguous()
+            layer.recurrent_states[0] = layer.recurrent_states[0][index].contiguous()
+
+
+def gated_delta_replay(module: Any, conv: torch.Tensor, recurrent: torch.Tensor, qkv: torch.Tensor,
+                       a: torch.Tensor, b: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The states of a Gated DeltaNet layer after each row's kept tokens, as single decode steps compute them.
+
+    ``conv`` [B, C, K] / ``recurrent`` [B, H, Dk, Dv]: the states before the tokens; ``qkv`` [B, W, C], ``a`` /
+    ``b`` [B, W, H]: the tokens' ``in_proj_qkv`` / ``in_proj_a`` / ``in_proj_b`` outputs from the forward that read
+    them; ``keep`` [B, W] bool: the tokens each row keeps (in order; the others never happened for that row).
+    Each kept token is one call of the modeling module's own recurrent step (``torch_recurrent_gated_delta_rule``,
+    the kernel of plain generate's decode steps) on its conv output (``causal_conv1d_fn`` over the row's last K
+    kept inputs)."""
+    modeling = sys.modules[type(module).__module__]
+    batch, width = keep.shape
+    kernel = conv.shape[-1]
+    counts = keep.sum(-1)
+    # each row's kept tokens first, in order (a stable sort): their conv windows are contiguous
+    order = torch.sort((~keep).long(), dim=1, stable=True).indices
+    qkv = qkv.gather(1, order[..., None].expand_as(qkv))
+    a = a.gather(1, order[..., None].expand_as(a))
+    b = b.gather(1, order[..., None].expand_as(b))
+    inputs = torch.cat([conv, qkv.transpose(1, 2).to(conv.dtype)], dim=-1)  # [B, C, K + W]
+    window = counts[:, None, None] + torch.arange(kernel, device=conv.device)
+    new_conv = inputs.gather(2, window.expand(batch, inputs.shape[1], kernel))
+    steps = int(counts.max()) if counts.numel() else 0
+    if steps == 0:
+        return new_conv, recurrent.clone()
+    mixed = modeling.causal_conv1d_fn(inputs, module.conv1d.weight.squeeze(1), module.conv1d.bias,
+                                      activation=module.activation)[:, :, kernel : kernel + steps]
+    mixed = mixed.transpose(1, 2).to(qkv.dtype)
+    query, key, value = torch.split(mixed, [module.key_dim, module.key_dim, module.value_dim], dim=-1)
+    query = query.reshape(batch, steps, -1, module.head_k_dim)
+    key = key.reshape(batch, steps, -1, module.head_k_dim)
+    value = value.reshape(batch, steps, -1, module.head_v_dim)
+    beta = b[:, :steps].sigmoid()
+    g = -module.A_log.float().exp() * torch.nn.functional.softplus(a[:, :steps].float() + module.dt_bias)
+    state = recurrent
+    for j in range(steps):
+        one = slice(j, j + 1)
+        _, stepped = modeling.torch_recurrent_gated_delta_rule(
+            query[:, one], key[:, one], value[:, one], g=g[:, one], beta=beta[:, one], initial_state=state,
+            output_final_state=True, use_qk_l2norm_in_kernel=True)
+        state = torch.where((counts > j)[:, None, None, None], stepped.to(recurrent.dtype), state)
+    return new_conv, state if steps else recurrent.clone()
+
+
+#: hybrid caches (linear-attention layers) exist from 5.24; 5.17's models have none
+_HAS_LINEAR_LAYERS = _INSTALLED >= Version("5.24.0.dev0")

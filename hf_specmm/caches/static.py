@@ -29,7 +29,9 @@ import torch
 
 from .. import _compat
 from ..targets.positions import ROPE_1D, Rope1D
-from .base import SlottedCache
+from .base import Backend, SlottedCache
+from .dynamic import linear_states
+from .linear import LinearStates
 
 
 class WindowMasks:
@@ -84,8 +86,9 @@ class StaticSlottedCache(SlottedCache):
     """
 
     def __init__(self, cache: Any, batch_size: int, device: torch.device, positions: Rope1D = ROPE_1D,
-                 length: int = 0, mask: torch.Tensor | None = None, window_masks: WindowMasks | None = None):
-        super().__init__(cache, batch_size, device, positions, compact=False, length=length)
+                 length: int = 0, mask: torch.Tensor | None = None, window_masks: WindowMasks | None = None,
+                 linear: LinearStates | None = None):
+        super().__init__(cache, batch_size, device, positions, compact=False, length=length, linear=linear)
         self.capacity = _compat.static_capacity(cache)
         if length > self.capacity:
             raise ValueError(f"the prompt takes {length} slots but the static cache holds {self.capacity}: "
@@ -102,7 +105,8 @@ class StaticSlottedCache(SlottedCache):
         sliding = _compat.has_sliding_layers(model.config)
         cache = _compat.new_static_cache(model, capacity, full_layers=sliding)
         windows = WindowMasks(model.config, model.dtype) if sliding else None
-        return cls(cache, batch_size, device, positions, window_masks=windows)
+        return cls(cache, batch_size, device, positions, window_masks=windows,
+                   linear=linear_states(model, cache, batch_size))
 
     @classmethod
     def prefill(cls, model: Any, inputs: dict[str, Any], capacity: int, positions: Rope1D) -> "StaticSlottedCache":
@@ -174,7 +178,7 @@ class StaticSlottedCache(SlottedCache):
         _compat.set_static_length(self.cache, kept)
 
 
-class StaticBackend:
+class StaticBackend(Backend):
     """``cache_implementation="static"``: static caches for the target and the draft, sized once per call, and
     the compiled forward stock ``generate`` would use (``generation_config.compile_config``, ``disable_compile``,
     stock's own criteria: on CPU only with ``compile_config._compile_all_devices``). Finished rows stay in
@@ -184,6 +188,7 @@ class StaticBackend:
     drops_rows = False
 
     def __init__(self) -> None:
+        super().__init__()
         self.capacity = self.draft_capacity = 0
         self.compile_config: Any = None  # set when the call decodes with compiled forwards
 
@@ -208,11 +213,12 @@ class StaticBackend:
     def wrap_target(self, target: Any, cache: Any, mask: torch.Tensor | None, length: int, batch_size: int,
                     device: torch.device, positions: Rope1D) -> SlottedCache:
         windows = WindowMasks(target.config, target.dtype) if _compat.has_sliding_layers(target.config) else None
-        kv = StaticSlottedCache(cache, batch_size, device, positions, length, mask, windows)
+        kv = StaticSlottedCache(cache, batch_size, device, positions, length, mask, windows,
+                                linear_states(target, cache, batch_size))
         kv.compile_config = self.compile_config
-        return kv
+        return self._opened(kv)
 
     def new(self, model: Any, batch_size: int, device: torch.device, positions: Rope1D = ROPE_1D) -> SlottedCache:
         kv = StaticSlottedCache.for_model(model, batch_size, self.draft_capacity, device, positions)
         kv.compile_config = self.compile_config
-        return kv
+        return self._opened(kv)

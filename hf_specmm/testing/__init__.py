@@ -36,6 +36,7 @@ from transformers import BatchFeature, PreTrainedModel, ProcessorMixin
 # each module registers its families; this order is FAMILIES' order
 from . import llava, qwen_vl  # noqa: F401
 from . import gemma3, idefics3, internvl  # noqa: F401
+from . import qwen3_5  # noqa: F401  (transformers >= 5.24 only)
 # isort: on
 from .drafts import (
     causal_lm_config,
