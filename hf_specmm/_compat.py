@@ -316,6 +316,10 @@ def tree_attention_argument(config: Any, make_mask: Callable[[int | None], torch
     every layer slides (Mistral) the windowed mask; others the plain one."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     window = getattr(text, "sliding_window", None)
+    if "linear_attention" in (getattr(text, "layer_types", None) or ()):
+        # a hybrid (Qwen3.5): the full-attention layers take the 4-D mask; None for the linear-attention layers,
+        # which otherwise read the last block-width columns of a 2-D mask as the block's padding
+        return {"full_attention": make_mask(None), "linear_attention": None}
     if not has_sliding_layers(config) or window is None:
         return make_mask(None)
     types = set(getattr(text, "layer_types", None) or ["sliding_attention"])

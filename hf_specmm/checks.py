@@ -165,7 +165,8 @@ def _check_static(config: Any, budget: DraftBudget) -> None:
               f"used with {bad}.")
 
 
-def _check_tree(shape: TreeShape, kind: DraftKind, config: Any, budget: DraftBudget, gamma_set: bool) -> None:
+def _check_tree(shape: TreeShape, kind: DraftKind, config: Any, budget: DraftBudget, gamma_set: bool,
+                stateful: str | None = None) -> None:
     """Options with no meaning for a draft tree (see :class:`hf_specmm.Tree`): refused, naming the option."""
     if not issubclass(kind.drafter, TreeDrafting):
         _fail(IncompatibleDraftError, f"hf_specmm.Tree: the {kind.name!r} draft kind's drafter "
@@ -182,6 +183,10 @@ def _check_tree(shape: TreeShape, kind: DraftKind, config: Any, budget: DraftBud
                "num_assistant_tokens or set it to the depth")
     elif config.cache_implementation == "static":
         bad = "cache_implementation='static': draft trees run on the default dynamic cache; drop it"
+    elif stateful:
+        bad = (f"a {stateful} with linear-attention layers (Qwen3.5's Gated DeltaNet): a tree node's recurrent state "
+               "is its parent's plus its token, which one forward over the flattened tree does not compute; pass the "
+               "draft itself to draft a chain")
     elif config.return_dict_in_generate and (config.output_attentions or config.output_hidden_states):
         bad = ("output_attentions / output_hidden_states: a tree forward's per-node tensors have no plain-generate "
                "layout (scores and logits are returned); drop them")
@@ -200,6 +205,12 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
     tokenizer = kwargs.pop("tokenizer", None)
     draft_tokenizer = kwargs.pop("assistant_tokenizer", None)
     check_vocab_compatible(spec, draft, tokenizer, draft_tokenizer)
+    for role, model in (("target", target), ("draft", draft)):
+        why = _compat.unsupported_stateful_layers(model)
+        if why is not None:
+            _fail(IncompatibleDraftError if role == "draft" else UnsupportedGenerationError,
+                  f"generate(assistant_model=...) cannot roll back the {role} {type(model).__name__}: {why}. "
+                  "Use a model whose stateful layers are Gated DeltaNet linear attention (Qwen3.5) or attention only.")
     kind = kind_of(draft)
     kind.drafter.check(target, draft)
     ids = _input_ids(inputs, kwargs)
@@ -231,7 +242,9 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
             and not _chosen("assistant_confidence_threshold", kwargs, generation_config, sources[1]):
         budget.confidence = None  # transformers' filled-in default, not the caller's: no threshold for fixed shapes
     if shape is not None:
-        _check_tree(shape, kind, config, budget, gamma_set)
+        stateful = next((role for role, model in (("target", target), ("draft", draft))
+                         if _compat.stateful_layer_types(model.config)), None)
+        _check_tree(shape, kind, config, budget, gamma_set, stateful)
         budget.gamma, budget.tree = shape.depth, shape
     for key in ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold"):
         kwargs.pop(key, None)  # consumed here; stock generate must not see an assisted-mode option

@@ -220,7 +220,7 @@ def mask_to(mask: Any, device: torch.device) -> Any:
     """An ``attention_mask`` from :meth:`SlottedCache.append` on ``device``: None, a tensor, or a dict of
     per-layer-type 4-D masks (sliding-window models on a static cache)."""
     if isinstance(mask, dict):
-        return {name: m.to(device) for name, m in mask.items()}
+        return {name: None if m is None else m.to(device) for name, m in mask.items()}
     return None if mask is None else mask.to(device)
 
 

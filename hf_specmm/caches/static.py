@@ -69,6 +69,13 @@ class WindowMasks:
         return _compat.tree_attention_argument(self.config, make_mask)
 
 
+def needs_4d_masks(model: Any) -> bool:
+    """Whether forwards over a static cache of ``model`` take :class:`WindowMasks`' per-layer-type masks: a window
+    counted in positions, or linear-attention layers, which read the last block-width columns of a 2-D mask as the
+    block's padding (the whole-buffer mask's unwritten columns, here)."""
+    return _compat.has_sliding_layers(model.config) or bool(_compat.stateful_layer_types(model.config))
+
+
 class StaticSlottedCache(SlottedCache):
     """A :class:`SlottedCache` over a (full-layer) ``StaticCache`` of ``capacity`` slots.
 
@@ -104,7 +111,7 @@ class StaticSlottedCache(SlottedCache):
         """An empty cache of ``capacity`` slots for ``model`` (sliding layers as full layers + window masks)."""
         sliding = _compat.has_sliding_layers(model.config)
         cache = _compat.new_static_cache(model, capacity, full_layers=sliding)
-        windows = WindowMasks(model.config, model.dtype) if sliding else None
+        windows = WindowMasks(model.config, model.dtype) if needs_4d_masks(model) else None
         return cls(cache, batch_size, device, positions, window_masks=windows,
                    linear=linear_states(model, cache, batch_size))
 
@@ -212,7 +219,7 @@ class StaticBackend(Backend):
 
     def wrap_target(self, target: Any, cache: Any, mask: torch.Tensor | None, length: int, batch_size: int,
                     device: torch.device, positions: Rope1D) -> SlottedCache:
-        windows = WindowMasks(target.config, target.dtype) if _compat.has_sliding_layers(target.config) else None
+        windows = WindowMasks(target.config, target.dtype) if needs_4d_masks(target) else None
         kv = StaticSlottedCache(cache, batch_size, device, positions, length, mask, windows,
                                 linear_states(target, cache, batch_size))
         kv.compile_config = self.compile_config

@@ -50,7 +50,8 @@ from .llava import IMAGE_SIZE, TinyOnevisionProcessor
 from .registry import FIXTURES, FixtureFamily, families_of, fixture, fixture_of, register_fixture
 from .shaping import BOS_ID, EOS_ID, UNK_ID, vision_module
 
-FAMILIES = tuple(FIXTURES)
+FAMILIES = tuple(name for name, family in FIXTURES.items() if family.shared_suites)
+HYBRID_FAMILIES = families_of("qwen3_5")  # linear-attention hybrids (5.24 only): tests/test_qwen3_5.py
 LLAVA_FAMILIES = families_of("llava")
 QWEN_FAMILIES = families_of("qwen_vl")
 MORE_FAMILIES = families_of("gemma3") + families_of("idefics3") + families_of("internvl")  # upstream id layouts
@@ -66,6 +67,7 @@ __all__ = [
     "QWEN_FAMILIES",
     "UNK_ID",
     "FixtureFamily",
+    "HYBRID_FAMILIES",
     "TinyOnevisionProcessor",
     "causal_lm_config",
     "family_ids",

@@ -51,6 +51,7 @@ class Qwen3_5Fixtures(QwenVLFixtures):
     """Qwen3.5: the Qwen3-VL processor (as upstream) and token layout, a hybrid decoder."""
 
     group = "qwen3_5"
+    shared_suites = False  # the reference Gated DeltaNet kernels make every forward ~2x Qwen3-VL's: own suite
 
     def __init__(self) -> None:
         super().__init__("qwen3_5")

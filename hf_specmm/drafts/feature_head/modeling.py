@@ -228,6 +228,8 @@ def head_config_fields(target: PreTrainedModel, num_layers: int, target_name: st
         raise ValueError(f"num_layers must be >= 1, got {num_layers}")
     text = copy.deepcopy(target.config.get_text_config())
     text.num_hidden_layers = num_layers
+    if _compat.stateful_layer_types(text):  # a hybrid (Qwen3.5): its last layers, so a 1-layer head is full attention
+        text.layer_types = text.layer_types[-num_layers:]
     for name in ("layer_types", "max_window_layers"):  # per-layer lists sized for the target's depth
         if isinstance(getattr(text, name, None), list):
             setattr(text, name, getattr(text, name)[:num_layers])
