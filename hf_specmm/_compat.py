@@ -186,7 +186,7 @@ def compact_cache(cache: Any, mask: torch.Tensor | None, prompt_len: int, length
     valid = keep.gather(1, order)
     out = DynamicCache()
     for index, layer in enumerate(cache.layers):
-        if _HAS_LINEAR_LAYERS and is_linear_cache_layer(layer):  # no slots: its states are each row's own
+        if is_linear_cache_layer(layer):  # no slots: its states are each row's own
             out.layers.append(layer)
             continue
         keys, values = layer.keys, layer.values  # [B, H, L, D]
@@ -331,7 +331,8 @@ def tree_attention_argument(config: Any, make_mask: Callable[[int | None], torch
 
 
 # ---- linear-attention layers (Qwen3.5's Gated DeltaNet, issue 25) ---------------------------------------
-# Read in transformers 5.24 (absent in 5.17): a ``DynamicCache(config=...)`` / ``StaticCache`` of a hybrid model
+# Read in transformers 5.17 and 5.24 (the same storage; the module's cache keyword and where the key heads are
+# repeated differ, see below): a ``DynamicCache(config=...)`` / ``StaticCache`` of a hybrid model
 # holds a ``LinearAttentionLayer`` (no keys / values, no sequence length) for each "linear_attention" layer, with
 # ``conv_states[0]`` [B, conv_dim, K] (the last K inputs of the causal conv) and ``recurrent_states[0]``
 # [B, H_v, D_k, D_v] (float32), both written in place (``copy_``: static addresses). ``crop`` raises unless
@@ -385,8 +386,6 @@ def is_linear_cache_layer(layer: Any) -> bool:
 
 def attention_layers(cache: Any) -> list[Any]:
     """The cache layers that hold keys / values (a hybrid model's linear-attention layers left out)."""
-    if not _HAS_LINEAR_LAYERS:
-        return list(cache.layers)
     return [layer for layer in cache.layers if not is_linear_cache_layer(layer)]
 
 
@@ -408,7 +407,7 @@ def write_linear_states(cache: Any, layer_idx: int, conv: torch.Tensor, recurren
 def select_linear_rows(cache: Any, keep: torch.Tensor) -> None:
     """Keep only rows ``keep`` of every linear-attention layer's states."""
     for layer in cache.layers:
-        if _HAS_LINEAR_LAYERS and is_linear_cache_layer(layer) and layer.has_previous_state[0]:
+        if is_linear_cache_layer(layer) and layer.has_previous_state[0]:
             index = keep.to(layer.conv_states[0].device)
             layer.conv_states[0] = layer.conv_states[0][index].contiguous()
             layer.recurrent_states[0] = layer.recurrent_states[0][index].contiguous()
@@ -446,6 +445,9 @@ def gated_delta_replay(module: Any, conv: torch.Tensor, recurrent: torch.Tensor,
     query = query.reshape(batch, steps, -1, module.head_k_dim)
     key = key.reshape(batch, steps, -1, module.head_k_dim)
     value = value.reshape(batch, steps, -1, module.head_v_dim)
+    if not _KERNEL_REPEATS_KEY_HEADS and module.num_v_heads != module.num_k_heads:
+        query = query.repeat_interleave(module.num_v_heads // module.num_k_heads, dim=2)
+        key = key.repeat_interleave(module.num_v_heads // module.num_k_heads, dim=2)
     beta = b[:, :steps].sigmoid()
     g = -module.A_log.float().exp() * torch.nn.functional.softplus(a[:, :steps].float() + module.dt_bias)
     state = recurrent
@@ -458,5 +460,7 @@ def gated_delta_replay(module: Any, conv: torch.Tensor, recurrent: torch.Tensor,
     return new_conv, state if steps else recurrent.clone()
 
 
-#: hybrid caches (linear-attention layers) exist from 5.24; 5.17's models have none
-_HAS_LINEAR_LAYERS = _INSTALLED >= Version("5.24.0.dev0")
+#: the keyword a Gated DeltaNet module's forward takes its cache under (5.24 renamed it, as CACHE_KWARG)
+LINEAR_CACHE_KWARG = "cache" if _INSTALLED >= Version("5.24.0.dev0") else "cache_params"
+#: 5.24's gated delta kernels repeat the key heads over the value heads themselves; 5.17's module does it first
+_KERNEL_REPEATS_KEY_HEADS = _INSTALLED >= Version("5.24.0.dev0")

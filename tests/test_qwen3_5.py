@@ -1,4 +1,4 @@
-"""Qwen3.5 (a hybrid: Gated DeltaNet linear-attention layers + full attention; transformers >= 5.24): the lean
+"""Qwen3.5 (a hybrid: Gated DeltaNet linear-attention layers + full attention; transformers 5.17 and 5.24): the lean
 suite of a family too slow on a CPU for every shared suite. Rollback of the linear states row by row (target and
 hybrid drafts), greedy parity for every draft kind at batch 1 and 3 (left padding, images, rows finishing at
 their own steps), static caches, returned outputs, pipelines, sampling (χ²) and what is refused."""
@@ -17,7 +17,7 @@ from hf_specmm.caches import DynamicBackend
 from hf_specmm.errors import SpecMMError
 
 if not testing.HYBRID_FAMILIES:
-    pytest.skip("this transformers has no Qwen3.5 (added in 5.24)", allow_module_level=True)
+    pytest.skip("this transformers has no Qwen3.5", allow_module_level=True)
 
 FAMILY = "qwen3_5"
 PROMPTS = ["describe the image", "what color is the sky and the tree ?", "hi"]
@@ -78,10 +78,11 @@ def test_rollback_restores_each_rows_linear_states_as_single_steps_compute_them(
     for b in range(3):
         row = ids[b][mask[b].bool()][None]
         cache = _compat.new_dynamic_cache(draft)
-        draft(input_ids=row, cache=cache, use_cache=True)
+        draft(input_ids=row, **_compat.cache_kwargs(cache), use_cache=True)
         steps = torch.cat([row] + [block[b : b + 1, : int(counts[b])] for block, counts in rounds] + [torch.tensor([[7]])], 1)
         for n in range(row.shape[1], steps.shape[1]):
-            ref = draft(input_ids=steps[:, n : n + 1], position_ids=torch.tensor([[n]]), cache=cache, use_cache=True)
+            ref = draft(input_ids=steps[:, n : n + 1], position_ids=torch.tensor([[n]]), **_compat.cache_kwargs(cache),
+                        use_cache=True)
         torch.testing.assert_close(logits[b], ref.logits[0, -1], atol=5e-5, rtol=0)
         assert (cropped[b] - ref.logits[0, -1]).abs().max() > 1e-2  # the check can fail: crop alone is wrong
         for index in _compat.gated_delta_modules(draft):

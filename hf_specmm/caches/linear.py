@@ -64,7 +64,7 @@ class LinearStates:
     # ---- hooks -----------------------------------------------------------------------------------------
     def _enter(self, index: int) -> Any:
         def hook(module: Any, args: tuple, kwargs: dict) -> None:
-            if kwargs.get(_compat.CACHE_KWARG) is not self.cache:
+            if kwargs.get(_compat.LINEAR_CACHE_KWARG) is not self.cache:
                 return
             self._reading.add(index)
             if index not in self.snapshot:  # the layer's first forward (a prompt): stock semantics, no snapshot

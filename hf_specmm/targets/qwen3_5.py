@@ -1,4 +1,4 @@
-"""Qwen3.5 (``Qwen3_5ForConditionalGeneration``, transformers >= 5.24): a hybrid decoder, Gated DeltaNet
+"""Qwen3.5 (``Qwen3_5ForConditionalGeneration``; in transformers 5.17 and 5.24): a hybrid decoder, Gated DeltaNet
 linear-attention layers (three in four) between full-attention layers, and Qwen3-VL's vision side.
 
 - Token layout and positions as Qwen3-VL: ``<|vision_start|> <|image_pad|>×n <|vision_end|>`` per image, 3-D
@@ -25,5 +25,5 @@ QWEN3_5 = TargetFamily(
     span_attrs=(("vision_start_token_id",), ("vision_end_token_id",)),
     positions=MROPE, text_model_type="qwen3_5_text", one_run_per_image=True, image_count_input="image_grid_thw",
 )
-if hasattr(transformers, QWEN3_5.class_name):  # transformers 5.24 on (5.17 has no Qwen3.5)
+if hasattr(transformers, QWEN3_5.class_name):  # a transformers without Qwen3.5 lists no such target
     register_target_family(QWEN3_5)

@@ -36,7 +36,7 @@ from transformers import BatchFeature, PreTrainedModel, ProcessorMixin
 # each module registers its families; this order is FAMILIES' order
 from . import llava, qwen_vl  # noqa: F401
 from . import gemma3, idefics3, internvl  # noqa: F401
-from . import qwen3_5  # noqa: F401  (transformers >= 5.24 only)
+from . import qwen3_5  # noqa: F401  (where transformers has Qwen3.5)
 # isort: on
 from .drafts import (
     causal_lm_config,
@@ -51,7 +51,7 @@ from .registry import FIXTURES, FixtureFamily, families_of, fixture, fixture_of,
 from .shaping import BOS_ID, EOS_ID, UNK_ID, vision_module
 
 FAMILIES = tuple(name for name, family in FIXTURES.items() if family.shared_suites)
-HYBRID_FAMILIES = families_of("qwen3_5")  # linear-attention hybrids (5.24 only): tests/test_qwen3_5.py
+HYBRID_FAMILIES = families_of("qwen3_5")  # linear-attention hybrids: tests/test_qwen3_5.py
 LLAVA_FAMILIES = families_of("llava")
 QWEN_FAMILIES = families_of("qwen_vl")
 MORE_FAMILIES = families_of("gemma3") + families_of("idefics3") + families_of("internvl")  # upstream id layouts
