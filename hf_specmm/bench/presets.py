@@ -15,6 +15,8 @@ greedy pick wins by far more than bf16 rounding, so controlled acceptance is val
 stays on ``device``.
 - ``qwen2.5-vl-7b-shape`` / ``tiny-qwen2.5-vl``: Qwen2.5-VL-7B with a Qwen2.5-0.5B-shaped draft, and its
   tiny test version (``presets_qwen.py``).
+- ``qwen3.5-9b-shape`` / ``tiny-qwen3.5``: the hybrid Qwen3.5-9B with a Qwen3.5-0.8B-text-LM-shaped draft, and
+  its tiny test version (``presets_qwen3_5.py``; where transformers has Qwen3.5).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from transformers import CLIPVisionConfig, LlamaConfig, LlamaForCausalLM, LlavaC
 from ..devices import execution_device
 from .margins import apply_margin_rule
 from .presets_qwen import QWEN_PRESETS, build_qwen_preset
+from .presets_qwen3_5 import QWEN3_5_PRESETS, build_qwen3_5_preset
 
 
 @dataclass
@@ -124,10 +127,12 @@ def _build(name: str, device: str, dtype: str | None, seed: int) -> Preset:
         return Preset(target, testing.random_text_draft(target), testing.IMAGE_SIZE, image, image)
     if name in QWEN_PRESETS:
         return build_qwen_preset(name, device, dtype, seed, Preset)
+    if name in QWEN3_5_PRESETS:
+        return build_qwen3_5_preset(name, device, dtype, seed, Preset)
     raise ValueError(f"unknown preset {name!r}; choose one of {PRESETS}")
 
 
-PRESETS = ("cpu-proxy", "llava-1.5-7b-shape", "tiny") + QWEN_PRESETS
+PRESETS = ("cpu-proxy", "llava-1.5-7b-shape", "tiny") + QWEN_PRESETS + QWEN3_5_PRESETS
 
 
 def synthetic_inputs(preset: Preset, batch: int, prompt_tokens: int, seed: int = 0, with_image: bool = True) -> dict:
