@@ -236,3 +236,11 @@ def test_sampling_follows_the_targets_distribution(model):
     for pos in range(new):
         p, stat, dof = chi2_homogeneity_pvalue(ref[:, pos], out[:, pos], model.config.text_config.vocab_size)
         assert p > ALPHA, f"position {pos}: χ²={stat:.1f} (dof {dof}), p={p:.2g}"
+
+
+def test_other_stateful_layer_kinds_are_refused_before_any_work(model):
+    """Only Gated DeltaNet layers are replayed: a draft declaring another stateful layer type is refused."""
+    draft = testing.random_text_draft(model)
+    draft.config.layer_types = ["conv", "full_attention"]
+    with pytest.raises(SpecMMError, match="cannot roll back the draft.*'conv'"):
+        model.generate(**inputs_for(1), assistant_model=draft, max_new_tokens=4)
