@@ -156,6 +156,17 @@ def test_rows_finish_independently_and_leave_the_batch():
         assert hf_specmm.last_stats(target).batch_size == 3
 
 
+def test_confidence_threshold_and_heuristic_schedule(model):
+    """Rounds that end early (a stateful draft reads its last draft before the round stops) and a γ that moves."""
+    inputs = inputs_for(3)
+    ref = plain(model, inputs, max_new_tokens=12, do_sample=False)
+    draft = testing.natural_text_draft(model, noise=0.1)
+    for extra in (dict(num_assistant_tokens=5, assistant_confidence_threshold=0.6),
+                  dict(num_assistant_tokens=2, num_assistant_tokens_schedule="heuristic")):
+        out = model.generate(**inputs, assistant_model=draft, max_new_tokens=12, do_sample=False, **extra)
+        assert torch.equal(out, ref), extra
+
+
 # ---- static caches, outputs, pipelines ------------------------------------------------------------------
 
 def test_static_cache_parity(model):
