@@ -14,7 +14,7 @@ Each round verifies a block of γ + 1 tokens from the same cache, then every row
 
 ``9b-4layers``: Qwen3.5-9B's layer shapes (hidden 4096, Gated DeltaNet 16/32 heads of 128, attention 16/4 heads
 of 256, MLP 12288), 3 linear-attention layers then 1 full-attention layer, 4096-row vocab (the 248,320-row head
-would dominate a 4-layer model), float32 on the CPU. Medians of ``--repeats`` rounds after 3 warm-up rounds.
+would dominate a 4-layer model), float32 on the CPU. Medians of ``--repeats`` rounds (one warm-up round), the strategies run round-robin.
 """
 
 from __future__ import annotations
@@ -43,15 +43,17 @@ def model_for(shape: str) -> transformers.PreTrainedModel:
     return transformers.Qwen3_5ForCausalLM(config).eval()
 
 
-def median_ms(fn, repeats: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+def interleaved_medians(strategies: dict, repeats: int) -> dict[str, float]:
+    """Median ms of each strategy, run round-robin (one warm-up round each first), so a machine shared with
+    other jobs slows them alike."""
+    times: dict[str, list[float]] = {name: [] for name in strategies}
+    for index in range(repeats + 1):
+        for name, fn in strategies.items():
+            start = time.perf_counter()
+            fn()
+            if index:
+                times[name].append(time.perf_counter() - start)
+    return {name: 1e3 * statistics.median(t) for name, t in times.items()}
 
 
 @torch.no_grad()
@@ -95,21 +97,20 @@ def measure(model, batch: int, gamma: int, keep: int, repeats: int) -> dict[str,
     def all_positions() -> None:
         forward()
         everything = torch.ones(batch, width, dtype=torch.bool)
-        for i in layers:
-            conv, recurrent = linear._replay(i, everything)
+        for conv, recurrent in linear._replay(layers, everything).values():
             kept = [recurrent.clone() for _ in range(width)]  # one state per position, kept until the rollback
             del kept
         back()
 
-    def plain_round() -> None:
+    def plain_round() -> None:  # the hooks see another cache: nothing captured
+        linear.cache = None
         forward()
+        linear.cache = kv.cache
         back()
 
-    out = {"A snapshot+replay": median_ms(ours, repeats)}
-    out["B replay model"] = median_ms(replay_model, repeats)
-    out["C all positions"] = median_ms(all_positions, repeats)
-    kv.close()  # no capture: the forward alone
-    out["forward"] = median_ms(plain_round, repeats)
+    out = interleaved_medians({"forward": plain_round, "A snapshot+replay": ours, "B replay model": replay_model,
+                               "C all positions": all_positions}, repeats)
+    kv.close()
     return out
 
 

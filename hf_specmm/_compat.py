@@ -413,51 +413,64 @@ def select_linear_rows(cache: Any, keep: torch.Tensor) -> None:
             layer.recurrent_states[0] = layer.recurrent_states[0][index].contiguous()
 
 
-def gated_delta_replay(module: Any, conv: torch.Tensor, recurrent: torch.Tensor, qkv: torch.Tensor,
-                       a: torch.Tensor, b: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The states of a Gated DeltaNet layer after each row's kept tokens, as single decode steps compute them.
+def gated_delta_replay(modules: list[Any], states: list[tuple[torch.Tensor, torch.Tensor]],
+                       inputs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+                       keep: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The states of Gated DeltaNet layers after each row's kept tokens, as single decode steps compute them.
 
-    ``conv`` [B, C, K] / ``recurrent`` [B, H, Dk, Dv]: the states before the tokens; ``qkv`` [B, W, C], ``a`` /
-    ``b`` [B, W, H]: the tokens' ``in_proj_qkv`` / ``in_proj_a`` / ``in_proj_b`` outputs from the forward that read
-    them; ``keep`` [B, W] bool: the tokens each row keeps (in order; the others never happened for that row).
-    Each kept token is one call of the modeling module's own recurrent step (``torch_recurrent_gated_delta_rule``,
-    the kernel of plain generate's decode steps) on its conv output (``causal_conv1d_fn`` over the row's last K
-    kept inputs)."""
-    modeling = sys.modules[type(module).__module__]
-    batch, width = keep.shape
-    kernel = conv.shape[-1]
+    Per layer: ``states`` (conv [B, C, K], recurrent [B, H, Dk, Dv]) before the tokens; ``inputs`` the tokens'
+    ``in_proj_qkv`` [B, W, C] / ``in_proj_a`` / ``in_proj_b`` [B, W, H] outputs from the forward that read them;
+    ``keep`` [B, W] bool: the tokens each row keeps (in order; the others never happened for that row). Each
+    kept token is one call of the modeling module's own recurrent step (``torch_recurrent_gated_delta_rule``,
+    the kernel of plain generate's decode steps) on its conv output (``causal_conv1d_fn`` over the row's last
+    K kept inputs); layers of one shape take their steps together (one kernel call per step for all of them)."""
+    modeling = sys.modules[type(modules[0]).__module__]
+    batch = keep.shape[0]
     counts = keep.sum(-1)
+    steps = int(counts.max()) if counts.numel() else 0
     # each row's kept tokens first, in order (a stable sort): their conv windows are contiguous
     order = torch.sort((~keep).long(), dim=1, stable=True).indices
-    qkv = qkv.gather(1, order[..., None].expand_as(qkv))
-    a = a.gather(1, order[..., None].expand_as(a))
-    b = b.gather(1, order[..., None].expand_as(b))
-    inputs = torch.cat([conv, qkv.transpose(1, 2).to(conv.dtype)], dim=-1)  # [B, C, K + W]
-    window = counts[:, None, None] + torch.arange(kernel, device=conv.device)
-    new_conv = inputs.gather(2, window.expand(batch, inputs.shape[1], kernel))
-    steps = int(counts.max()) if counts.numel() else 0
+    convs, per_step = [], []
+    for module, (conv, _), (qkv, a, b) in zip(modules, states, inputs):
+        qkv, a, b = (x.gather(1, order.to(x.device)[..., None].expand_as(x)) for x in (qkv, a, b))
+        kernel = conv.shape[-1]
+        stream = torch.cat([conv, qkv.transpose(1, 2).to(conv.dtype)], dim=-1)  # [B, C, K + W]
+        window = counts.to(conv.device)[:, None, None] + torch.arange(kernel, device=conv.device)
+        convs.append(stream.gather(2, window.expand(batch, stream.shape[1], kernel)))
+        if steps == 0:
+            continue
+        mixed = modeling.causal_conv1d_fn(stream, module.conv1d.weight.squeeze(1), module.conv1d.bias,
+                                          activation=module.activation)[:, :, kernel : kernel + steps]
+        mixed = mixed.transpose(1, 2).to(qkv.dtype)
+        query, key, value = torch.split(mixed, [module.key_dim, module.key_dim, module.value_dim], dim=-1)
+        query = query.reshape(batch, steps, -1, module.head_k_dim)
+        key = key.reshape(batch, steps, -1, module.head_k_dim)
+        value = value.reshape(batch, steps, -1, module.head_v_dim)
+        if not _KERNEL_REPEATS_KEY_HEADS and module.num_v_heads != module.num_k_heads:
+            query = query.repeat_interleave(module.num_v_heads // module.num_k_heads, dim=2)
+            key = key.repeat_interleave(module.num_v_heads // module.num_k_heads, dim=2)
+        g = -module.A_log.float().exp() * torch.nn.functional.softplus(a[:, :steps].float() + module.dt_bias)
+        per_step.append((query, key, value, g, b[:, :steps].sigmoid()))
     if steps == 0:
-        return new_conv, recurrent.clone()
-    mixed = modeling.causal_conv1d_fn(inputs, module.conv1d.weight.squeeze(1), module.conv1d.bias,
-                                      activation=module.activation)[:, :, kernel : kernel + steps]
-    mixed = mixed.transpose(1, 2).to(qkv.dtype)
-    query, key, value = torch.split(mixed, [module.key_dim, module.key_dim, module.value_dim], dim=-1)
-    query = query.reshape(batch, steps, -1, module.head_k_dim)
-    key = key.reshape(batch, steps, -1, module.head_k_dim)
-    value = value.reshape(batch, steps, -1, module.head_v_dim)
-    if not _KERNEL_REPEATS_KEY_HEADS and module.num_v_heads != module.num_k_heads:
-        query = query.repeat_interleave(module.num_v_heads // module.num_k_heads, dim=2)
-        key = key.repeat_interleave(module.num_v_heads // module.num_k_heads, dim=2)
-    beta = b[:, :steps].sigmoid()
-    g = -module.A_log.float().exp() * torch.nn.functional.softplus(a[:, :steps].float() + module.dt_bias)
-    state = recurrent
-    for j in range(steps):
-        one = slice(j, j + 1)
-        _, stepped = modeling.torch_recurrent_gated_delta_rule(
-            query[:, one], key[:, one], value[:, one], g=g[:, one], beta=beta[:, one], initial_state=state,
-            output_final_state=True, use_qk_l2norm_in_kernel=True)
-        state = torch.where((counts > j)[:, None, None, None], stepped.to(recurrent.dtype), state)
-    return new_conv, state if steps else recurrent.clone()
+        return [(conv, recurrent.clone()) for conv, (_, recurrent) in zip(convs, states)]
+    recurrents = [recurrent for _, recurrent in states]
+    same = len({(m.num_k_heads, m.num_v_heads, m.head_k_dim, m.head_v_dim, r.dtype, r.device)
+                for m, r in zip(modules, recurrents)}) == 1
+    groups = [list(range(len(modules)))] if same else [[i] for i in range(len(modules))]
+    out: list[Any] = [None] * len(modules)
+    for group in groups:  # one batch of B x layers rows per step
+        query, key, value, g, beta = (torch.cat([per_step[i][n] for i in group]) for n in range(5))
+        state = torch.cat([recurrents[i] for i in group])
+        live = counts.to(state.device).repeat(len(group))
+        for j in range(steps):
+            one = slice(j, j + 1)
+            _, stepped = modeling.torch_recurrent_gated_delta_rule(
+                query[:, one], key[:, one], value[:, one], g=g[:, one], beta=beta[:, one], initial_state=state,
+                output_final_state=True, use_qk_l2norm_in_kernel=True)
+            state = torch.where((live > j)[:, None, None, None], stepped.to(state.dtype), state)
+        for n, i in enumerate(group):
+            out[i] = (convs[i], state[n * batch : (n + 1) * batch])
+    return out
 
 
 #: the keyword a Gated DeltaNet module's forward takes its cache under (5.24 renamed it, as CACHE_KWARG)

@@ -86,7 +86,7 @@ class LinearStates:
                 conv, recurrent = _compat.linear_states(self.cache, index)
                 self.snapshot[index] = (conv.clone(), recurrent.clone())
             elif self._holes:  # the states advanced over holes: recompute them over the valid slots
-                self._replay(index, self._kept(None, None))
+                self._replay([index], self._kept(None, None))
         return hook
 
     # ---- the slot operations -------------------------------------------------------------------------
@@ -106,16 +106,18 @@ class LinearStates:
             kept = torch.cat([kept[:, :start], kept[:, start:] & tail], dim=1)
         return kept
 
-    def _replay(self, index: int, kept: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        snapshot = self.snapshot.get(index)
-        parts = self.captured[index]
-        if snapshot is None or not parts["in_proj_qkv"]:
-            return None
-        qkv, a, b = (torch.cat(parts[name], dim=1) for name in _PROJECTIONS)
-        keep = kept[:, -qkv.shape[1]:].to(qkv.device)
-        conv, recurrent = _compat.gated_delta_replay(self.modules[index], *snapshot, qkv, a, b, keep)
-        _compat.write_linear_states(self.cache, index, conv, recurrent)
-        return conv, recurrent
+    def _replay(self, indices: list[int], kept: torch.Tensor) -> dict[int, tuple[torch.Tensor, ...]] | None:
+        """Put ``indices``' states back at each row's ``kept`` slots since the snapshot (written in place)."""
+        ready = [i for i in indices if self.snapshot.get(i) is not None and self.captured[i]["in_proj_qkv"]]
+        if not ready:
+            return
+        inputs = [tuple(torch.cat(self.captured[i][name], dim=1) for name in _PROJECTIONS) for i in ready]
+        keep = kept[:, -inputs[0][0].shape[1]:].to(inputs[0][0].device)
+        states = _compat.gated_delta_replay([self.modules[i] for i in ready], [self.snapshot[i] for i in ready],
+                                            inputs, keep)
+        for index, (conv, recurrent) in zip(ready, states):
+            _compat.write_linear_states(self.cache, index, conv, recurrent)
+        return dict(zip(ready, states))
 
     def rollback(self, start: int, counts: torch.Tensor, length: int) -> None:
         """Keep the slots before ``start`` and the first ``counts[b]`` after it, of a cache ``length`` slots
@@ -126,11 +128,7 @@ class LinearStates:
             raise RuntimeError(f"a linear-attention layer cannot be rolled back to slot {start}: its states were "
                                f"last kept at slot {since}")
         if recorded:
-            kept = self._kept(start - since, counts)
-            for index in self.modules:
-                replayed = self._replay(index, kept)
-                if replayed is not None:
-                    self.snapshot[index] = replayed
+            self.snapshot.update(self._replay(list(self.modules), self._kept(start - since, counts)) or {})
         self._clear()
 
     def _clear(self) -> None:
