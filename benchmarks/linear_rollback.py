@@ -14,7 +14,8 @@ Each round verifies a block of γ + 1 tokens from the same cache, then every row
 
 ``9b-4layers``: Qwen3.5-9B's layer shapes (hidden 4096, Gated DeltaNet 16/32 heads of 128, attention 16/4 heads
 of 256, MLP 12288), 3 linear-attention layers then 1 full-attention layer, 4096-row vocab (the 248,320-row head
-would dominate a 4-layer model), float32 on the CPU. Medians of ``--repeats`` rounds (one warm-up round), the strategies run round-robin.
+would dominate a 4-layer model), float32 on the CPU. Medians of ``--repeats`` rounds (one warm-up round), the
+strategies run round-robin.
 """
 
 from __future__ import annotations

@@ -79,7 +79,8 @@ def test_rollback_restores_each_rows_linear_states_as_single_steps_compute_them(
         row = ids[b][mask[b].bool()][None]
         cache = _compat.new_dynamic_cache(draft)
         draft(input_ids=row, **_compat.cache_kwargs(cache), use_cache=True)
-        steps = torch.cat([row] + [block[b : b + 1, : int(counts[b])] for block, counts in rounds] + [torch.tensor([[7]])], 1)
+        kept = [block[b : b + 1, : int(counts[b])] for block, counts in rounds]
+        steps = torch.cat([row, *kept, torch.tensor([[7]])], 1)
         for n in range(row.shape[1], steps.shape[1]):
             ref = draft(input_ids=steps[:, n : n + 1], position_ids=torch.tensor([[n]]), **_compat.cache_kwargs(cache),
                         use_cache=True)
@@ -148,7 +149,8 @@ def test_rows_finish_independently_and_leave_the_batch():
     inputs = inputs_for(3)
     ref = plain(target, inputs, max_new_tokens=20, do_sample=False)
     eos = testing.family_ids(FAMILY)["eos"][0]
-    ends = {int((row == eos).nonzero()[0]) if (row == eos).any() else -1 for row in ref[:, inputs["input_ids"].shape[1]:]}
+    new = ref[:, inputs["input_ids"].shape[1]:]
+    ends = {int((row == eos).nonzero()[0]) if (row == eos).any() else -1 for row in new}
     assert len(ends) > 1, "rows should finish at different steps"
     for draft in (testing.natural_text_draft(target, noise=0.1), target):
         out = target.generate(**inputs, assistant_model=draft, max_new_tokens=20, do_sample=False)

@@ -5,9 +5,10 @@ Shipped as ``torch.testing`` is, and kept out of the core: nothing outside ``hf_
 module of this package (:mod:`~hf_specmm.testing.registry`): LLaVA-1.5 / NeXT / OneVision
 (:mod:`~hf_specmm.testing.llava`), Qwen2-VL / Qwen2.5-VL / Qwen3-VL (:mod:`~hf_specmm.testing.qwen_vl`),
 Gemma 3 (:mod:`~hf_specmm.testing.gemma3`), Idefics3 / SmolVLM (:mod:`~hf_specmm.testing.idefics3`) and
-InternVL (:mod:`~hf_specmm.testing.internvl`). Every model is built from configs with random weights and
-shaped LM heads (:mod:`~hf_specmm.testing.shaping`); every processor is the family's real transformers
-processor over an in-memory ``tokenizers`` WordLevel vocabulary and a PIL image processor (no torchvision).
+InternVL (:mod:`~hf_specmm.testing.internvl`); Qwen3.5 (:mod:`~hf_specmm.testing.qwen3_5`, a hybrid with
+linear-attention layers, outside :data:`FAMILIES`: its own suite). Every model is built from configs with
+random weights and shaped LM heads (:mod:`~hf_specmm.testing.shaping`); every processor is the family's real
+transformers processor over an in-memory ``tokenizers`` WordLevel vocabulary and a PIL image processor (no torchvision).
 
     >>> import hf_specmm
     >>> from hf_specmm import testing
