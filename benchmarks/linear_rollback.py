@@ -9,6 +9,7 @@ Each round verifies a block of γ + 1 tokens from the same cache, then every row
   kept tokens from the snapshot with the single-step kernel (``caches/linear.py``);
 - ``B replay model``: the forward, then the states put back from a snapshot and a second target forward over the
   kept tokens (exact only when every row keeps the same count: a lower bound for batch > 1);
+- ``A: its replay alone``: the rollback call of A (timed inside it);
 - ``C all positions``: the forward, then the states of all γ + 1 positions computed and kept (what capturing
   per-position states in the forward adds on top of it; an upper bound, the chunked kernel is not removed).
 
@@ -80,9 +81,13 @@ def measure(model, batch: int, gamma: int, keep: int, repeats: int) -> dict[str,
 
     saved = {i: tuple(s.clone() for s in _compat.linear_states(kv.cache, i)) for i in layers}
 
+    replays: list[float] = []
+
     def ours() -> None:
         forward()
+        tick = time.perf_counter()
         kv.rollback(start, counts)
+        replays.append(time.perf_counter() - tick)
         back()
 
     def replay_model() -> None:
@@ -112,6 +117,7 @@ def measure(model, batch: int, gamma: int, keep: int, repeats: int) -> dict[str,
     out = interleaved_medians({"forward": plain_round, "A snapshot+replay": ours, "B replay model": replay_model,
                                "C all positions": all_positions}, repeats)
     kv.close()
+    out["A: its replay alone"] = 1e3 * statistics.median(replays[1:])
     return out
 
 
