@@ -9,7 +9,7 @@ import torch
 from .. import _compat
 from ..targets.positions import ROPE_1D, Rope1D
 from .base import Backend, SlottedCache
-from .linear import LinearStates
+from .linear import linear_states
 
 
 class DynamicSlottedCache(SlottedCache):
@@ -63,7 +63,3 @@ class DynamicBackend(Backend):
         return self._opened(DynamicSlottedCache(cache, batch_size, device, positions, compact=self.compacts(model),
                                                 linear=linear_states(model, cache, batch_size)))
 
-
-def linear_states(model: Any, cache: Any, batch_size: int) -> LinearStates | None:
-    """The rollback of ``model``'s linear-attention layers over ``cache`` (None for an attention-only model)."""
-    return LinearStates(model, cache, batch_size) if _compat.stateful_layer_types(model.config) else None

@@ -149,3 +149,8 @@ class LinearStates:
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
+
+
+def linear_states(model: Any, cache: Any, batch_size: int) -> LinearStates | None:
+    """The rollback of ``model``'s linear-attention layers over ``cache`` (None for an attention-only model)."""
+    return LinearStates(model, cache, batch_size) if _compat.stateful_layer_types(model.config) else None

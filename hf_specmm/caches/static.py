@@ -19,6 +19,10 @@ forward gets 4-D masks, one per layer type (:class:`WindowMasks`), whose window 
 a token attends to the valid slots whose position is within ``sliding_window`` of its own. For a left-padded
 prompt (the loop requires one for sliding models) that is the window plain ``generate`` applies, holes or not,
 so no slot is ever moved for it.
+
+Linear-attention layers (Qwen3.5) keep fixed-size states, written in place by their rollback
+(:mod:`hf_specmm.caches.linear`); their forwards get the same per-layer-type masks (none for the linear
+layers, which would read the whole buffer's last columns as the block's padding) and run eagerly.
 """
 
 from __future__ import annotations
@@ -30,8 +34,7 @@ import torch
 from .. import _compat
 from ..targets.positions import ROPE_1D, Rope1D
 from .base import Backend, SlottedCache
-from .dynamic import linear_states
-from .linear import LinearStates
+from .linear import LinearStates, linear_states
 
 
 class WindowMasks:
