@@ -45,6 +45,8 @@ def check_transformers_version() -> None:
 
 check_transformers_version()
 
+from transformers.cache_utils import CacheLayerMixin, LinearAttentionCacheLayerMixin  # noqa: E402 (in range only)
+
 #: the KV cache's keyword in a model's forward, its outputs and generate's model_kwargs (renamed in 5.24)
 CACHE_KWARG = "cache" if _INSTALLED >= Version("5.24.0.dev0") else "past_key_values"
 #: every name a user may pass a cache under (the old one is still accepted by 5.24, with a warning)
@@ -379,8 +381,6 @@ def unsupported_stateful_layers(model: Any) -> str | None:
 
 def is_linear_cache_layer(layer: Any) -> bool:
     """A cache layer that holds only linear-attention states (no keys / values, no sequence length)."""
-    from transformers.cache_utils import CacheLayerMixin, LinearAttentionCacheLayerMixin
-
     return isinstance(layer, LinearAttentionCacheLayerMixin) and not isinstance(layer, CacheLayerMixin)
 
 
