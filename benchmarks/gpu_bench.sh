@@ -8,6 +8,8 @@
 #   q1  Qwen2.5-VL-7B shape, batch 1/4, γ 5 (stock raises on Qwen-VL with a text draft)
 #   g1  Gemma 4 E2B shape (transformers >= 5.24), Gemma 3 270M-shaped text draft, batch 1/4, γ 3/5, text-only
 #       drafts (feature heads are refused for Gemma 4; stock raises on Gemma 4 with a text draft)
+#   q5  Qwen3.5-9B shape (hybrid: Gated DeltaNet + attention), batch 1/4, γ 3/5, a hybrid Qwen3.5-0.8B-shaped text
+#       draft and a feature head (stock refuses: "not supported with stateful models")
 #   t1  LLaVA-1.5-7B shape, batch 1/4: chains (γ 5) beside draft trees (4,6,32 and 8,8,64 nodes), both drafts
 #   c1  LLaVA-1.5-7B shape, batch 1/4/8, γ 5: eager beside compiled (static caches + torch.compile with CUDA
 #       graphs, stock's compile_config) for plain generate and hf_specmm, both drafts
@@ -28,7 +30,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH=$(pwd)${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-sections=${*:-p0 p1 p3 q1 g1 t1 c1}
+sections=${*:-p0 p1 p3 q1 g1 q5 t1 c1}
 python3 - <<'PY' 2>&1 | tee "$OUT/env.txt"
 import torch, transformers, hf_specmm
 print("gpu", torch.cuda.get_device_name(0), "| torch", torch.__version__, "| transformers", transformers.__version__)
@@ -48,10 +50,11 @@ for s in $sections; do
     q1) margins qwen2.5-vl-7b-shape; bench q1 --preset qwen2.5-vl-7b-shape --device cuda "${kinds[@]}" --gammas 5 --batch-sizes 1 4 "${big[@]}" ;;
     g1) margins gemma4-e2b-shape; bench g1 --preset gemma4-e2b-shape --device cuda --draft-kind text_only --gammas 3 5 \
           --batch-sizes 1 4 "${big[@]}" ;;
+    q5) margins qwen3.5-9b-shape; bench q5 --preset qwen3.5-9b-shape --device cuda "${kinds[@]}" --gammas 3 5 --batch-sizes 1 4 "${big[@]}" ;;
     t1) margins llava-1.5-7b-shape; bench t1 --preset llava-1.5-7b-shape --device cuda "${kinds[@]}" --gammas 5 --batch-sizes 1 4 \
           --tree 4,6,32 --tree 8,8,64 "${big[@]}" --no-stock ;;
     c1) margins llava-1.5-7b-shape; bench c1 --preset llava-1.5-7b-shape --device cuda "${kinds[@]}" --gammas 5 --batch-sizes 1 4 8 \
           --compile "${big[@]}" --no-stock ;;
-    *) echo "unknown section $s (p0 p1 p3 q1 g1 t1 c1)"; exit 2 ;;
+    *) echo "unknown section $s (p0 p1 p3 q1 g1 q5 t1 c1)"; exit 2 ;;
   esac
 done

@@ -17,6 +17,7 @@ Private things used (all read in the installed transformers source, 5.17 – 5.2
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable
 
 import torch
@@ -44,9 +45,13 @@ def check_transformers_version() -> None:
 
 check_transformers_version()
 
+from transformers import cache_utils  # noqa: E402 (in range only)
+from transformers.cache_utils import CacheLayerMixin, LinearAttentionCacheLayerMixin  # noqa: E402
+
 #: Gemma 4 / Gemma 4 Unified targets are supported from 5.24 on: 5.17 has the model classes, but its Gemma 4
 #: processors import torchvision, so the offline fixtures (and the families) are not verified there
 GEMMA4_SUPPORTED = _INSTALLED >= Version("5.24.0.dev0")
+
 #: the KV cache's keyword in a model's forward, its outputs and generate's model_kwargs (renamed in 5.24)
 CACHE_KWARG = "cache" if _INSTALLED >= Version("5.24.0.dev0") else "past_key_values"
 #: every name a user may pass a cache under (the old one is still accepted by 5.24, with a warning)
@@ -100,15 +105,24 @@ def crop_cache(cache: Any, new_length: int) -> None:
     """Shrink a cache to ``new_length`` physical slots (no copy for dynamic layers)."""
     excess = cache.get_seq_length() - new_length
     if excess > 0:
-        cache.crop(-excess)
+        for layer in kv_layers(cache):  # linear-attention states are rolled back by caches/linear.py
+            layer.crop(-excess)
 
 
-def new_dynamic_cache() -> Any:
+def new_dynamic_cache(model: Any = None) -> Any:
     """A dynamic cache with full (never sliding) layers: it can be cropped at any length. Sliding-window
-    attention still applies, through the attention mask the model builds from its config."""
+    attention still applies, through the attention mask the model builds from its config. A ``model`` with
+    linear-attention layers gets their state layers (``DynamicCache(config=...)`` with every attention layer a
+    full one)."""
     from transformers import DynamicCache
 
-    return DynamicCache()
+    if model is None or not stateful_layer_types(model.config):
+        return DynamicCache()
+    from transformers.cache_utils import DynamicLayer
+
+    cache = DynamicCache(config=model.config)
+    cache.layers = [layer if is_linear_cache_layer(layer) else DynamicLayer() for layer in cache.layers]
+    return cache
 
 
 def has_sliding_layers(config: Any) -> bool:
@@ -140,6 +154,7 @@ def select_cache_rows(cache: Any, keep: torch.Tensor) -> None:
         if getattr(layer, "keys", None) is not None and layer.keys.numel() > 0:
             index = keep.to(layer.keys.device)  # a dispatched model's layers sit on several devices
             layer.keys, layer.values = layer.keys[index], layer.values[index]
+    select_linear_rows(cache, keep)
 
 
 def is_static_cache(cache: Any) -> bool:
@@ -178,6 +193,9 @@ def compact_cache(cache: Any, mask: torch.Tensor | None, prompt_len: int, length
     valid = keep.gather(1, order)
     out = DynamicCache()
     for index, layer in enumerate(cache.layers):
+        if is_linear_cache_layer(layer):  # no slots: its states are each row's own
+            out.layers.append(layer)
+            continue
         keys, values = layer.keys, layer.values  # [B, H, L, D]
         idx = order.to(keys.device)[:, None, :, None]
         zero = ~valid.to(keys.device)[:, None, :, None]
@@ -233,12 +251,12 @@ def new_static_cache(model: Any, max_cache_len: int, full_layers: bool = False) 
 
 
 def kv_layers(cache: Any) -> list:
-    """The layers of ``cache`` that hold K/V. Gemma 4's KV-shared layers read their producer layer's states
-    and get a ``DummyLayer`` (5.24: ``keys`` None, no length, never written) in a cache built from the config."""
-    from transformers import cache_utils
-
+    """The layers of ``cache`` that hold keys / values: a hybrid model's linear-attention layers (rolled back by
+    caches/linear.py) left out, and Gemma 4's KV-shared layers, which read their producer layer's states and get a
+    ``DummyLayer`` (5.24: ``keys`` None, no length, never written) in a cache built from the config."""
     dummy = getattr(cache_utils, "DummyLayer", None)
-    return [layer for layer in cache.layers if dummy is None or not isinstance(layer, dummy)]
+    return [layer for layer in cache.layers
+            if not is_linear_cache_layer(layer) and (dummy is None or not isinstance(layer, dummy))]
 
 
 def static_capacity(cache: Any) -> int:
@@ -257,6 +275,7 @@ def set_static_length(cache: Any, length: int) -> None:
 def select_static_rows(cache: Any, keep: torch.Tensor) -> None:
     """Keep only rows ``keep`` of a static cache: new (smaller) tensors, marked static again, so a compiled
     forward recompiles once for the new batch size."""
+    select_linear_rows(cache, keep)
     for layer in kv_layers(cache):
         if not layer.is_initialized:
             continue
@@ -325,6 +344,10 @@ def tree_attention_argument(config: Any, make_mask: Callable[[int | None], torch
     every layer slides (Mistral) the windowed mask; others the plain one."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     window = getattr(text, "sliding_window", None)
+    if "linear_attention" in (getattr(text, "layer_types", None) or ()):
+        # a hybrid (Qwen3.5): the full-attention layers take the 4-D mask; None for the linear-attention layers,
+        # which otherwise read the last block-width columns of a 2-D mask as the block's padding
+        return {"full_attention": make_mask(None), "linear_attention": None}
     if not has_sliding_layers(config) or window is None:
         return make_mask(None)
     types = set(getattr(text, "layer_types", None) or ["sliding_attention"])
@@ -333,3 +356,145 @@ def tree_attention_argument(config: Any, make_mask: Callable[[int | None], torch
     if types != {"full_attention", "sliding_attention"}:
         raise NotImplementedError(f"draft trees support full and sliding-window attention layers, not {sorted(types)}")
     return {"full_attention": make_mask(None), "sliding_attention": make_mask(window)}
+
+
+# ---- linear-attention layers (Qwen3.5's Gated DeltaNet, issue 25) ---------------------------------------
+# Read in transformers 5.17 and 5.24 (the same storage; the module's cache keyword and where the key heads are
+# repeated differ, see below): a ``DynamicCache(config=...)`` / ``StaticCache`` of a hybrid model
+# holds a ``LinearAttentionLayer`` (no keys / values, no sequence length) for each "linear_attention" layer, with
+# ``conv_states[0]`` [B, conv_dim, K] (the last K inputs of the causal conv) and ``recurrent_states[0]``
+# [B, H_v, D_k, D_v] (float32), both written in place (``copy_``: static addresses). ``crop`` raises unless
+# past recording is on, and then only trims the conv state: the recurrent state cannot be cropped. A layer's
+# ``*GatedDeltaNet`` module reads its input through ``in_proj_qkv`` (-> the conv), ``in_proj_a`` (-> the decay g)
+# and ``in_proj_b`` (-> beta); a single-token step updates the states with the modeling module's
+# ``causal_conv1d_update`` and ``torch_recurrent_gated_delta_rule``, a longer block with the chunked kernel.
+# A 2-D attention mask zeroes padded tokens' inputs, which is a no-op on a zero state (left padding) only.
+
+STATEFUL_LAYER_TYPES = ("linear_attention", "conv", "hybrid", "hybrid_sliding", "mamba")
+_GATED_DELTA_PARTS = ("in_proj_qkv", "in_proj_a", "in_proj_b", "conv1d", "A_log", "dt_bias", "layer_idx")
+
+
+def stateful_layer_types(config: Any) -> set[str]:
+    """The layer types of ``config``'s decoder that keep a recurrent state (empty for attention-only models)."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    return {t for t in (getattr(text, "layer_types", None) or ()) if t in STATEFUL_LAYER_TYPES}
+
+
+def gated_delta_modules(model: Any) -> dict[int, Any]:
+    """``{layer index: module}`` of ``model``'s Gated DeltaNet linear-attention modules (Qwen3.5, Qwen3-Next)."""
+    found = {}
+    for module in model.modules():
+        if type(module).__name__.endswith("GatedDeltaNet") and all(hasattr(module, p) for p in _GATED_DELTA_PARTS):
+            found[int(module.layer_idx)] = module
+    return found
+
+
+def unsupported_stateful_layers(model: Any) -> str | None:
+    """Why ``model``'s stateful layers cannot be rolled back (None: it has none, or only Gated DeltaNet ones)."""
+    types = stateful_layer_types(model.config)
+    if not types:
+        return None
+    if types != {"linear_attention"}:
+        return f"its layer types {sorted(types)} keep states hf_specmm cannot roll back (only 'linear_attention')"
+    text = model.config.get_text_config(decoder=True)
+    wanted = {i for i, t in enumerate(text.layer_types) if t == "linear_attention"}
+    missing = wanted - set(gated_delta_modules(model))
+    if missing:
+        return (f"its linear-attention layers {sorted(missing)[:4]} are not Gated DeltaNet modules "
+                f"(in_proj_qkv / in_proj_a / in_proj_b / conv1d), the only kind hf_specmm rolls back")
+    return None
+
+
+def is_linear_cache_layer(layer: Any) -> bool:
+    """A cache layer that holds only linear-attention states (no keys / values, no sequence length)."""
+    return isinstance(layer, LinearAttentionCacheLayerMixin) and not isinstance(layer, CacheLayerMixin)
+
+
+def linear_states(cache: Any, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(conv, recurrent)`` states of a linear-attention layer, or None before its first forward."""
+    layer = cache.layers[layer_idx]
+    if not layer.has_previous_state[0]:
+        return None
+    return layer.conv_states[0], layer.recurrent_states[0]
+
+
+def write_linear_states(cache: Any, layer_idx: int, conv: torch.Tensor, recurrent: torch.Tensor) -> None:
+    """Overwrite a layer's states in place (same tensors: compiled graphs and static addresses stay valid)."""
+    layer = cache.layers[layer_idx]
+    layer.conv_states[0].copy_(conv)
+    layer.recurrent_states[0].copy_(recurrent)
+
+
+def select_linear_rows(cache: Any, keep: torch.Tensor) -> None:
+    """Keep only rows ``keep`` of every linear-attention layer's states."""
+    for layer in cache.layers:
+        if is_linear_cache_layer(layer) and layer.has_previous_state[0]:
+            index = keep.to(layer.conv_states[0].device)
+            layer.conv_states[0] = layer.conv_states[0][index].contiguous()
+            layer.recurrent_states[0] = layer.recurrent_states[0][index].contiguous()
+
+
+def gated_delta_replay(modules: list[Any], states: list[tuple[torch.Tensor, torch.Tensor]],
+                       inputs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+                       keep: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The states of Gated DeltaNet layers after each row's kept tokens, as single decode steps compute them.
+
+    Per layer: ``states`` (conv [B, C, K], recurrent [B, H, Dk, Dv]) before the tokens; ``inputs`` the tokens'
+    ``in_proj_qkv`` [B, W, C] / ``in_proj_a`` / ``in_proj_b`` [B, W, H] outputs from the forward that read them;
+    ``keep`` [B, W] bool: the tokens each row keeps (in order; the others never happened for that row). Each
+    kept token is one call of the modeling module's own recurrent step (``torch_recurrent_gated_delta_rule``,
+    the kernel of plain generate's decode steps) on its conv output (``causal_conv1d_fn`` over the row's last
+    K kept inputs); layers of one shape take their steps together (one kernel call per step for all of them)."""
+    modeling = sys.modules[type(modules[0]).__module__]
+    batch = keep.shape[0]
+    counts = keep.sum(-1)
+    steps = int(counts.max()) if counts.numel() else 0
+    # each row's kept tokens first, in order (a stable sort): their conv windows are contiguous
+    order = torch.sort((~keep).long(), dim=1, stable=True).indices
+    convs, per_step = [], []
+    for module, (conv, _), (qkv, a, b) in zip(modules, states, inputs):
+        qkv, a, b = (x.gather(1, order.to(x.device)[..., None].expand_as(x)) for x in (qkv, a, b))
+        kernel = conv.shape[-1]
+        stream = torch.cat([conv, qkv.transpose(1, 2).to(conv.dtype)], dim=-1)  # [B, C, K + W]
+        window = counts.to(conv.device)[:, None, None] + torch.arange(kernel, device=conv.device)
+        convs.append(stream.gather(2, window.expand(batch, stream.shape[1], kernel)))
+        if steps == 0:
+            continue
+        mixed = modeling.causal_conv1d_fn(stream, module.conv1d.weight.squeeze(1), module.conv1d.bias,
+                                          activation=module.activation)[:, :, kernel : kernel + steps]
+        mixed = mixed.transpose(1, 2).to(qkv.dtype)
+        query, key, value = torch.split(mixed, [module.key_dim, module.key_dim, module.value_dim], dim=-1)
+        query = query.reshape(batch, steps, -1, module.head_k_dim)
+        key = key.reshape(batch, steps, -1, module.head_k_dim)
+        value = value.reshape(batch, steps, -1, module.head_v_dim)
+        if not _KERNEL_REPEATS_KEY_HEADS and module.num_v_heads != module.num_k_heads:
+            query = query.repeat_interleave(module.num_v_heads // module.num_k_heads, dim=2)
+            key = key.repeat_interleave(module.num_v_heads // module.num_k_heads, dim=2)
+        g = -module.A_log.float().exp() * torch.nn.functional.softplus(a[:, :steps].float() + module.dt_bias)
+        per_step.append((query, key, value, g, b[:, :steps].sigmoid()))
+    if steps == 0:
+        return [(conv, recurrent.clone()) for conv, (_, recurrent) in zip(convs, states)]
+    recurrents = [recurrent for _, recurrent in states]
+    same = len({(m.num_k_heads, m.num_v_heads, m.head_k_dim, m.head_v_dim, r.dtype, r.device)
+                for m, r in zip(modules, recurrents)}) == 1
+    groups = [list(range(len(modules)))] if same else [[i] for i in range(len(modules))]
+    out: list[Any] = [None] * len(modules)
+    for group in groups:  # one batch of B x layers rows per step
+        query, key, value, g, beta = (torch.cat([per_step[i][n] for i in group]) for n in range(5))
+        state = torch.cat([recurrents[i] for i in group])
+        live = counts.to(state.device).repeat(len(group))
+        for j in range(steps):
+            one = slice(j, j + 1)
+            _, stepped = modeling.torch_recurrent_gated_delta_rule(
+                query[:, one], key[:, one], value[:, one], g=g[:, one], beta=beta[:, one], initial_state=state,
+                output_final_state=True, use_qk_l2norm_in_kernel=True)
+            state = torch.where((live > j)[:, None, None, None], stepped.to(state.dtype), state)
+        for n, i in enumerate(group):
+            out[i] = (convs[i], state[n * batch : (n + 1) * batch])
+    return out
+
+
+#: the keyword a Gated DeltaNet module's forward takes its cache under (5.24 renamed it, as CACHE_KWARG)
+LINEAR_CACHE_KWARG = "cache" if _INSTALLED >= Version("5.24.0.dev0") else "cache_params"
+#: 5.24's gated delta kernels repeat the key heads over the value heads themselves; 5.17's module does it first
+_KERNEL_REPEATS_KEY_HEADS = _INSTALLED >= Version("5.24.0.dev0")

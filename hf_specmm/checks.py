@@ -185,7 +185,7 @@ def _gamma_source(kwargs: dict, generation_config: Any, target: Any, draft: Any)
 
 
 def _check_tree(shape: TreeShape, kind: DraftKind, config: Any, budget: DraftBudget, gamma_source: str | None,
-                vocab: VocabMap) -> None:
+                vocab: VocabMap, stateful: str | None = None) -> None:
     """Options with no meaning for a draft tree (see :class:`hf_specmm.Tree`): refused, naming the option."""
     if not issubclass(kind.drafter, TreeDrafting):
         _fail(IncompatibleDraftError, f"hf_specmm.Tree: the {kind.name!r} draft kind's drafter "
@@ -205,6 +205,10 @@ def _check_tree(shape: TreeShape, kind: DraftKind, config: Any, budget: DraftBud
                f"hf_specmm.Tree(draft, top_k=k) with k <= {vocab.target_vocab}")
     elif config.cache_implementation == "static":
         bad = "cache_implementation='static': draft trees run on the default dynamic cache; drop it"
+    elif stateful:
+        bad = (f"a {stateful} with linear-attention layers (Qwen3.5's Gated DeltaNet): a tree node's recurrent state "
+               "is its parent's plus its token, which one forward over the flattened tree does not compute; pass the "
+               "draft itself to draft a chain")
     elif config.return_dict_in_generate and (config.output_attentions or config.output_hidden_states):
         bad = ("output_attentions / output_hidden_states: a tree forward's per-node tensors have no plain-generate "
                "layout (scores and logits are returned); drop them")
@@ -222,6 +226,12 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
     kwargs = dict(kwargs)
     tokenizer = kwargs.pop("tokenizer", None)
     draft_tokenizer = kwargs.pop("assistant_tokenizer", None)
+    for role, model in (("target", target), ("draft", draft)):
+        why = _compat.unsupported_stateful_layers(model)
+        if why is not None:
+            _fail(IncompatibleDraftError if role == "draft" else UnsupportedGenerationError,
+                  f"generate(assistant_model=...) cannot roll back the {role} {type(model).__name__}: {why}. "
+                  "Use a model whose stateful layers are Gated DeltaNet linear attention (Qwen3.5) or attention only.")
     kind = kind_of(draft)
     why = dict(spec.family.refused_draft_kinds).get(kind.name)
     if why is not None:
@@ -263,7 +273,10 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
             and not _chosen("assistant_confidence_threshold", kwargs, generation_config, sources[1]):
         budget.confidence = None  # transformers' filled-in default, not the caller's: no threshold for fixed shapes
     if shape is not None:
-        _check_tree(shape, kind, config, budget, _gamma_source(kwargs, generation_config, target, draft), vocab)
+        stateful = next((role for role, model in (("target", target), ("draft", draft))
+                         if _compat.stateful_layer_types(model.config)), None)
+        _check_tree(shape, kind, config, budget, _gamma_source(kwargs, generation_config, target, draft), vocab,
+                    stateful)
         budget.gamma, budget.tree = shape.depth, shape
     for key in ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold"):
         kwargs.pop(key, None)  # consumed here; stock generate must not see an assisted-mode option

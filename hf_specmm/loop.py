@@ -63,10 +63,13 @@ class SpeculativeDecoding:
         ``return_dict_in_generate``, a ``GenerateDecoderOnlyOutput`` with the scores / logits / attentions /
         hidden states asked for)."""
         graphs = _compat.compiled_graph_count()
-        self.prefill(target, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs)
-        while self.rows.any_unfinished():
-            self.round()
-            self.drop_finished_rows()
+        try:
+            self.prefill(target, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs)
+            while self.rows.any_unfinished():
+                self.round()
+                self.drop_finished_rows()
+        finally:
+            self.backend.close()  # linear-attention capture hooks come off the models
         self.stats.graphs_compiled = _compat.compiled_graph_count() - graphs
         if getattr(self.backend, "compile_config", None) is not None:  # dynamo may have given up on a frame: say so
             self.stats.recompile_limit_hits = _compat.recompile_limit_hits()

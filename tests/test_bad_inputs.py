@@ -228,6 +228,7 @@ def test_errors_are_value_errors_with_common_base():
 
 
 MUSE = {"MuseGlimmerForConditionalGeneration"} if hasattr(transformers, "MuseGlimmerForConditionalGeneration") else set()
+QWEN3_5 = {"Qwen3_5ForConditionalGeneration"} if hasattr(transformers, "Qwen3_5ForConditionalGeneration") else set()
 
 
 def test_unsupported_target_lists_supported_classes():
@@ -245,7 +246,7 @@ def test_unsupported_target_lists_supported_classes():
                                                 "Qwen3VLForConditionalGeneration",
                                                 "Gemma3ForConditionalGeneration", "Idefics3ForConditionalGeneration",
                                                 "SmolVLMForConditionalGeneration", "InternVLForConditionalGeneration",
-                                                "Qwen3VLMoeForConditionalGeneration"} | MUSE \
+                                                "Qwen3VLMoeForConditionalGeneration"} | MUSE | QWEN3_5 \
         | ({"Gemma4ForConditionalGeneration", "Gemma4UnifiedForConditionalGeneration"} if _compat.GEMMA4_SUPPORTED else set())
     assert calls["n"] == 0
     assert not hf_specmm.is_enabled(llama) and "generate" not in vars(llama)

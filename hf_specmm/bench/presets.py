@@ -17,6 +17,8 @@ stays on ``device``.
   tiny test version (``presets_qwen.py``).
 - ``gemma4-e2b-shape`` / ``tiny-gemma4`` (transformers 5.24): Gemma 4 E2B-shaped with a Gemma 3 270M-shaped
   draft, and its tiny test version (``presets_gemma4.py``).
+- ``qwen3.5-9b-shape`` / ``tiny-qwen3.5``: the hybrid Qwen3.5-9B with a Qwen3.5-0.8B-text-LM-shaped draft, and
+  its tiny test version (``presets_qwen3_5.py``; where transformers has Qwen3.5).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from ..devices import execution_device
 from .margins import apply_margin_rule
 from .presets_gemma4 import GEMMA4_PRESETS, build_gemma4_preset
 from .presets_qwen import QWEN_PRESETS, build_qwen_preset
+from .presets_qwen3_5 import QWEN3_5_PRESETS, build_qwen3_5_preset
 
 
 @dataclass
@@ -129,10 +132,12 @@ def _build(name: str, device: str, dtype: str | None, seed: int) -> Preset:
         return build_qwen_preset(name, device, dtype, seed, Preset)
     if name in GEMMA4_PRESETS:
         return build_gemma4_preset(name, device, dtype, seed, Preset)
+    if name in QWEN3_5_PRESETS:
+        return build_qwen3_5_preset(name, device, dtype, seed, Preset)
     raise ValueError(f"unknown preset {name!r}; choose one of {PRESETS}")
 
 
-PRESETS = ("cpu-proxy", "llava-1.5-7b-shape", "tiny") + QWEN_PRESETS + GEMMA4_PRESETS
+PRESETS = ("cpu-proxy", "llava-1.5-7b-shape", "tiny") + QWEN_PRESETS + GEMMA4_PRESETS + QWEN3_5_PRESETS
 
 
 def synthetic_inputs(preset: Preset, batch: int, prompt_tokens: int, seed: int = 0, with_image: bool = True) -> dict:

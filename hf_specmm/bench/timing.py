@@ -102,7 +102,7 @@ def target_step_costs(target: Any, inputs: dict, gamma: int, warmup: int = 2, re
     """T1 (target, 1 token) and Tv (target, γ+1 tokens), after a real prefill; Tp: that prefill (one sample:
     it is the long one, and common to every method)."""
     device = execution_device(target)  # a dispatched target's first layer, not its (maybe offloaded) first weight
-    cache = _compat.new_dynamic_cache()
+    cache = _compat.new_dynamic_cache(target)
     sync(device)
     start = time.perf_counter()
     target(**inputs, **_compat.cache_kwargs(cache), use_cache=True, logits_to_keep=1)
@@ -130,7 +130,7 @@ def draft_step_cost(draft: Any, target: Any, inputs: dict, vocab: Any, warmup: i
     device = execution_device(draft)
     batch = inputs["input_ids"].shape[0]
     token = torch.full((batch, 1), 5, dtype=torch.long, device=device)
-    cache = _compat.new_dynamic_cache()
+    cache = _compat.new_dynamic_cache(draft)
     if "features" in inspect.signature(draft.forward).parameters:  # a head on the target's features
         draft.attach(target, check=False)
         ids, mask = inputs["input_ids"].to(device), inputs["attention_mask"].to(device)

@@ -17,6 +17,10 @@ A backend (``dynamic.py``; the static backend plugs in the same way) implements 
 keep a prefix of slots, select rows, permute or gather slots. The mask, the positions and the rollback
 rules live here, once, for every backend and every model (target and drafts alike).
 
+Linear-attention layers (Qwen3.5's Gated DeltaNet) keep states, not slots: a cache of a model that has them
+carries a :class:`~hf_specmm.caches.linear.LinearStates` (``linear``), told of every append, rollback and row
+selection, which puts those states back exactly where each row's kept slots end.
+
 Seams for draft trees: :meth:`SlottedCache.append` takes per-slot ``valid`` flags and explicit
 ``position_ids``, and :meth:`SlottedCache.rollback` takes a ``path`` (which block slots to keep, in order),
 so a tree block is written and then compacted to its accepted path in place.
@@ -30,6 +34,7 @@ from typing import Any, Callable
 import torch
 
 from ..targets.positions import ROPE_1D, Rope1D
+from .linear import LinearStates
 
 
 class SlottedCache(ABC):
@@ -43,11 +48,14 @@ class SlottedCache(ABC):
         compact: move holes to the left after each rollback (sliding-window models).
         length: slots already written (the prefill's, when the cache comes from a prefill).
         mask: [B, length] slot mask of what is already written, or None when every slot is valid.
+        linear: the states of the model's linear-attention layers (None: it has none).
     """
 
     def __init__(self, cache: Any, batch_size: int, device: torch.device, positions: Rope1D = ROPE_1D,
-                 compact: bool = False, length: int = 0, mask: torch.Tensor | None = None):
+                 compact: bool = False, length: int = 0, mask: torch.Tensor | None = None,
+                 linear: LinearStates | None = None):
         self.cache = cache
+        self.linear = linear
         self.batch_size, self.device = batch_size, device
         self.positions = positions
         self.compact = compact
@@ -64,8 +72,9 @@ class SlottedCache(ABC):
     compile_config: Any = None
 
     def step_call(self, model: Any) -> Callable[..., Any]:
-        """The callable for a fixed-width forward of ``model`` over this cache (a prefill calls ``model``)."""
-        if self.compile_config is None:
+        """The callable for a fixed-width forward of ``model`` over this cache (a prefill calls ``model``). Eager
+        where linear-attention states are captured (a compiled graph does not run hooks added after tracing)."""
+        if self.compile_config is None or self.linear is not None:
             return model
         from .. import _compat
 
@@ -124,6 +133,8 @@ class SlottedCache(ABC):
         given, e.g. a prompt's M-RoPE grid positions, else the position rule's block positions)."""
         if position_ids is None:
             position_ids = self.positions.block_positions(self.next_positions(), valid, width)
+        if self.linear is not None:
+            self.linear.append(valid, width, self.device)
         if valid is None and self._buffer is None:
             self.length += width
             return {"attention_mask": None, "position_ids": position_ids}
@@ -138,6 +149,10 @@ class SlottedCache(ABC):
         if it was valid (``counts`` [B]); later slots are dropped. ``path`` [B, k] (trees): the block
         slots to keep, in order (``start + path[b, j]`` moves to ``start + j``); None keeps a prefix."""
         width = int(counts.max()) if counts.numel() else 0
+        if self.linear is not None:
+            if path is not None:
+                raise NotImplementedError("a draft tree's nodes need per-node linear-attention states")
+            self.linear.rollback(start, counts, self.length)
         if path is not None:
             self._gather_slots(start, path[:, :width])
             if self._buffer is not None:
@@ -162,10 +177,17 @@ class SlottedCache(ABC):
     def select_rows(self, keep: torch.Tensor) -> None:
         """Keep only the rows ``keep`` [k] (finished rows leave the batch: later forwards skip them)."""
         self._select_storage(keep)
+        if self.linear is not None:
+            self.linear.select_rows(keep)
         if self._buffer is not None:
             self._buffer = self._buffer[keep.to(self._buffer.device)]
         self.positions = self.positions.select(keep)
         self.batch_size = int(keep.numel())
+
+    def close(self) -> None:
+        """The call is over: stop capturing linear-attention inputs (the model's hooks are removed)."""
+        if self.linear is not None:
+            self.linear.close()
 
     def row_slots(self, row: int, last: int, always: int = 0) -> torch.Tensor:
         """Indices of row ``row``'s valid slots up to ``last`` (inclusive); the first ``always`` slots count
@@ -176,11 +198,29 @@ class SlottedCache(ABC):
         return slots[(slots < always) | self._buffer[row, : last + 1].bool()]
 
 
+class Backend:
+    """What every cache backend shares: the caches it made whose linear-attention inputs are captured (hooks on
+    the models) until :meth:`close`, which the loop calls when the ``generate`` call ends."""
+
+    def __init__(self) -> None:
+        self.opened: list[SlottedCache] = []
+
+    def _opened(self, kv: SlottedCache) -> SlottedCache:
+        if kv.linear is not None:
+            self.opened.append(kv)
+        return kv
+
+    def close(self) -> None:
+        for kv in self.opened:
+            kv.close()
+        self.opened = []
+
+
 def mask_to(mask: Any, device: torch.device) -> Any:
     """An ``attention_mask`` from :meth:`SlottedCache.append` on ``device``: None, a tensor, or a dict of
     per-layer-type 4-D masks (sliding-window models on a static cache)."""
     if isinstance(mask, dict):
-        return {name: m.to(device) for name, m in mask.items()}
+        return {name: None if m is None else m.to(device) for name, m in mask.items()}
     return None if mask is None else mask.to(device)
 
 

@@ -8,7 +8,8 @@ import torch
 
 from .. import _compat
 from ..targets.positions import ROPE_1D, Rope1D
-from .base import SlottedCache
+from .base import Backend, SlottedCache
+from .linear import linear_states
 
 
 class DynamicSlottedCache(SlottedCache):
@@ -27,7 +28,7 @@ class DynamicSlottedCache(SlottedCache):
         _compat.gather_cache_slots(self.cache, start, index)
 
 
-class DynamicBackend:
+class DynamicBackend(Backend):
     """Makes the call's caches. The one place that decides how a model's cache is laid out: sliding-window
     models get full layers and compaction (see :mod:`hf_specmm.caches.base`)."""
 
@@ -52,10 +53,13 @@ class DynamicBackend:
     def wrap_target(self, target: Any, cache: Any, mask: torch.Tensor | None, length: int, batch_size: int,
                     device: torch.device, positions: Rope1D) -> SlottedCache:
         """The target's cache as its prefill left it (``length`` slots, ``mask`` [B, length] or None)."""
-        return DynamicSlottedCache(cache, batch_size, device, positions, compact=self.compacts(target),
-                                   length=length, mask=None if mask is None else mask.long())
+        return self._opened(DynamicSlottedCache(cache, batch_size, device, positions, compact=self.compacts(target),
+                                                length=length, mask=None if mask is None else mask.long(),
+                                                linear=linear_states(target, cache, batch_size)))
 
     def new(self, model: Any, batch_size: int, device: torch.device, positions: Rope1D = ROPE_1D) -> SlottedCache:
         """An empty cache for a draft model (the drafters' :data:`~hf_specmm.caches.CacheFactory`)."""
-        return DynamicSlottedCache(_compat.new_dynamic_cache(), batch_size, device, positions,
-                                   compact=self.compacts(model))
+        cache = _compat.new_dynamic_cache(model)
+        return self._opened(DynamicSlottedCache(cache, batch_size, device, positions, compact=self.compacts(model),
+                                                linear=linear_states(model, cache, batch_size)))
+

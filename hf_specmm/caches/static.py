@@ -19,6 +19,10 @@ forward gets 4-D masks, one per layer type (:class:`WindowMasks`), whose window 
 a token attends to the valid slots whose position is within ``sliding_window`` of its own. For a left-padded
 prompt (the loop requires one for sliding models) that is the window plain ``generate`` applies, holes or not,
 so no slot is ever moved for it.
+
+Linear-attention layers (Qwen3.5) keep fixed-size states, written in place by their rollback
+(:mod:`hf_specmm.caches.linear`); their forwards get the same per-layer-type masks (none for the linear
+layers, which would read the whole buffer's last columns as the block's padding) and run eagerly.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ import torch
 
 from .. import _compat
 from ..targets.positions import ROPE_1D, Rope1D
-from .base import SlottedCache
+from .base import Backend, SlottedCache
+from .linear import LinearStates, linear_states
 
 
 class WindowMasks:
@@ -67,6 +72,13 @@ class WindowMasks:
         return _compat.tree_attention_argument(self.config, make_mask)
 
 
+def needs_4d_masks(model: Any) -> bool:
+    """Whether forwards over a static cache of ``model`` take :class:`WindowMasks`' per-layer-type masks: a window
+    counted in positions, or linear-attention layers, which read the last block-width columns of a 2-D mask as the
+    block's padding (the whole-buffer mask's unwritten columns, here)."""
+    return _compat.has_sliding_layers(model.config) or bool(_compat.stateful_layer_types(model.config))
+
+
 class StaticSlottedCache(SlottedCache):
     """A :class:`SlottedCache` over a (full-layer) ``StaticCache`` of ``capacity`` slots.
 
@@ -84,8 +96,9 @@ class StaticSlottedCache(SlottedCache):
     """
 
     def __init__(self, cache: Any, batch_size: int, device: torch.device, positions: Rope1D = ROPE_1D,
-                 length: int = 0, mask: torch.Tensor | None = None, window_masks: WindowMasks | None = None):
-        super().__init__(cache, batch_size, device, positions, compact=False, length=length)
+                 length: int = 0, mask: torch.Tensor | None = None, window_masks: WindowMasks | None = None,
+                 linear: LinearStates | None = None):
+        super().__init__(cache, batch_size, device, positions, compact=False, length=length, linear=linear)
         self.capacity = _compat.static_capacity(cache)
         if length > self.capacity:
             raise ValueError(f"the prompt takes {length} slots but the static cache holds {self.capacity}: "
@@ -101,8 +114,9 @@ class StaticSlottedCache(SlottedCache):
         """An empty cache of ``capacity`` slots for ``model`` (sliding layers as full layers + window masks)."""
         sliding = _compat.has_sliding_layers(model.config)
         cache = _compat.new_static_cache(model, capacity, full_layers=sliding)
-        windows = WindowMasks(model.config, model.dtype) if sliding else None
-        return cls(cache, batch_size, device, positions, window_masks=windows)
+        windows = WindowMasks(model.config, model.dtype) if needs_4d_masks(model) else None
+        return cls(cache, batch_size, device, positions, window_masks=windows,
+                   linear=linear_states(model, cache, batch_size))
 
     @classmethod
     def prefill(cls, model: Any, inputs: dict[str, Any], capacity: int, positions: Rope1D) -> "StaticSlottedCache":
@@ -174,7 +188,7 @@ class StaticSlottedCache(SlottedCache):
         _compat.set_static_length(self.cache, kept)
 
 
-class StaticBackend:
+class StaticBackend(Backend):
     """``cache_implementation="static"``: static caches for the target and the draft, sized once per call, and
     the compiled forward stock ``generate`` would use (``generation_config.compile_config``, ``disable_compile``,
     stock's own criteria: on CPU only with ``compile_config._compile_all_devices``). Finished rows stay in
@@ -184,6 +198,7 @@ class StaticBackend:
     drops_rows = False
 
     def __init__(self) -> None:
+        super().__init__()
         self.capacity = self.draft_capacity = 0
         self.compile_config: Any = None  # set when the call decodes with compiled forwards
 
@@ -207,12 +222,13 @@ class StaticBackend:
 
     def wrap_target(self, target: Any, cache: Any, mask: torch.Tensor | None, length: int, batch_size: int,
                     device: torch.device, positions: Rope1D) -> SlottedCache:
-        windows = WindowMasks(target.config, target.dtype) if _compat.has_sliding_layers(target.config) else None
-        kv = StaticSlottedCache(cache, batch_size, device, positions, length, mask, windows)
+        windows = WindowMasks(target.config, target.dtype) if needs_4d_masks(target) else None
+        kv = StaticSlottedCache(cache, batch_size, device, positions, length, mask, windows,
+                                linear_states(target, cache, batch_size))
         kv.compile_config = self.compile_config
-        return kv
+        return self._opened(kv)
 
     def new(self, model: Any, batch_size: int, device: torch.device, positions: Rope1D = ROPE_1D) -> SlottedCache:
         kv = StaticSlottedCache.for_model(model, batch_size, self.draft_capacity, device, positions)
         kv.compile_config = self.compile_config
-        return kv
+        return self._opened(kv)

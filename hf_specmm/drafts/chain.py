@@ -107,13 +107,19 @@ class ChainDrafter(TreeDrafting, Drafter):
         self.state.reserve(self.pending.shape[1] + gamma)  # room for the round: slot indices stay put
         logits, restore = self._read_pending()
         tokens, probs = [], []
+        reads_all = self.state.linear is not None
         for j in range(gamma):
             token, prob = select(logits, j)
             tokens.append(token)
             probs.append(prob)
             if select.stop:  # every row is below the confidence threshold: end the round
+                if reads_all:
+                    self.forward(token[:, None], None)
                 break
-            if j + 1 < gamma:  # d_γ is read next round, only if accepted
+            # d_γ is read next round, only if accepted; a draft with linear-attention layers reads it now: next
+            # round's pending block would otherwise hold a hole in the rows that rejected it, and a hole
+            # advances such a draft's states (see hf_specmm.caches.linear)
+            if j + 1 < gamma or reads_all:
                 logits = self.forward(token[:, None], None)
         return Proposal(torch.stack(tokens, 1), torch.stack(probs, 1) if probs[0] is not None else None, restore)
 
@@ -125,9 +131,11 @@ class ChainDrafter(TreeDrafting, Drafter):
             last = proposal.tree.tokens.gather(1, path.gather(1, n[:, None]))
         else:
             start, width = proposal.restore
-            # keep the pending slots (as valid as they were) and the accepted drafts that were read (d_1..d_{γ-1})
-            self.state.rollback(start, width + n.clamp_max(proposal.gamma - 1))
-            unread, last = n == proposal.gamma, proposal.tokens[:, -1:]  # d_γ was accepted but never read
+            # keep the pending slots (as valid as they were) and the accepted drafts that were read (d_1..d_{γ-1};
+            # every one for a draft with linear-attention layers)
+            read = proposal.gamma if self.state.linear is not None else proposal.gamma - 1
+            self.state.rollback(start, width + n.clamp_max(read))
+            unread, last = n > read, proposal.tokens[:, -1:]  # d_γ was accepted but never read
         self._queue(next_tokens)
         if bool(unread.any()):  # read it first next round
             full = unread

@@ -5,6 +5,7 @@ from . import qwen_vl  # noqa: F401  (registers the Qwen-VL families)
 from . import gemma3, idefics3, internvl  # noqa: F401  (Gemma 3, Idefics3 / SmolVLM, InternVL)
 from . import muse_glimmer  # noqa: F401  (Muse Glimmer, transformers >= 5.24)
 from . import gemma4  # noqa: F401  (Gemma 4, Gemma 4 Unified; transformers >= 5.24)
+from . import qwen3_5  # noqa: F401  (Qwen3.5, where transformers has it)
 from .positions import MROPE, ROPE_1D, MRope, Rope1D
 from .registry import (SUPPORTED_TARGETS, TargetFamily, TargetSpec, family_by_model_type, family_of,
                        register_target_family, target_family, target_spec)

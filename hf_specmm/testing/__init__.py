@@ -1,14 +1,16 @@
 """Tiny, fast, deterministic offline fixtures for tests, examples, benchmarks and doctests (no Hub access).
 
 Shipped as ``torch.testing`` is, and kept out of the core: nothing outside ``hf_specmm.testing``,
-``hf_specmm.bench`` and the world demo imports it. Ten target families are covered, each registered by a
+``hf_specmm.bench`` and the world demo imports it. Fifteen target families are covered, each registered by a
 module of this package (:mod:`~hf_specmm.testing.registry`): LLaVA-1.5 / NeXT / OneVision
 (:mod:`~hf_specmm.testing.llava`), Qwen2-VL / Qwen2.5-VL / Qwen3-VL (:mod:`~hf_specmm.testing.qwen_vl`),
 Gemma 3 (:mod:`~hf_specmm.testing.gemma3`), Idefics3 / SmolVLM (:mod:`~hf_specmm.testing.idefics3`) and
-InternVL (:mod:`~hf_specmm.testing.internvl`); on transformers >= 5.24 also Gemma 4 and Gemma 4 Unified
-(:mod:`~hf_specmm.testing.gemma4`). Every model is built from configs with random weights and
-shaped LM heads (:mod:`~hf_specmm.testing.shaping`); every processor is the family's real transformers
-processor over an in-memory ``tokenizers`` WordLevel vocabulary and a PIL image processor (no torchvision).
+InternVL (:mod:`~hf_specmm.testing.internvl`), Qwen3-VL-MoE, Muse Glimmer (:mod:`~hf_specmm.testing.muse_glimmer`);
+on transformers >= 5.24 also Gemma 4 and Gemma 4 Unified (:mod:`~hf_specmm.testing.gemma4`); Qwen3.5
+(:mod:`~hf_specmm.testing.qwen3_5`, a hybrid with linear-attention layers, outside :data:`FAMILIES`: its own
+suite). Every model is built from configs with random weights and shaped LM heads
+(:mod:`~hf_specmm.testing.shaping`); every processor is the family's real transformers processor over an
+in-memory ``tokenizers`` WordLevel vocabulary and a PIL image processor (no torchvision).
 
     >>> import hf_specmm
     >>> from hf_specmm import testing
@@ -41,6 +43,7 @@ from . import gemma3, idefics3, internvl  # noqa: F401
 if hasattr(transformers, "MuseGlimmerForConditionalGeneration"):  # registered only where transformers has it
     from . import muse_glimmer  # noqa: F401
 from . import gemma4  # noqa: F401  (registers nothing before transformers 5.24)
+from . import qwen3_5  # noqa: F401  (where transformers has Qwen3.5)
 # isort: on
 from .drafts import (
     causal_lm_config,
@@ -54,7 +57,8 @@ from .llava import IMAGE_SIZE, TinyOnevisionProcessor
 from .registry import FIXTURES, FixtureFamily, families_of, fixture, fixture_of, register_fixture
 from .shaping import BOS_ID, EOS_ID, UNK_ID, vision_module
 
-FAMILIES = tuple(FIXTURES)
+FAMILIES = tuple(name for name, family in FIXTURES.items() if family.shared_suites)
+HYBRID_FAMILIES = families_of("qwen3_5")  # linear-attention hybrids: tests/test_qwen3_5.py
 LLAVA_FAMILIES = families_of("llava")
 QWEN_FAMILIES = families_of("qwen_vl")
 MORE_FAMILIES = families_of("gemma3") + families_of("idefics3") + families_of("internvl")  # upstream id layouts
@@ -72,6 +76,7 @@ __all__ = [
     "QWEN_FAMILIES",
     "UNK_ID",
     "FixtureFamily",
+    "HYBRID_FAMILIES",
     "TinyOnevisionProcessor",
     "causal_lm_config",
     "family_ids",

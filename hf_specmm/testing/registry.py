@@ -31,6 +31,9 @@ class FixtureFamily:
     image_marker: str = "<image>"  # the text a prompt holds where its image goes
     images_per_row: bool = False  # the processor takes each row's images as a list (Idefics3, Gemma 3, ...)
     group: str = ""  # the family group (the module that builds it), for the tests' per-group matrices
+    #: in ``testing.FAMILIES``, which parametrizes the shared suites; False: a family whose forwards are too slow
+    #: on a CPU for every suite (Qwen3.5's reference linear-attention kernels) runs a lean suite of its own
+    shared_suites: bool = True
 
     def target(self, seed: int, vocab_size: int, eos_bias: float | None) -> PreTrainedModel:
         """The tiny target (called by :meth:`seeded_target`)."""

@@ -77,16 +77,22 @@ def shape_lm(decoder: torch.nn.Module, lm_head: torch.nn.Linear, vocab_size: int
     d = BIAS_DIM
     decoder.embed_tokens.weight[:, d] = 0.0
     for layer in decoder.layers:
+        mixer = getattr(layer, "self_attn", None) or layer.linear_attn  # Qwen3.5: linear-attention layers
         experts = getattr(layer.mlp, "experts", None)  # a sparse MoE block: experts' stacked [E, hidden, inter]
         if experts is not None:
             experts.down_proj[:, d] = 0.0
-        for lin in (layer.self_attn.o_proj,) + (() if experts is not None else (layer.mlp.down_proj,)):
+        dense = () if experts is not None else (layer.mlp.down_proj,)
+        for lin in (getattr(mixer, "o_proj", None) or mixer.out_proj,) + dense:
             lin.weight[d] = 0.0
             if lin.bias is not None:
                 lin.bias[d] = 0.0
     attn = decoder.layers[-1].self_attn
     attn.v_proj.weight[0] = 0.0
     attn.v_proj.bias[0] = 1.0  # value dim 0 of kv-head 0 is exactly 1 after attention
+    if attn.q_proj.out_features == 2 * attn.o_proj.in_features:  # gated attention (Qwen3.5): open channel 0's gate
+        gate = attn.head_dim  # per head: head_dim query rows, then head_dim gate rows
+        attn.q_proj.weight[gate] = 0.0
+        attn.q_proj.bias[gate] = 30.0
     attn.o_proj.weight[:, 0] = 0.0
     seen: dict[str, torch.Tensor] = {}
     hook = decoder.norm.register_forward_hook(lambda mod, args, out: seen.update(x=args[0]))

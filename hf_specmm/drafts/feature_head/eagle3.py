@@ -66,7 +66,7 @@ def layer_config_for(text: PretrainedConfig, num_layers: int, vocab_size: int) -
         rms_norm_eps=float(getattr(text, "rms_norm_eps", 1e-6)),
         # M-RoPE's sections are the text family's business (the body's rotary embedding); exports add them back
         rope_parameters={k: v for k, v in (rope_parameters(text) or {"rope_type": "default", "rope_theta": 10000.0}).items()
-                         if not k.startswith("mrope")},
+                         if not k.startswith("mrope") and k != "partial_rotary_factor"},
         attention_bias=False, mlp_bias=False, tie_word_embeddings=False)
 
 
@@ -268,6 +268,9 @@ class Eagle3FeatureHead(FeatureHeadDraft):
         fields = head_config_fields(target, num_layers, target_name, kind="eagle3")
         if isinstance(fields["text_config"].get("layer_types"), list):  # Llama layers attend to the whole context
             fields["text_config"]["layer_types"] = ["full_attention"] * num_layers
+        rope = fields["text_config"].get("rope_parameters")
+        if isinstance(rope, dict) and rope.get("partial_rotary_factor", 1.0) != 1.0:  # Qwen3.5: Llama layers rotate
+            fields["text_config"]["rope_parameters"] = {**rope, "partial_rotary_factor": 1.0}  # the whole head
         text = target.config.get_text_config()
         depth, vocab = int(text.num_hidden_layers), int(target.get_input_embeddings().weight.shape[0])
         aux = list(aux_layers) if isinstance(aux_layers, (list, tuple)) else aux_layers

@@ -237,6 +237,8 @@ def head_config_fields(target: PreTrainedModel, num_layers: int, target_name: st
         raise IncompatibleDraftError(f"no feature head can be made for a {type(target).__name__} target: {why}.")
     text = copy.deepcopy(target.config.get_text_config())
     text.num_hidden_layers = num_layers
+    if _compat.stateful_layer_types(text):  # a hybrid (Qwen3.5): its last layers, so a 1-layer head is full attention
+        text.layer_types = text.layer_types[-num_layers:]
     # per-layer lists sized for the target's depth (Muse Glimmer: layer_rope_theta)
     for name in ("layer_types", "max_window_layers", "layer_rope_theta"):
         if isinstance(getattr(text, name, None), list):
