@@ -201,7 +201,10 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
     draft_tokenizer = kwargs.pop("assistant_tokenizer", None)
     kind = kind_of(draft)
     kind.drafter.check(target, draft)  # first: a draft that is no kind's (no LM head) may have no vocabulary either
-    check_vocab_compatible(spec, draft, tokenizer, draft_tokenizer)
+    # a kind scoring with the target's LM head proposes from the target's vocabulary: nothing to compare
+    own_vocab = kind.target_vocab_size is None
+    if own_vocab:
+        check_vocab_compatible(spec, draft, tokenizer, draft_tokenizer)
     ids = _input_ids(inputs, kwargs)
     config = _compat.resolve_generation_config(target, generation_config, kwargs)
     _check_config(config, kwargs, ids.shape[0], streamer)
@@ -213,7 +216,7 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
     mask = kwargs.get("attention_mask")
     mask = mask if isinstance(mask, torch.Tensor) and mask.shape == ids.shape else None
     check_placeholders(spec, target.config, ids, mask, spec.family.model_inputs(kwargs))
-    vocab = VocabMap(spec, draft_vocab_size(draft), ids.device)
+    vocab = VocabMap(spec, draft_vocab_size(draft) if own_vocab else kind.target_vocab_size(draft, target), ids.device)
     _check_draft(draft, kind, ids, config, vocab, kwargs)
     if config.stop_strings is not None:
         if tokenizer is None:

@@ -46,6 +46,8 @@ class DraftKind:
             logits (e.g. the target's hidden states as regression targets, captured by the view's ``watch``
             around the target's forward). ``target_logits`` [B, R, V]: column r predicts response token r;
             ``columns``: the proposable ids. Metrics must include ``draft_top1``. None: the default loss.
+        target_vocab_size: ``(draft, target) -> rows`` for kinds that score with the target's LM head (no
+            vocabulary of their own): the vocabulary they propose from. None: the draft's own LM head's.
     """
 
     name: str
@@ -61,6 +63,7 @@ class DraftKind:
     card_rows: Callable[[Any], str] = _no_rows
     build: Callable[..., Any] | None = None
     loss: Callable[..., tuple[Any, dict[str, float]]] | None = None
+    target_vocab_size: Callable[[Any, Any], int] | None = None
 
 
 _KINDS: dict[str, DraftKind] = {}

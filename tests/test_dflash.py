@@ -1,0 +1,251 @@
+"""The ``dflash`` draft kind (DFlash block drafters, ``MuseGlimmerAssistantModel``): greedy parity on every kind
+of target (LLaVA, M-RoPE Qwen3-VL, sliding-window Gemma 3, Muse Glimmer) at batch 1 and 3, γ 2 and the block's
+γ; the drafter's context checked exactly against a from-scratch recomputation every round while planted
+drafts are accepted in part (rows at different offsets, holes); stock's DFlash generator's proposals at batch
+1; χ² sampling; static caches; refusals before any forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+import hf_specmm
+from hf_specmm import IncompatibleDraftError, testing
+
+pytestmark = pytest.mark.skipif(not hasattr(transformers, "MuseGlimmerAssistantModel"),
+                                reason="this transformers has no DFlash drafter class")
+
+from conftest import PROMPTS, batch_inputs, processor, target  # noqa: E402
+from test_sampling import ALPHA, NEW, _samples, chi2_homogeneity_pvalue  # noqa: E402
+from test_train import count_forwards  # noqa: E402
+
+FAMILIES = ("llava", "qwen3_vl", "gemma3", "muse_glimmer")
+BLOCK = 4  # proposes up to 3 tokens per round
+
+
+def dflash(model, **kwargs):
+    from hf_specmm.drafts.dflash import dflash_draft_for
+
+    return dflash_draft_for(model, **{"block_size": BLOCK, **kwargs})
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("batch", (1, 3))
+def test_greedy_parity(family, batch):
+    model = target(family)
+    inputs = batch_inputs(family, batch)
+    hf_specmm.disable(model)
+    plain = model.generate(**inputs, max_new_tokens=16, do_sample=False)
+    draft = dflash(model, sliding_window=6 if family == "gemma3" else None)  # the drafter's own windows too
+    hf_specmm.enable(model)
+    try:
+        for gamma in (2, BLOCK - 1, BLOCK + 2):  # past the block: capped at block_size - 1
+            out = model.generate(**inputs, max_new_tokens=16, do_sample=False, assistant_model=draft,
+                                 num_assistant_tokens=gamma)
+            assert torch.equal(out, plain), f"{family} batch={batch} γ={gamma}:\n{out}\n!=\n{plain}"
+            stats = hf_specmm.last_stats(model)
+            assert stats.drafted_tokens > 0 and max(stats.gammas) == min(gamma, BLOCK - 1)
+    finally:
+        hf_specmm.disable(model)
+
+
+def _row_inputs(family, i):
+    sizes = [(32, 32), None, (64, 32)]
+    image = None if sizes[i] is None else testing.tiny_image(i, sizes[i])
+    return testing.make_inputs(family, processor(family), [PROMPTS[i]], [image])
+
+
+def _reference_block_logits(model, draft, row_inputs, generated, anchor):
+    """Stock's computation from scratch: the target over the row's whole sequence (prompt + ``generated``), its
+    ``hidden_states[i + 1]`` as the context, one drafter forward with no cache at positions 0.."""
+    from hf_specmm.drafts.dflash.modeling import embed_block
+
+    ids = torch.cat([row_inputs["input_ids"], generated[None]], 1)
+    extra = {k: v for k, v in row_inputs.items() if k != "input_ids"}
+    for key, value in extra.items():  # per-token inputs (mask, token types) continue over the new tokens
+        if isinstance(value, torch.Tensor) and value.shape == row_inputs["input_ids"].shape:
+            fill = 1 if key == "attention_mask" else 0
+            extra[key] = torch.cat([value, value.new_full((1, generated.shape[0]), fill)], 1)
+    with torch.no_grad():
+        out = model(input_ids=ids, **extra, output_hidden_states=True)
+        context = torch.cat([out.hidden_states[i + 1] for i in draft.config.target_layer_ids], -1)
+        block = torch.full((1, draft.config.block_size), draft.config.mask_token_id)
+        block[0, 0] = anchor
+        embeds = embed_block(model, block)  # the table without its embed_norm, as stock's generator reads it
+        hidden = draft(noise_embeds=embeds, context_hidden_states=context).last_hidden_state
+        return model.get_output_embeddings()(hidden[:, 1:]).float()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_context_is_exact_while_planted_drafts_are_accepted_in_part(family, monkeypatch):
+    """Every round, each row's block logits equal stock's from-scratch computation over that row's accepted
+    sequence (its context: features, positions, holes and row offsets all exact); each row's drafts are then
+    overwritten with its next k plain tokens (k random per row and round) and a wrong one, and exactly k are
+    accepted: acceptance, rollback and the queued features are exercised as a trained drafter's would be."""
+    from hf_specmm.drafts.dflash import DFlashDrafter
+
+    model = testing.tiny_target(family, eos_bias=-30.0)  # no EOS: every row runs to max_new_tokens
+    inputs = batch_inputs(family, 3)
+    new, gamma = 14, BLOCK - 1
+    plain = model.generate(**inputs, max_new_tokens=new, do_sample=False)
+    prompt_width, counts = inputs["input_ids"].shape[1], inputs["attention_mask"].sum(-1)
+    rows = [_row_inputs(family, i) for i in range(3)]
+    draft = dflash(model)
+    gen = torch.Generator().manual_seed(0)
+    planted: list[list[int]] = []
+    checked = []
+    real, real_select = DFlashDrafter.block_logits, DFlashDrafter.select_rows
+    batch_rows = [0, 1, 2]  # the batch row of each cache row (finished rows leave the caches)
+
+    def selecting(self, keep):
+        batch_rows[:] = [batch_rows[k] for k in keep.tolist()]
+        real_select(self, keep)
+
+    def planting(self):
+        logits = real(self)
+        ks = []
+        for c, i in enumerate(batch_rows):
+            done = int(self.anchor_positions[c] - counts[i])  # generated tokens before the anchor
+            continuation = plain[i, prompt_width + done:]
+            reference = _reference_block_logits(model, draft, rows[i], plain[i, prompt_width:prompt_width + done],
+                                                 int(self.anchor[c]))
+            proposable = logits[c].isfinite()  # ids a draft never proposes (placeholders) are -inf
+            torch.testing.assert_close(logits[c][proposable], reference[0][proposable], rtol=1e-4, atol=1e-4)
+            checked.append(done)
+            k = int(torch.randint(0, gamma + 1, (1,), generator=gen))
+            for j in range(min(gamma, continuation.shape[0] - 1)):
+                right = int(continuation[j + 1])
+                wrong = int(torch.where(proposable[j] & (torch.arange(proposable.shape[1]) != right))[0][0])
+                logits[c, j] = -1e4
+                logits[c, j, right if j < k else wrong] = 0.0
+            ks.append(k)
+        planted.append(ks)
+        return logits
+
+    monkeypatch.setattr(DFlashDrafter, "block_logits", planting)
+    monkeypatch.setattr(DFlashDrafter, "select_rows", selecting)
+    hf_specmm.enable(model)
+    try:
+        out = model.generate(**inputs, max_new_tokens=new, do_sample=False, assistant_model=draft,
+                             num_assistant_tokens=gamma)
+        stats = hf_specmm.last_stats(model)
+    finally:
+        hf_specmm.disable(model)
+    assert torch.equal(out, plain)
+    assert len(set(checked)) > 3  # rounds at several offsets were checked
+    per_row: dict[int, list[tuple[int, int]]] = {}
+    for ks, kept in zip(planted, stats.tokens_per_round):
+        live = [i for i, got in enumerate(kept) if got > 0]  # the rows in the caches, in order
+        assert len(live) == len(ks), (planted, stats.tokens_per_round)
+        for i, k in zip(live, ks):
+            per_row.setdefault(i, []).append((k, kept[i]))
+    for i, rounds in per_row.items():  # exactly the planted k accepted; the last round is cut by max_new_tokens
+        assert all(got == k + 1 for k, got in rounds[:-1]), (i, rounds)
+        assert rounds[-1][1] <= rounds[-1][0] + 1, (i, rounds)
+    assert 0 < stats.acceptance_rate < 1
+
+
+def test_proposals_equal_stock_dflash_generator_at_batch_1():
+    """Stock's ``DFlashTokenCandidateGenerator`` (batch 1 only) and this drafter propose the same blocks round by
+    round on Muse Glimmer with its own assistant class, and both equal plain greedy."""
+    from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator
+
+    from hf_specmm.drafts.dflash import DFlashDrafter
+
+    family = "muse_glimmer"
+    model = testing.tiny_target(family, eos_bias=-30.0)
+    inputs = batch_inputs(family, 1)
+    draft = dflash(model)
+    plain = model.generate(**inputs, max_new_tokens=16, do_sample=False)
+    stock_blocks, ours = [], []
+    real_stock, real_ours = DFlashTokenCandidateGenerator.get_candidates, DFlashDrafter.propose
+
+    def stock_candidates(self, input_ids, *args, **kwargs):
+        ids, logits = real_stock(self, input_ids, *args, **kwargs)
+        if logits is not None:
+            stock_blocks.append(ids[0, input_ids.shape[1]:].tolist())
+        return ids, logits
+
+    def our_proposals(self, budget, select):
+        proposal = real_ours(self, budget, select)
+        ours.append(proposal.tokens[0].tolist())
+        return proposal
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(DFlashTokenCandidateGenerator, "get_candidates", stock_candidates)
+        stock = model.generate(**inputs, max_new_tokens=16, do_sample=False, assistant_model=draft,
+                               speculation_type="dflash")
+        patch.setattr(DFlashDrafter, "propose", our_proposals)
+        hf_specmm.enable(model)
+        try:
+            out = model.generate(**inputs, max_new_tokens=16, do_sample=False, assistant_model=draft,
+                                 num_assistant_tokens=BLOCK - 1)
+        finally:
+            hf_specmm.disable(model)
+    assert torch.equal(stock, plain) and torch.equal(out, plain)
+    full = [block for block in ours if len(block) == BLOCK - 1]  # near max_new_tokens we draft fewer
+    assert len(full) >= 4 and full == stock_blocks[:len(full)], (ours, stock_blocks)
+
+
+def test_sampling_matches_plain():
+    """Drafts drawn from q per block position and verified against q: per-position χ² against plain sampling
+    (600 rows, temperature, top-k and a repetition penalty that reads the drafted history)."""
+    family = "qwen3_vl"
+    model = testing.tiny_target(family, seed=0, eos_bias=-30.0)
+    plain = _samples(model, family, seed=1)
+    hf_specmm.enable(model)
+    try:
+        spec = _samples(model, family, dflash(model), seed=2)
+        stats = hf_specmm.last_stats(model)
+    finally:
+        hf_specmm.disable(model)
+    assert 0.0 < stats.acceptance_rate < 0.9, stats.acceptance_rate
+    vocab = model.config.text_config.vocab_size
+    for pos in range(NEW):
+        p, stat, dof = chi2_homogeneity_pvalue(plain[:, pos], spec[:, pos], vocab)
+        print(f"{family} dflash pos {pos}: chi2={stat:.1f} dof={dof} p={p:.3g} acceptance={stats.acceptance_rate:.2f}")
+        assert p > ALPHA, f"position {pos}: χ²={stat:.1f} (dof {dof}), p={p:.2g} < {ALPHA}"
+
+
+@pytest.mark.parametrize("family", ("llava", "gemma3"))
+def test_static_cache_parity(family):
+    model = target(family)
+    hf_specmm.disable(model)
+    inputs = batch_inputs(family, 3)
+    static = dict(do_sample=False, cache_implementation="static", max_new_tokens=12)
+    plain = model.generate(**inputs, **static)
+    hf_specmm.enable(model)
+    try:
+        out = model.generate(**inputs, **static, assistant_model=dflash(model), num_assistant_tokens=BLOCK - 1)
+        stats = hf_specmm.last_stats(model)
+    finally:
+        hf_specmm.disable(model)
+    assert torch.equal(out, plain)
+    assert stats.drafted_tokens > 0 and set(stats.gammas) == {BLOCK - 1}
+
+
+def _refused(model, inputs, draft, match, **kwargs):
+    hf_specmm.enable(model)
+    try:
+        with count_forwards() as calls, pytest.raises(IncompatibleDraftError, match=match):
+            model.generate(**inputs, max_new_tokens=4, assistant_model=draft, **kwargs)
+    finally:
+        hf_specmm.disable(model)
+    assert calls["n"] == 0
+
+
+def test_refusals_before_any_forward():
+    model, other = target("llava"), target("qwen3_vl")
+    inputs = batch_inputs("llava", 1)
+    draft = dflash(model)
+    _refused(model, inputs, hf_specmm.Tree(draft, depth=3, top_k=2, tokens=6), "does not draft trees")
+    wide = dflash(model, target_layer_ids=[0, 40])
+    _refused(model, inputs, wide, r"reads target layers \[0, 40\]")
+    _refused(model, inputs, dflash(model, mask_token_id=10_000), "mask_token_id")
+    if model.config.text_config.hidden_size != other.config.text_config.hidden_size:
+        _refused(model, inputs, dflash(other), "hidden size")
+    # a model no kind claims (no LM head, not a DFlash drafter): refused naming the kinds, dflash among them
+    base = transformers.LlamaModel(transformers.LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                                            num_attention_heads=2, vocab_size=128))
+    _refused(model, inputs, base, "dflash")
