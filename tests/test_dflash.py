@@ -46,6 +46,11 @@ def test_greedy_parity(family, batch):
             assert torch.equal(out, plain), f"{family} batch={batch} γ={gamma}:\n{out}\n!=\n{plain}"
             stats = hf_specmm.last_stats(model)
             assert stats.drafted_tokens > 0 and max(stats.gammas) == min(gamma, BLOCK - 1)
+        for depth in (2, BLOCK + 1):  # block trees from the per-position top-k; depth capped at block_size - 1
+            out = model.generate(**inputs, max_new_tokens=16, do_sample=False,
+                                 assistant_model=hf_specmm.Tree(draft, top_k=2, depth=depth, tokens=5))
+            assert torch.equal(out, plain), f"{family} batch={batch} tree depth {depth}:\n{out}\n!=\n{plain}"
+            assert max(hf_specmm.last_stats(model).gammas) == min(depth, BLOCK - 1)
     finally:
         hf_specmm.disable(model)
 
@@ -77,12 +82,14 @@ def _reference_block_logits(model, draft, row_inputs, generated, anchor):
         return model.get_output_embeddings()(hidden[:, 1:]).float()
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_context_is_exact_while_planted_drafts_are_accepted_in_part(family, monkeypatch):
+@pytest.mark.parametrize("family,tree", [(f, False) for f in FAMILIES] + [("qwen3_vl", True), ("muse_glimmer", True)])
+def test_context_is_exact_while_planted_drafts_are_accepted_in_part(family, tree, monkeypatch):
     """Every round, each row's block logits equal stock's from-scratch computation over that row's accepted
     sequence (its context: features, positions, holes and row offsets all exact); each row's drafts are then
     overwritten with its next k plain tokens (k random per row and round) and a wrong one, and exactly k are
-    accepted: acceptance, rollback and the queued features are exercised as a trained drafter's would be."""
+    accepted: acceptance, rollback and the queued features are exercised as a trained drafter's would be.
+    A block tree (top-2 per position): the right token is the second choice past the k planted positions, so
+    rounds accept more than k through second branches, and the accepted path's features become the context."""
     from hf_specmm.drafts.dflash import DFlashDrafter
 
     model = testing.tiny_target(family, eos_bias=-30.0)  # no EOS: every row runs to max_new_tokens
@@ -119,6 +126,8 @@ def test_context_is_exact_while_planted_drafts_are_accepted_in_part(family, monk
                 wrong = int(torch.where(proposable[j] & (torch.arange(proposable.shape[1]) != right))[0][0])
                 logits[c, j] = -1e4
                 logits[c, j, right if j < k else wrong] = 0.0
+                if tree:  # the runner-up: the right token past the planted ones
+                    logits[c, j, wrong if j < k else right] = -1.0
             ks.append(k)
         planted.append(ks)
         return logits
@@ -127,8 +136,9 @@ def test_context_is_exact_while_planted_drafts_are_accepted_in_part(family, monk
     monkeypatch.setattr(DFlashDrafter, "select_rows", selecting)
     hf_specmm.enable(model)
     try:
-        out = model.generate(**inputs, max_new_tokens=new, do_sample=False, assistant_model=draft,
-                             num_assistant_tokens=gamma)
+        shaped = hf_specmm.Tree(draft, top_k=2, depth=gamma, tokens=6) if tree else draft
+        out = model.generate(**inputs, max_new_tokens=new, do_sample=False, assistant_model=shaped,
+                             **({} if tree else {"num_assistant_tokens": gamma}))
         stats = hf_specmm.last_stats(model)
     finally:
         hf_specmm.disable(model)
@@ -140,6 +150,10 @@ def test_context_is_exact_while_planted_drafts_are_accepted_in_part(family, monk
         assert len(live) == len(ks), (planted, stats.tokens_per_round)
         for i, k in zip(live, ks):
             per_row.setdefault(i, []).append((k, kept[i]))
+    if tree:  # at least the planted k, and more through second branches in some rounds
+        assert all(got >= k + 1 for rounds in per_row.values() for k, got in rounds[:-1]), per_row
+        assert any(got > k + 1 for rounds in per_row.values() for k, got in rounds), per_row
+        return
     for i, rounds in per_row.items():  # exactly the planted k accepted; the last round is cut by max_new_tokens
         assert all(got == k + 1 for k, got in rounds[:-1]), (i, rounds)
         assert rounds[-1][1] <= rounds[-1][0] + 1, (i, rounds)
@@ -188,15 +202,18 @@ def test_proposals_equal_stock_dflash_generator_at_batch_1():
     assert len(full) >= 4 and full == stock_blocks[:len(full)], (ours, stock_blocks)
 
 
-def test_sampling_matches_plain():
-    """Drafts drawn from q per block position and verified against q: per-position χ² against plain sampling
-    (600 rows, temperature, top-k and a repetition penalty that reads the drafted history)."""
+@pytest.mark.parametrize("tree", (False, True))
+def test_sampling_matches_plain(tree):
+    """Drafts drawn from q per block position and verified against q (a tree: multi-candidate speculative
+    sampling): per-position χ² against plain sampling (600 rows, temperature, top-k and a repetition penalty
+    that reads the drafted history)."""
     family = "qwen3_vl"
     model = testing.tiny_target(family, seed=0, eos_bias=-30.0)
     plain = _samples(model, family, seed=1)
+    draft = hf_specmm.Tree(dflash(model), top_k=2, depth=3, tokens=5) if tree else dflash(model)
     hf_specmm.enable(model)
     try:
-        spec = _samples(model, family, dflash(model), seed=2)
+        spec = _samples(model, family, draft, seed=2)
         stats = hf_specmm.last_stats(model)
     finally:
         hf_specmm.disable(model)
@@ -238,8 +255,6 @@ def _refused(model, inputs, draft, match, **kwargs):
 def test_refusals_before_any_forward():
     model, other = target("llava"), target("qwen3_vl")
     inputs = batch_inputs("llava", 1)
-    draft = dflash(model)
-    _refused(model, inputs, hf_specmm.Tree(draft, depth=3, top_k=2, tokens=6), "does not draft trees")
     wide = dflash(model, target_layer_ids=[0, 40])
     _refused(model, inputs, wide, r"reads target layers \[0, 40\]")
     _refused(model, inputs, dflash(model, mask_token_id=10_000), "mask_token_id")

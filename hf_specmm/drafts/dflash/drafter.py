@@ -25,6 +25,7 @@ the last layer (transformers ties the last hidden state to it); the hooks read t
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 from typing import Any, Iterator
 
 import torch
@@ -36,12 +37,14 @@ from ...devices import execution_device
 from ...drafter import Drafter, Prompt, Proposal
 from ...errors import IncompatibleDraftError
 from ...selector import Selector
+from ...trees.drafting import TreeDrafting
+from ...trees.expand import expand_tree
 from ...vocab import VocabMap
 from .context import ContextCache, block_masks
 from .modeling import check_target, embed_block, is_dflash_draft
 
 
-class DFlashDrafter(Drafter):
+class DFlashDrafter(TreeDrafting, Drafter):
     observes_prefill = True
     observes_verification = True
     selects_rows = True
@@ -162,7 +165,7 @@ class DFlashDrafter(Drafter):
         """d_1..d_γ from one drafter forward, γ at most ``block_size - 1`` (the block the drafter was trained on
         is always read whole: its positions attend to each other, so a shorter block would draft differently)."""
         if budget.drafts_tree:
-            raise IncompatibleDraftError("a DFlash drafter does not draft trees")
+            return self.propose_tree(budget, select)
         logits = self.block_logits()
         tokens, probs = [], []
         for j in range(min(budget.gamma, self.block_size - 1)):
@@ -173,12 +176,43 @@ class DFlashDrafter(Drafter):
                 break
         return Proposal(torch.stack(tokens, 1), torch.stack(probs, 1) if probs[0] is not None else None)
 
+    def propose_tree(self, budget: RoundBudget, select: Selector) -> Proposal:
+        """A block tree from the same one forward: level d holds the top-k of block position d, under every
+        frontier node of level d - 1 (the drafter proposes each position from the context and the mask block, so
+        a node's children do not depend on it; history-reading processors still see each node's own root path).
+        Depth at most ``block_size - 1``."""
+        logits = self.block_logits()
+        depth = min(budget.tree.depth, self.block_size - 1)
+        shape = replace(budget.tree, depth=depth, tokens=1)
+        shape = replace(shape, tokens=min(budget.tree.tokens, shape.candidates))
+        level_paths: list[torch.Tensor] = []  # the previous level's nodes' root paths [A, K, depth - 1]
+        levels = [0]
+
+        def step(tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+            levels[0] += 1
+            level = levels[0]  # the depth of the nodes ``tokens``: their children are block position level + 1
+            paths = tokens[..., None]
+            if level_paths:  # a node's path: its parent's, then its own token
+                before = level_paths.pop()
+                index = parents.clamp_min(0)[..., None].expand(-1, -1, before.shape[-1])
+                paths = torch.cat([before.gather(1, index), paths], dim=-1)
+            level_paths.append(paths)
+            nodes = logits[:, level, None].expand(-1, tokens.shape[1], -1)
+            return select.level_scores(nodes, level, paths)
+
+        root = select.level_scores(logits[:, :1], 0)[:, 0]
+        cur = torch.zeros(root.shape[0], dtype=torch.long, device=root.device)  # the loop puts its own root
+        tree = expand_tree(cur, root, step, shape)
+        return Proposal(tree.tokens[:, 1:], None, tree=tree, depth=shape.depth)
+
     def accept(self, proposal: Proposal, n: torch.Tensor, next_tokens: torch.Tensor,
                path: torch.Tensor | None = None) -> None:
-        """Queue the true features of ``[cur, d_1..d_{n_i}]`` (right-aligned) and anchor the next block at
-        ``next_tokens``."""
+        """Queue the true features of ``[cur, d_1..d_{n_i}]`` (right-aligned; a tree's: of its accepted root
+        ``path``'s nodes) and anchor the next block at ``next_tokens``."""
         assert self.verified is not None and self.anchor_positions is not None
         verified, self.verified = self.verified.to(n.device), None
+        if path is not None:
+            verified = verified.gather(1, path[..., None].to(n.device).expand(-1, -1, verified.shape[-1]))
         width = int(n.max()) + 1
         source = torch.arange(width, device=n.device)[None] - (width - 1 - n[:, None])  # block index per slot
         valid = source >= 0
