@@ -264,3 +264,26 @@ def test_refusals_before_any_forward():
     base = transformers.LlamaModel(transformers.LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                                             num_attention_heads=2, vocab_size=128))
     _refused(model, inputs, base, "dflash")
+
+
+def test_saved_drafter_loads_through_automodel_and_load_draft(tmp_path):
+    """Stock's class as it is: ``save_pretrained`` / ``AutoModel`` and ``hf_specmm.load_draft`` (strict, no remote
+    code), checked against the target when given, and drafting identically after the round trip."""
+    model = target("muse_glimmer")
+    draft = dflash(model, target_layer_ids=[0, 2])  # the last of its three layers
+    draft.save_pretrained(tmp_path)
+    auto = transformers.AutoModel.from_pretrained(tmp_path)
+    loaded = hf_specmm.load_draft(str(tmp_path), target=model)
+    for other in (auto, loaded):
+        assert type(other) is type(draft)
+        assert all(torch.equal(a, b) for a, b in zip(draft.state_dict().values(), other.state_dict().values()))
+    with pytest.raises(IncompatibleDraftError, match="reads target layers"):
+        hf_specmm.load_draft(str(tmp_path), target=testing.tiny_target("llava"))  # its layers: only 2
+    inputs = batch_inputs("muse_glimmer", 3)
+    hf_specmm.enable(model)
+    try:
+        a = model.generate(**inputs, max_new_tokens=8, do_sample=False, assistant_model=draft)
+        b = model.generate(**inputs, max_new_tokens=8, do_sample=False, assistant_model=loaded)
+    finally:
+        hf_specmm.disable(model)
+    assert torch.equal(a, b)
