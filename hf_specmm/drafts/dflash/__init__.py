@@ -5,15 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...errors import IncompatibleDraftError
 from ..registry import DraftKind, register_draft_kind
 from .drafter import DFlashDrafter
 from .modeling import DFLASH_CLASSES, dflash_config_for, dflash_draft_for, is_dflash_draft, target_vocab_size
 
 
-def _not_trainable(*args: Any) -> Any:
-    raise IncompatibleDraftError("training a DFlash drafter (draft_kind='dflash') is not supported yet; train an "
-                                 "eagle3 or feature_head draft, or use a published DFlash drafter as it is")
+def _not_trainable(*args: Any) -> list[dict]:
+    raise NotImplementedError("a DFlash drafter is not trainable with hf-specmm yet (training_view is None)")
 
 
 def _no_loader(config: Any) -> "type | None":
@@ -35,7 +33,7 @@ DFLASH = register_draft_kind(DraftKind(
     claims=is_dflash_draft,
     priority=27,
     loads=_no_loader,
-    training_view=_not_trainable,
+    training_view=None,  # not trainable yet: hf-specmm train refuses it before any work
     param_groups=_not_trainable,
     card_rows=_card_rows,
     target_vocab_size=target_vocab_size,
