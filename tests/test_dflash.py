@@ -306,3 +306,20 @@ def test_training_a_dflash_drafter_is_refused_before_any_forward(target_dir, mix
         train_draft(base_config(target_dir, root, data=data, output_dir=str(tmp_path / "run2"), steps=1,
                                 draft=str(saved), draft_config=None))
     assert calls["n"] == 0
+
+
+def test_bench_runs_dflash_beside_the_other_kinds():
+    """``bench --draft-kind dflash``: the controlled acceptance pattern reaches every block position, so the DFlash
+    row runs the same rounds (same τ) as the small LM's, losslessly; its cost model charges one draft forward per
+    round (timings are not asserted)."""
+    from hf_specmm.bench import BenchConfig, run_benchmark
+
+    result = run_benchmark(BenchConfig(preset="tiny", gammas=[3], batch_sizes=[3], acceptance=0.7, max_new_tokens=30,
+                                       repeats=1, warmup=0, draft_kinds=["text_only", "dflash"], stock=False),
+                           progress=False)
+    text, block = result["rows"]
+    assert (text["draft_kind"], block["draft_kind"]) == ("text_only", "dflash")
+    assert block["lossless"] is True and 0.0 < block["acceptance"] < 1.0
+    assert block["rounds"] == text["rounds"] and block["tau"] == text["tau"]
+    costs = block["Tv_ms"] + block["Td_ms"]  # one draft forward per round, whatever γ
+    assert block["ideal_speedup"] == pytest.approx(block["tau"] * block["T1_ms"] / costs, rel=1e-6)

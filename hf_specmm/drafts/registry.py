@@ -47,6 +47,8 @@ class DraftKind:
             logits (e.g. the target's hidden states as regression targets, captured by the view's ``watch``
             around the target's forward). ``target_logits`` [B, R, V]: column r predicts response token r;
             ``columns``: the proposable ids. Metrics must include ``draft_top1``. None: the default loss.
+        block_drafter: one draft forward proposes a whole round's block (DFlash): a round's draft cost is one
+            step, not γ (the bench's cost model).
         target_vocab_size: ``(draft, target) -> rows`` for kinds that score with the target's LM head (no
             vocabulary of their own): the vocabulary they propose from. None: the draft's own LM head's.
     """
@@ -65,6 +67,7 @@ class DraftKind:
     build: Callable[..., Any] | None = None
     loss: Callable[..., tuple[Any, dict[str, float]]] | None = None
     target_vocab_size: Callable[[Any, Any], int] | None = None
+    block_drafter: bool = False
 
 
 _KINDS: dict[str, DraftKind] = {}

@@ -37,6 +37,7 @@ DFLASH = register_draft_kind(DraftKind(
     param_groups=_not_trainable,
     card_rows=_card_rows,
     target_vocab_size=target_vocab_size,
+    block_drafter=True,
 ))
 
 __all__ = ["DFLASH", "DFLASH_CLASSES", "DFlashDrafter", "dflash_config_for", "dflash_draft_for", "is_dflash_draft"]
