@@ -323,3 +323,55 @@ def test_bench_runs_dflash_beside_the_other_kinds():
     assert block["rounds"] == text["rounds"] and block["tau"] == text["tau"]
     costs = block["Tv_ms"] + block["Td_ms"]  # one draft forward per round, whatever γ
     assert block["ideal_speedup"] == pytest.approx(block["tau"] * block["T1_ms"] / costs, rel=1e-6)
+
+
+def test_speculators_dflash_layout_round_trip_and_refusals(tmp_path):
+    """Export to speculators' ``dflash`` layout (its config fields, ids + 1, weight names) and import it back as
+    data: the same weights, the same drafts; what the drafter cannot reproduce is refused naming the field."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from hf_specmm.errors import DraftLoadError
+
+    from hf_specmm.drafts.dflash import is_speculators_dflash, load_speculators_dflash, save_speculators_dflash
+
+    model = target("muse_glimmer")
+    draft = dflash(model, target_layer_ids=[0, 1])
+    folder = save_speculators_dflash(draft, tmp_path / "spec", model, verifier="org/tiny-muse-glimmer")
+    config = json.loads((folder / "config.json").read_text())
+    assert is_speculators_dflash(config) and config["aux_hidden_state_layer_ids"] == [1, 2]
+    assert config["block_size"] == BLOCK and config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
+    weights = load_file(folder / "model.safetensors")
+    assert {"fc.weight", "hidden_norm.weight", "norm.weight", "lm_head.weight"} <= set(weights)
+    loaded = load_speculators_dflash(folder, target=model)
+    assert all(torch.equal(a, b) for a, b in zip(draft.state_dict().values(), loaded.state_dict().values()))
+    inputs = batch_inputs("muse_glimmer", 3)
+    plain = model.generate(**inputs, max_new_tokens=8, do_sample=False)
+    hf_specmm.enable(model)
+    try:
+        out = model.generate(**inputs, max_new_tokens=8, do_sample=False, assistant_model=loaded)
+    finally:
+        hf_specmm.disable(model)
+    assert torch.equal(out, plain)
+
+    def variant(name, change=None, drop=None):
+        other = tmp_path / name
+        other.mkdir()
+        changed = json.loads(json.dumps(config))
+        (change or (lambda c: None))(changed)
+        (other / "config.json").write_text(json.dumps(changed))
+        save_file({k: v for k, v in weights.items() if k != drop}, other / "model.safetensors")
+        return other
+
+    with pytest.raises(IncompatibleDraftError, match="sample_from_anchor"):
+        load_speculators_dflash(variant("anchor", lambda c: c.update(sample_from_anchor=True)))
+    with pytest.raises(IncompatibleDraftError, match="draft_vocab_size"):
+        load_speculators_dflash(variant("vocab", lambda c: c.update(draft_vocab_size=64)))
+    with pytest.raises(DraftLoadError, match="missing weights.*norm.weight"):
+        load_speculators_dflash(variant("missing", drop="norm.weight"))
+    with pytest.raises(IncompatibleDraftError, match="LM head"):
+        load_speculators_dflash(folder, target=testing.tiny_target("muse_glimmer", seed=1))
+    with pytest.raises(IncompatibleDraftError, match="last layer"):
+        save_speculators_dflash(dflash(model, target_layer_ids=[0, model.config.text_config.num_hidden_layers - 1]),
+                                tmp_path / "last", model)

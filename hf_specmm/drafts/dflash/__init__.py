@@ -7,6 +7,7 @@ from typing import Any
 
 from ..registry import DraftKind, register_draft_kind
 from .drafter import DFlashDrafter
+from .formats import is_speculators_dflash, load_speculators_dflash, save_speculators_dflash
 from .modeling import DFLASH_CLASSES, dflash_config_for, dflash_draft_for, is_dflash_draft, target_vocab_size
 
 
@@ -40,4 +41,5 @@ DFLASH = register_draft_kind(DraftKind(
     block_drafter=True,
 ))
 
-__all__ = ["DFLASH", "DFLASH_CLASSES", "DFlashDrafter", "dflash_config_for", "dflash_draft_for", "is_dflash_draft"]
+__all__ = ["DFLASH", "DFLASH_CLASSES", "DFlashDrafter", "dflash_config_for", "dflash_draft_for", "is_dflash_draft",
+           "is_speculators_dflash", "load_speculators_dflash", "save_speculators_dflash"]
