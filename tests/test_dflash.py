@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(not hasattr(transformers, "MuseGlimmerAssistantM
 
 from conftest import PROMPTS, batch_inputs, processor, target  # noqa: E402
 from test_sampling import ALPHA, NEW, _samples, chi2_homogeneity_pvalue  # noqa: E402
-from test_train import count_forwards, mixed_data, target_dir  # noqa: E402,F401 - pytest fixtures
+from test_train import count_forwards, image_task, mixed_data, target_dir  # noqa: E402,F401 - pytest fixtures
 
 FAMILIES = ("llava", "qwen3_vl", "gemma3", "muse_glimmer")
 BLOCK = 4  # proposes up to 3 tokens per round
@@ -289,23 +289,25 @@ def test_saved_drafter_loads_through_automodel_and_load_draft(tmp_path):
     assert torch.equal(a, b)
 
 
-def test_training_a_dflash_drafter_is_refused_before_any_forward(target_dir, mixed_data, tmp_path):
-    """``--draft-kind dflash`` (a fresh drafter, or a saved one) is not trainable yet: refused, naming the kind."""
-    from hf_specmm.train import TrainingInputError, train_draft
+def test_training_raises_heldout_tau(target_dir, image_task):
+    """``hf-specmm train --draft-kind dflash``: a fresh one-layer drafter (blocks of 8) trained with the paper's
+    loss (every answer token an anchor, decaying position weights) on the tiny target's answers accepts clearly
+    more on held-out images than untrained; saved, it loads back as stock's class."""
+    from hf_specmm.train import train_draft
 
     from test_train import base_config
 
-    root, data = mixed_data
-    with count_forwards() as calls, pytest.raises(TrainingInputError, match="DFlash"):
-        train_draft(base_config(target_dir, root, data=data, output_dir=str(tmp_path / "run"), steps=1,
-                                draft_kind="dflash"))
-    assert calls["n"] == 0
-    saved = tmp_path / "drafter"
-    dflash(testing.tiny_target("llava")).save_pretrained(saved)
-    with count_forwards() as calls, pytest.raises(TrainingInputError, match="DFlash drafts"):
-        train_draft(base_config(target_dir, root, data=data, output_dir=str(tmp_path / "run2"), steps=1,
-                                draft=str(saved), draft_config=None))
-    assert calls["n"] == 0
+    root, train, heldout, classes = image_task
+    result = train_draft(base_config(target_dir, root, output_dir=str(root / "dflash"), draft_kind="dflash",
+                                     data=train, eval_data=heldout, steps=60, lr=3e-3))
+    before, after = result.tau_before, result.tau_after
+    print(f"dflash: τ {before['block_efficiency']:.3f} -> {after['block_efficiency']:.3f}, acceptance "
+          f"{before['acceptance_rate']:.3f} -> {after['acceptance_rate']:.3f}; losses {result.losses[:3]} ... "
+          f"{result.losses[-3:]}")
+    assert after["acceptance_rate"] >= before["acceptance_rate"] + 0.2, (before, after)
+    assert sum(result.losses[-5:]) < 0.5 * sum(result.losses[:5])
+    loaded = hf_specmm.load_draft(result.draft_dir)
+    assert type(loaded).__name__ == "MuseGlimmerAssistantModel"
 
 
 def test_bench_runs_dflash_beside_the_other_kinds():

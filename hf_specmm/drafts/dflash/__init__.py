@@ -7,12 +7,23 @@ from typing import Any
 
 from ..registry import DraftKind, register_draft_kind
 from .drafter import DFlashDrafter
+from .losses import dflash_loss
 from .formats import is_speculators_dflash, load_speculators_dflash, save_speculators_dflash
 from .modeling import DFLASH_CLASSES, dflash_config_for, dflash_draft_for, is_dflash_draft, target_vocab_size
 
 
-def _not_trainable(*args: Any) -> list[dict]:
-    raise NotImplementedError("a DFlash drafter is not trainable with hf-specmm yet (training_view is None)")
+def _param_groups(draft: Any, stage: int, cfg: Any) -> list[dict]:
+    """The whole drafter (the target's embedding and LM head are the target's, frozen)."""
+    draft.requires_grad_(True)
+    return [{"params": list(draft.parameters()), "lr": cfg.lr if stage == 1 else (cfg.stage2_lr or cfg.lr)}]
+
+
+def _build(target: Any, language_model: Any, cfg: Any, target_name: str | None) -> Any:
+    """A fresh drafter: the ``draft_config``'s layer count, blocks of 8, target layers spread over the target's."""
+    draft = dflash_draft_for(target, seed=cfg.seed + 2, block_size=8,
+                             num_layers=language_model.config.num_hidden_layers).float()
+    draft.config.vocab_size = target_vocab_size(draft, target)  # what it proposes from (its card says so)
+    return draft
 
 
 def _no_loader(config: Any) -> "type | None":
@@ -34,8 +45,10 @@ DFLASH = register_draft_kind(DraftKind(
     claims=is_dflash_draft,
     priority=27,
     loads=_no_loader,
-    training_view=None,  # not trainable yet: hf-specmm train refuses it before any work
-    param_groups=_not_trainable,
+    training_view=lambda draft, vocab, stage: DFlashDrafter(draft, vocab),
+    param_groups=_param_groups,
+    build=_build,
+    loss=dflash_loss,
     card_rows=_card_rows,
     target_vocab_size=target_vocab_size,
     block_drafter=True,
