@@ -377,3 +377,27 @@ def test_speculators_dflash_layout_round_trip_and_refusals(tmp_path):
     with pytest.raises(IncompatibleDraftError, match="last layer"):
         save_speculators_dflash(dflash(model, target_layer_ids=[0, model.config.text_config.num_hidden_layers - 1]),
                                 tmp_path / "last", model)
+
+
+def test_training_options_are_checked_before_any_forward(target_dir, mixed_data, tmp_path):
+    """``--block-size`` / ``--target-layers`` reach the fresh drafter, are for ``dflash`` only, and layers the target
+    does not have are refused before any forward."""
+    import argparse
+
+    from hf_specmm.train import TrainingInputError, train_draft
+    from hf_specmm.train.cli import add_arguments
+
+    from test_train import base_config
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--target", "t", "--data", "d", "--output-dir", "o", "--draft-kind", "dflash",
+                              "--block-size", "5", "--target-layers", "0", "1"])
+    assert (args.block_size, args.target_layers) == (5, [0, 1])
+    root, data = mixed_data
+    with pytest.raises(TrainingInputError, match="block_size / target_layers are for DFlash"):
+        train_draft(base_config(target_dir, root, data=data, output_dir=str(tmp_path / "a"), block_size=5))
+    with count_forwards() as calls, pytest.raises(IncompatibleDraftError, match=r"reads target layers \[0, 9\]"):
+        train_draft(base_config(target_dir, root, data=data, output_dir=str(tmp_path / "b"), draft_kind="dflash",
+                                target_layers=[0, 9]))
+    assert calls["n"] == 0

@@ -46,7 +46,7 @@ _NOT_HASHED = frozenset({
 # Fields only a kind's own loss reads: left out of the config hash at their defaults, so that adding them
 # did not change the hash (and resumability) of runs of the other kinds.
 _KIND_LOSS_DEFAULTS = {"feature_loss_weight": 1.0, "token_loss_weight": 0.1, "variant": None, "ttt_steps": 3,
-                       "ttt_decay": 1.0, "draft_vocab_size": None}
+                       "ttt_decay": 1.0, "draft_vocab_size": None, "block_size": 8, "target_layers": None}
 
 
 @dataclass
@@ -90,6 +90,9 @@ class TrainConfig:
     ttt_steps: int = 3  # training-time-test steps unrolled on the head's own outputs
     ttt_decay: float = 1.0  # weight of step k: ttt_decay ** k
     draft_vocab_size: int | None = None  # LM-head rows: the most frequent answer ids (None: the whole vocabulary)
+    # DFlash drafters (``draft_kind="dflash"``, built fresh)
+    block_size: int = 8  # the block one drafter forward denoises (γ up to block_size - 1)
+    target_layers: list[int] | None = None  # target layers whose outputs it reads (None: second, middle, second to last)
     mm_share_start: float = 0.5  # stage 2: share of image examples per step, ramped linearly to 1.0
     warmup_steps: int = 0
     min_lr_ratio: float = 0.1  # cosine decay to lr × this at the end of each stage
@@ -174,6 +177,10 @@ class TrainConfig:
             problems.append("ttt_steps / ttt_decay / draft_vocab_size are for EAGLE-3 heads (variant='eagle3')")
         if self.ttt_steps < 1 or self.ttt_decay <= 0 or (self.draft_vocab_size is not None and self.draft_vocab_size < 1):
             problems.append("ttt_steps and draft_vocab_size must be >= 1, ttt_decay > 0")
+        if self.draft_kind != "dflash" and (self.block_size != 8 or self.target_layers is not None):
+            problems.append("block_size / target_layers are for DFlash drafters (draft_kind='dflash')")
+        if self.block_size < 2 or (self.target_layers is not None and (not self.target_layers or min(self.target_layers) < 0)):
+            problems.append("block_size must be >= 2, target_layers non-empty layer indices >= 0")
         if self.checkpoint_every < 0:
             problems.append(f"checkpoint_every={self.checkpoint_every} (0 = end of each stage only)")
         if problems:

@@ -203,9 +203,9 @@ def train_draft(cfg: TrainConfig, echo: Callable[[str], Any] | None = None) -> T
     if echo is not None and procs.is_main:
         echo(run_plan(cfg, procs, kind, stages))
     spec = target_spec(target)
-    kind = kind_of(draft)  # a kind scoring with the target's LM head proposes from the target's vocabulary
-    vocab = VocabMap(spec, draft_vocab_size(draft) if kind.target_vocab_size is None else
-                     kind.target_vocab_size(draft, target), execution_device(target))
+    own_vocab = kind_of(draft).target_vocab_size  # a kind scoring with the target's LM head: the target's vocabulary
+    vocab = VocabMap(spec, draft_vocab_size(draft) if own_vocab is None else own_vocab(draft, target),
+                     execution_device(target))
     # 4. the target's answers (first forward passes), cached next to the output folder
     cache = Path(cfg.response_cache) if cfg.response_cache else out.resolve().parent / "hf_specmm_responses.jsonl"
     generated, cached = fill_responses(target, processor, train, cfg, cache, fields["target"], spec.placeholder_ids,

@@ -19,8 +19,9 @@ def _param_groups(draft: Any, stage: int, cfg: Any) -> list[dict]:
 
 
 def _build(target: Any, language_model: Any, cfg: Any, target_name: str | None) -> Any:
-    """A fresh drafter: the ``draft_config``'s layer count, blocks of 8, target layers spread over the target's."""
-    draft = dflash_draft_for(target, seed=cfg.seed + 2, block_size=8,
+    """A fresh drafter: the ``draft_config``'s layer count, ``cfg.block_size``, ``cfg.target_layers`` (default:
+    spread over the target's); checked against the target before any forward (``make_draft``)."""
+    draft = dflash_draft_for(target, seed=cfg.seed + 2, block_size=cfg.block_size, target_layer_ids=cfg.target_layers,
                              num_layers=language_model.config.num_hidden_layers).float()
     draft.config.vocab_size = target_vocab_size(draft, target)  # what it proposes from (its card says so)
     return draft
