@@ -37,8 +37,7 @@ class DraftKind:
         language_model: the causal LM inside the draft (what the card describes).
         card_rows: extra rows for the model card's architecture table (markdown, each ending in a newline).
         stages: training stages this kind has (1 = language, 2 = multimodal); the first is the default.
-        training_view: ``(draft, vocab, stage) -> Drafter`` whose ``model`` is run on training batches; None for a
-            kind hf_specmm cannot train yet (``hf-specmm train`` refuses it before any work).
+        training_view: ``(draft, vocab, stage) -> Drafter`` whose ``model`` is run on training batches.
         param_groups: ``(draft, stage, cfg) -> [{"params": ..., "lr": ...}]`` trained in that stage.
         build: ``(target, language_model, cfg, target_name) -> draft`` makes this kind around a fresh or
             loaded causal LM, or None when the kind cannot be built that way.
@@ -59,7 +58,7 @@ class DraftKind:
     claims: Callable[[Any], bool]
     priority: int
     loads: Callable[[Any], "type | None"]
-    training_view: Callable[[Any, "VocabMap", int], "Drafter"] | None
+    training_view: Callable[[Any, "VocabMap", int], "Drafter"]
     param_groups: Callable[[Any, int, Any], list[dict]]
     stages: tuple[int, ...] = (1,)
     language_model: Callable[[Any], Any] = _itself

@@ -147,9 +147,6 @@ def make_draft(cfg: TrainConfig, target: PreTrainedModel, tokenizer: Any,
         draft = fresh_language_model(target, resolve_draft_config(cfg.draft_config), cfg.seed)
     loaded = kind_of(draft)
     kind = get_kind(cfg.draft_kind or loaded.name)
-    if kind.training_view is None:
-        raise TrainingInputError(f"{kind.title} drafts (draft_kind={kind.name!r}) cannot be trained with hf-specmm yet; "
-                                 "train an eagle3 or feature_head draft, or use a published drafter of that kind as it is")
     if kind != loaded:
         if loaded.name != "text_only" or kind.build is None:
             source = cfg.draft or "the draft built from draft_config"
