@@ -239,7 +239,10 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
               f"{why}. Use a text-only draft (a small text LM of the family) or a vlm draft (a smaller model of "
               "the family, or the target itself).")
     kind.drafter.check(target, draft)  # first: a draft that is no kind's (no LM head) may have no vocabulary either
-    check_vocab_compatible(spec, draft, tokenizer, draft_tokenizer)
+    # a kind scoring with the target's LM head proposes from the target's vocabulary: nothing to compare
+    own_vocab = kind.target_vocab_size is None
+    if own_vocab:
+        check_vocab_compatible(spec, draft, tokenizer, draft_tokenizer)
     ids = _input_ids(inputs, kwargs)
     config = _compat.resolve_generation_config(target, generation_config, kwargs)
     _check_config(config, kwargs, ids.shape[0], streamer)
@@ -256,7 +259,7 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
               f"{type(target).__name__} target (hf_specmm speculates on its text and image inputs): drop them, or "
               "call hf_specmm.disable(model) and generate without an assistant_model.")
     check_placeholders(spec, target.config, ids, mask, spec.family.model_inputs(kwargs))
-    vocab = VocabMap(spec, draft_vocab_size(draft), ids.device)
+    vocab = VocabMap(spec, draft_vocab_size(draft) if own_vocab else kind.target_vocab_size(draft, target), ids.device)
     _check_draft(draft, kind, ids, config, vocab, kwargs)
     if config.stop_strings is not None:
         if tokenizer is None:

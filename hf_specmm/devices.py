@@ -30,7 +30,10 @@ def _hook_device(module: Any) -> torch.device | None:
 def execution_device(model: Any) -> torch.device:
     """The device a model's ``input_ids`` should be on: where its input embeddings run (accelerate's
     dispatch hook), else where they are, else where its first parameter is."""
-    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    try:
+        embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    except NotImplementedError:  # a model with no embedding of its own (a DFlash drafter reads its target's)
+        embeddings = None
     for module in (embeddings, model):
         if module is not None:
             device = _hook_device(module)

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from .. import _compat
+from ..drafts.registry import kind_of
 
 _MASK = (1 << 64) - 1
 
@@ -128,6 +129,15 @@ class _ControlledHeadMixin(_Controlled):
         return logits
 
 
+class _ControlledBlockMixin(_Controlled):
+    """Mixed into a DFlash block drafter: its drafter scores the block with the target's LM head and hands the
+    logits [B, block - 1, V] here with the positions of the slots before them; every position is overridden."""
+
+    def override_block_logits(self, logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        token = self._controlled_tokens(positions).to(logits.device)
+        return torch.full_like(logits, -1e4).scatter_(2, token[..., None], 1e4)
+
+
 def controlled_acceptance(draft: Any, alpha: float, seed: int = 0, wrong_modulus: int | None = None,
                           proposable: torch.Tensor | None = None) -> Any:
     """A view of ``draft`` (same weights, same cost) whose proposals are right with probability ``alpha``,
@@ -143,8 +153,10 @@ def controlled_acceptance(draft: Any, alpha: float, seed: int = 0, wrong_modulus
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"acceptance must be in [0, 1], got {alpha}")
     cls = type(draft)
-    # a draft whose logits come from ``lm_logits`` after its forward (a feature head) is overridden there
-    mixin = _ControlledHeadMixin if callable(getattr(draft, "lm_logits", None)) else _ControlledAcceptanceMixin
+    # a draft whose logits come from ``lm_logits`` after its forward (a feature head) is overridden there, a block
+    # drafter's (scored by its drafter with the target's LM head) where its drafter hands them over
+    mixin = _ControlledBlockMixin if kind_of(draft).block_drafter else \
+        _ControlledHeadMixin if callable(getattr(draft, "lm_logits", None)) else _ControlledAcceptanceMixin
     wrapped_cls = type(f"ControlledAcceptance{cls.__name__}", (mixin, cls), {})
     wrapped = copy.copy(draft)  # shares parameters and submodules; own plain attributes
     wrapped.__class__ = wrapped_cls

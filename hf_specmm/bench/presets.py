@@ -70,9 +70,11 @@ def _draft(hidden: int, layers: int, heads: int, intermediate: int, vocab: int, 
 
 DEVICE_MAPS = ("auto",)
 # drafts the bench builds without a download, named as their draft kinds: the preset's small LM (the one
-# stock assisted generation can run too) and a random one-layer feature head
+# stock assisted generation can run too), a random one-layer feature head and a random one-layer DFlash drafter
 SMALL_LM = "text_only"
-DRAFT_KINDS = (SMALL_LM, "feature_head")
+DRAFT_KINDS = (SMALL_LM, "feature_head", "dflash")
+#: the bench's DFlash drafter reads blocks of this size (γ up to 15; stock's MuseGlimmerAssistantConfig default)
+DFLASH_BLOCK = 16
 
 
 def dispatch(model: Any, device_map: str) -> Any:

@@ -24,12 +24,13 @@ from tqdm.auto import tqdm
 
 from .. import api
 from ..trees import Tree, TreeShape
+from ..drafts.dflash import dflash_draft_for
 from ..drafts.registry import kind_of
 from ..targets import target_spec
 from ..vocab import VocabMap, draft_vocab_size
 from .controlled import controlled_acceptance, set_reference
 from ..devices import execution_device
-from .presets import DEVICE_MAPS, DRAFT_KINDS, SMALL_LM, Preset, build_preset, synthetic_inputs
+from .presets import DEVICE_MAPS, DFLASH_BLOCK, DRAFT_KINDS, SMALL_LM, Preset, build_preset, synthetic_inputs
 from .timing import PrefillClock, draft_step_cost, interleaved_medians, target_step_costs
 
 
@@ -101,15 +102,24 @@ def _n_params(model: Any) -> int:
 
 
 def _build_draft(kind: str, preset: Any, seed: int) -> Any:
-    """The draft of ``kind``: the preset's small LM (``text_only``) or a randomly initialised one-layer
-    ``FeatureHeadDraft`` sized for the preset's target (``feature_head``)."""
+    """The draft of ``kind``: the preset's small LM (``text_only``), a randomly initialised one-layer
+    ``FeatureHeadDraft`` sized for the preset's target (``feature_head``) or one-layer DFlash drafter
+    (``dflash``, blocks of :data:`DFLASH_BLOCK`)."""
     if kind == SMALL_LM:
         return preset.draft
+    if kind == "dflash":
+        return dflash_draft_for(preset.target, seed=seed + 1, block_size=DFLASH_BLOCK)
     from ..drafts.feature_head import FeatureHeadDraft
 
     with torch.random.fork_rng(devices=[]):  # the head's init depends on the seed only
         torch.manual_seed(seed + 1)
         return FeatureHeadDraft.for_target(preset.target)
+
+
+def _vocab_size(draft: Any, target: Any) -> int:
+    """The vocabulary a draft proposes from (a kind scoring with the target's LM head: the target's)."""
+    kind = kind_of(draft)
+    return draft_vocab_size(draft) if kind.target_vocab_size is None else kind.target_vocab_size(draft, target)
 
 
 def _prompt_positions(draft: Any, vocab: VocabMap, inputs: dict) -> torch.Tensor:
@@ -337,7 +347,8 @@ class BenchStep:
         tau = statistics.mean(st.round_block_efficiency for st in stats)
         rounds = statistics.mean(len(st.tokens_per_round) for st in stats)
         costs = target_costs | draft_step_cost(run.drafts[kind], self.target, self.inputs, run.vocabs[kind])
-        ideal = tau * costs["T1"] / (costs["Tv"] + gamma * costs["Td"])
+        steps = 1 if kind_of(run.drafts[kind]).block_drafter else gamma  # draft forwards per round
+        ideal = tau * costs["T1"] / (costs["Tv"] + steps * costs["Td"])
         acceptance = [st.acceptance_rate for st in stats if st.acceptance_rate is not None]
         row.update({
             "ours_tok_s": new_tokens / t_ours,
@@ -356,8 +367,8 @@ class BenchStep:
             # the whole call: both methods pay the target's prefill Tp (ours also the draft's, Tpd), and a
             # batch runs until its slowest row is done: plain's Tp + (N-1)·T1 vs Tp + Tpd + rounds·(Tv + γ·Td)
             "ideal_speedup_e2e": (costs["Tp"] + (config.max_new_tokens - 1) * costs["T1"]) / (
-                costs["Tp"] + costs["Tpd"] + rounds * (costs["Tv"] + gamma * costs["Td"])),
-            "mbsu": tau / (1 + gamma * run.n_drafts[kind] / run.n_target),
+                costs["Tp"] + costs["Tpd"] + rounds * (costs["Tv"] + steps * costs["Td"])),
+            "mbsu": tau / (1 + steps * run.n_drafts[kind] / run.n_target),
             "lossless": bool(torch.equal(ours, self.plain)) if not config.do_sample else None,
         })
         row["efficiency_e2e"] = row["speedup"] / row["ideal_speedup_e2e"]
@@ -378,7 +389,7 @@ class BenchmarkRun:
         api.disable(self.target)
         self.spec = target_spec(self.target)
         self.drafts = {kind: _build_draft(kind, preset, config.seed) for kind in config.draft_kinds}
-        self.vocabs = {kind: VocabMap(self.spec, draft_vocab_size(d), self.device) for kind, d in self.drafts.items()}
+        self.vocabs = {kind: VocabMap(self.spec, _vocab_size(d, self.target), self.device) for kind, d in self.drafts.items()}
         # the target ids every compared draft can propose: any other reference id is a miss for all of them alike
         self.proposable = torch.stack([v.proposable.cpu() for v in self.vocabs.values()]).all(0)
         self.same_vocab = draft_vocab_size(preset.draft) == self.spec.vocab_size

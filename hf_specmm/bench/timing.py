@@ -10,6 +10,8 @@ import torch
 
 from .. import _compat
 from ..devices import execution_device
+from ..drafter import Prompt
+from ..drafts.registry import kind_of
 
 
 def sync(device: torch.device) -> None:
@@ -122,8 +124,13 @@ def draft_step_cost(draft: Any, target: Any, inputs: dict, vocab: Any, warmup: i
     """Td: one draft step (1 token per row, its logits included) after a prefill of the draft's prompt
     (Tpd: that prefill, one sample).
     A text-only LM reads the prompt's text tokens; a ``FeatureHeadDraft`` reads every prompt position (random
-    features: the cost does not depend on their values) and its logits go through the target's LM head."""
+    features: the cost does not depend on their values) and its logits go through the target's LM head. A block
+    drafter (DFlash): Td is its one forward per round (one new context slot and the whole block), Tpd the first
+    (the prompt's context and the block)."""
     import inspect
+
+    if kind_of(draft).block_drafter:
+        return _block_step_cost(draft, target, inputs, vocab, warmup, repeats)
 
     from ..drafts.text_only import text_only_view
 
@@ -152,6 +159,32 @@ def draft_step_cost(draft: Any, target: Any, inputs: dict, vocab: Any, warmup: i
     tpd = time.perf_counter() - start
     td = _step_time(draft, cache, cache.get_seq_length(), mask, token, device, warmup, repeats, **extra)
     return {"Td": td, "Tpd": tpd}
+
+
+def _block_step_cost(draft: Any, target: Any, inputs: dict, vocab: Any, warmup: int,
+                     repeats: int) -> dict[str, float]:
+    """Td / Tpd of a block drafter, run by its own drafter on random target features."""
+    device = execution_device(draft)
+    drafter = kind_of(draft).drafter(draft, vocab)
+    drafter.target = target
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    width = len(draft.config.target_layer_ids) * draft.config.hidden_size
+    drafter.prompt_features = torch.randn(*ids.shape, width, device=device, dtype=draft.dtype)
+    drafter.prefill(Prompt(ids, mask), torch.full_like(ids[:, 0], 5), None)
+    sync(device)
+    start = time.perf_counter()
+    drafter.block_logits()
+    sync(device)
+    tpd = time.perf_counter() - start
+    batch = ids.shape[0]
+
+    def step() -> None:  # one accepted token's features, then the block
+        position = drafter.anchor_positions[:, None] - 1
+        drafter.pending = (torch.randn(batch, 1, width, device=device, dtype=draft.dtype),
+                           torch.ones(batch, 1, dtype=torch.bool, device=ids.device), position)
+        drafter.block_logits()
+
+    return {"Td": median_time(step, device, warmup, repeats)[0], "Tpd": tpd}
 
 
 @torch.no_grad()

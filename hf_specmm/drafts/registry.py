@@ -49,6 +49,10 @@ class DraftKind:
         check_config: ``(config.json as a dict, its path) -> None``: raises
             :class:`~hf_specmm.errors.DraftLoadError` naming the field when a checkpoint of this kind has a
             missing or ill-typed field; run by ``load_draft`` on every checkpoint before transformers reads it.
+        block_drafter: one draft forward proposes a whole round's block (DFlash): a round's draft cost is one
+            step, not γ (the bench's cost model).
+        target_vocab_size: ``(draft, target) -> rows`` for kinds that score with the target's LM head (no
+            vocabulary of their own): the vocabulary they propose from. None: the draft's own LM head's.
     """
 
     name: str
@@ -65,6 +69,8 @@ class DraftKind:
     build: Callable[..., Any] | None = None
     loss: Callable[..., tuple[Any, dict[str, float]]] | None = None
     check_config: Callable[[dict, str], None] | None = None
+    target_vocab_size: Callable[[Any, Any], int] | None = None
+    block_drafter: bool = False
 
 
 _KINDS: dict[str, DraftKind] = {}

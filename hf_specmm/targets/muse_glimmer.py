@@ -16,7 +16,7 @@
   as they are, so verification sees exactly what plain ``generate`` sees.
 - No small text LM with this vocabulary is published; any causal LM over the Muse tokenizer (202048 ids) is a
   text-only draft (``hf-specmm train`` makes a fresh one a Llama), a ``MuseGlimmerForConditionalGeneration`` a ``vlm`` draft. Its own DFlash assistant
-  (``MuseGlimmerAssistantModel``) is not a draft kind of hf_specmm: it is refused before any work.
+  (``MuseGlimmerAssistantModel``) is the ``dflash`` draft kind (``hf_specmm/drafts/dflash``).
 """
 
 from __future__ import annotations

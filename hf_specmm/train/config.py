@@ -47,9 +47,10 @@ _NOT_HASHED = frozenset({
 # Fields only a kind's own loss reads: left out of the config hash at their defaults, so that adding them
 # did not change the hash (and resumability) of runs of the other kinds.
 _KIND_LOSS_DEFAULTS = {"feature_loss_weight": 1.0, "token_loss_weight": 0.1, "variant": None, "ttt_steps": 3,
-                       "ttt_decay": 1.0, "draft_vocab_size": None}
-# EAGLE-3 only: None means "not set" (so a value given for another kind is refused, not ignored), read as the default
-EAGLE3_DEFAULTS = {"ttt_steps": 3, "ttt_decay": 1.0}
+                       "ttt_decay": 1.0, "draft_vocab_size": None, "block_size": 8, "target_layers": None}
+# settings of one kind only: None means "not set" (so a value given for another kind is refused, not ignored), read
+# as the default (EAGLE-3's training-time test; DFlash's block)
+KIND_DEFAULTS = {"ttt_steps": 3, "ttt_decay": 1.0, "block_size": 8}
 
 
 @dataclass
@@ -93,6 +94,9 @@ class TrainConfig:
     ttt_steps: int | None = None  # training-time-test steps unrolled on the head's own outputs (None: 3)
     ttt_decay: float | None = None  # weight of step k: ttt_decay ** k (None: 1.0)
     draft_vocab_size: int | None = None  # LM-head rows: the most frequent answer ids (None: the whole vocabulary)
+    # DFlash drafters (``draft_kind="dflash"``, built fresh)
+    block_size: int | None = None  # the block one drafter forward denoises (γ up to block_size - 1; None: 8)
+    target_layers: list[int] | None = None  # target layers whose outputs it reads (None: second, middle, second to last)
     mm_share_start: float = 0.5  # stage 2: share of image examples per step, ramped linearly to 1.0
     warmup_steps: int = 0
     min_lr_ratio: float = 0.1  # cosine decay to lr × this at the end of each stage
@@ -186,6 +190,13 @@ class TrainConfig:
                 problems.append(f"{name}={value!r} (an integer >= 1)")
         if self.ttt_decay is not None and not self.ttt_decay > 0:
             problems.append(f"ttt_decay={self.ttt_decay!r} (> 0)")
+        if self.draft_kind != "dflash" and (self.block_size is not None or self.target_layers is not None):
+            problems.append("block_size / target_layers are for DFlash drafters (draft_kind='dflash')")
+        if self.block_size is not None and (isinstance(self.block_size, bool) or not isinstance(self.block_size, int)
+                                            or self.block_size < 2):
+            problems.append(f"block_size={self.block_size!r} (an integer >= 2)")
+        if self.target_layers is not None and (not self.target_layers or min(self.target_layers) < 0):
+            problems.append(f"target_layers={self.target_layers!r} (non-empty layer indices >= 0)")
         if self.checkpoint_every < 0:
             problems.append(f"checkpoint_every={self.checkpoint_every} (0 = end of each stage only)")
         if problems:
@@ -212,7 +223,7 @@ class TrainConfig:
             if 2 not in out["stages"]:  # stage-2 settings cannot change this run
                 for name in ("stage2_steps", "stage2_lr", "stage2_lm_lr", "mm_share_start", "image_pool"):
                     out.pop(name)
-        for name, default in EAGLE3_DEFAULTS.items():  # unset reads as the default: hashed the same
+        for name, default in KIND_DEFAULTS.items():  # unset reads as the default: hashed the same
             if out.get(name) is None:
                 out[name] = default
         for name, default in _KIND_LOSS_DEFAULTS.items():  # read by kind-specific losses only: hashed when set

@@ -173,5 +173,7 @@ def make_draft(cfg: TrainConfig, target: PreTrainedModel, tokenizer: Any,
 def check_draft(target: PreTrainedModel, draft: PreTrainedModel, tokenizer: Any = None,
                 draft_tokenizer: Any = None) -> None:
     """The checks ``generate(assistant_model=draft)`` runs (vocabulary cover, then the draft kind's own)."""
-    check_vocab_compatible(target_spec(target), draft, tokenizer, draft_tokenizer)
-    kind_of(draft).drafter.check(target, draft)
+    kind = kind_of(draft)
+    if kind.target_vocab_size is None:  # a kind scoring with the target's LM head has no vocabulary of its own
+        check_vocab_compatible(target_spec(target), draft, tokenizer, draft_tokenizer)
+    kind.drafter.check(target, draft)

@@ -17,7 +17,7 @@ from typing import Any, Callable
 from transformers import PreTrainedModel
 
 from ..devices import execution_device
-from ..drafts import get_kind
+from ..drafts import get_kind, kind_of
 from ..hub import annotate_draft, push_draft_to_hub, save_draft
 from ..targets import target_spec
 from ..vocab import VocabMap, draft_vocab_size
@@ -204,7 +204,9 @@ def train_draft(cfg: TrainConfig, echo: Callable[[str], Any] | None = None) -> T
     if echo is not None and procs.is_main:
         echo(run_plan(cfg, procs, kind, stages))
     spec = target_spec(target)
-    vocab = VocabMap(spec, draft_vocab_size(draft), execution_device(target))
+    own_vocab = kind_of(draft).target_vocab_size  # a kind scoring with the target's LM head: the target's vocabulary
+    vocab = VocabMap(spec, draft_vocab_size(draft) if own_vocab is None else own_vocab(draft, target),
+                     execution_device(target))
     # 4. the target's answers (first forward passes), cached next to the output folder
     cache = Path(cfg.response_cache) if cfg.response_cache else out.resolve().parent / "hf_specmm_responses.jsonl"
     generated, cached = fill_responses(target, processor, train, cfg, cache, fields["target"], spec.placeholder_ids,

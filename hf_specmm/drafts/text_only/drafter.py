@@ -66,9 +66,9 @@ class TextOnlyDrafter(ChainDrafter):
         if not callable(getattr(model, "forward", None)) or _lm_head(model) is None:
             raise IncompatibleDraftError(
                 f"a text-only draft must be a causal LM with its own LM head (a *ForCausalLM); got "
-                f"{type(model).__name__}, which has none. The draft kinds are {', '.join(draft_kinds())}; a block "
-                "drafter that reads the target's hidden states (DFlash, e.g. MuseGlimmerAssistantModel) is not one of "
-                "them: pass a causal LM, a VLM of the target's family, an ImageAdapterDraft or a feature head.")
+                f"{type(model).__name__}, which has none. The draft kinds are {', '.join(draft_kinds())}: pass a "
+                "causal LM, a VLM of the target's family, an ImageAdapterDraft, a feature head or a DFlash block "
+                "drafter (e.g. MuseGlimmerAssistantModel).")
 
     def draft_inputs(self, prompt: Prompt) -> DraftPrompt:
         ids, valid = text_only_view(self.vocab, prompt.input_ids, prompt.attention_mask)
