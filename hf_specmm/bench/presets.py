@@ -34,6 +34,7 @@ from .margins import apply_margin_rule
 from .presets_gemma4 import GEMMA4_PRESETS, build_gemma4_preset
 from .presets_qwen import QWEN_PRESETS, build_qwen_preset
 from .presets_qwen3_5 import QWEN3_5_PRESETS, build_qwen3_5_preset
+from .shapes import random_weights
 
 
 @dataclass
@@ -49,23 +50,13 @@ class Preset:
 def _llava(text: LlamaConfig, vision: CLIPVisionConfig, dtype: torch.dtype, device: str) -> Any:
     config = LlavaConfig(text_config=text, vision_config=vision, image_token_index=32000, pad_token_id=32001,
                          vision_feature_layer=-2, vision_feature_select_strategy="default")
-    with torch.device(device):
-        model = LlavaForConditionalGeneration(config)
-    model = model.to(dtype).eval()
-    model.generation_config.pad_token_id = 32001
-    model.generation_config.eos_token_id = None  # random weights: run every call to max_new_tokens
-    return model
+    return random_weights(LlavaForConditionalGeneration, config, dtype, device, pad_token_id=32001)
 
 
 def _draft(hidden: int, layers: int, heads: int, intermediate: int, vocab: int, dtype: torch.dtype, device: str) -> Any:
     config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                          num_key_value_heads=heads, intermediate_size=intermediate, max_position_embeddings=2048)
-    with torch.device(device):
-        draft = LlamaForCausalLM(config)
-    draft = draft.to(dtype).eval()
-    draft.generation_config.eos_token_id = None
-    draft.generation_config.pad_token_id = None
-    return draft
+    return random_weights(LlamaForCausalLM, config, dtype, device)
 
 
 DEVICE_MAPS = ("auto",)

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from .. import _compat
+from .shapes import random_weights
 
 GEMMA4_PRESETS = ("gemma4-e2b-shape", "tiny-gemma4") if _compat.GEMMA4_SUPPORTED else ()
 _MAX_SOFT_TOKENS = 280  # Gemma4ImageProcessor's default budget
@@ -31,12 +32,7 @@ def target_e2b(dtype: torch.dtype, device: str) -> Any:
     text = Gemma4TextConfig(tie_word_embeddings=False)  # the published-config defaults, LM head untied
     config = Gemma4Config(text_config=text, vision_config=Gemma4VisionConfig(), audio_config=None,
                           tie_word_embeddings=False)
-    with torch.device(device):
-        model = Gemma4ForConditionalGeneration(config)
-    model = model.to(dtype).eval()
-    model.generation_config.pad_token_id = text.pad_token_id
-    model.generation_config.eos_token_id = None  # random weights: run every call to max_new_tokens
-    return model
+    return random_weights(Gemma4ForConditionalGeneration, config, dtype, device, pad_token_id=text.pad_token_id)
 
 
 def draft_270m(dtype: torch.dtype, device: str) -> Any:
@@ -45,12 +41,7 @@ def draft_270m(dtype: torch.dtype, device: str) -> Any:
     config = Gemma3TextConfig(vocab_size=262144, hidden_size=640, intermediate_size=2048, num_hidden_layers=18,
                               num_attention_heads=4, num_key_value_heads=1, head_dim=256, sliding_window=512,
                               query_pre_attn_scalar=256, max_position_embeddings=32768, tie_word_embeddings=True)
-    with torch.device(device):
-        draft = Gemma3ForCausalLM(config)
-    draft = draft.to(dtype).eval()
-    draft.generation_config.eos_token_id = None
-    draft.generation_config.pad_token_id = None
-    return draft
+    return random_weights(Gemma3ForCausalLM, config, dtype, device)
 
 
 def build_gemma4_preset(name: str, device: str, dtype: str | None, seed: int, preset_cls: type) -> Any:

@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2Config, Qwen2ForCausalLM
 
+from .shapes import random_weights
+
 QWEN_PRESETS = ("qwen2.5-vl-7b-shape", "tiny-qwen2.5-vl")
 # upstream ids (Qwen2.5 tokenizer): text ids below 151643, then <|endoftext|>, ..., vision markers and pads
 _UPSTREAM = dict(text=151643, pad=151643, start=151652, end=151653, image=151655, video=151656)
@@ -31,12 +33,7 @@ def _target_7b(dtype: torch.dtype, device: str) -> Any:
     config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=_UPSTREAM["image"],
                               video_token_id=_UPSTREAM["video"], vision_start_token_id=_UPSTREAM["start"],
                               vision_end_token_id=_UPSTREAM["end"], pad_token_id=_UPSTREAM["pad"])
-    with torch.device(device):
-        model = Qwen2_5_VLForConditionalGeneration(config)
-    model = model.to(dtype).eval()
-    model.generation_config.pad_token_id = _UPSTREAM["pad"]
-    model.generation_config.eos_token_id = None  # random weights: run every call to max_new_tokens
-    return model
+    return random_weights(Qwen2_5_VLForConditionalGeneration, config, dtype, device, pad_token_id=_UPSTREAM["pad"])
 
 
 def _draft_0_5b(dtype: torch.dtype, device: str) -> Any:
@@ -44,12 +41,7 @@ def _draft_0_5b(dtype: torch.dtype, device: str) -> Any:
                          num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
                          rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False,
                          rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
-    with torch.device(device):
-        draft = Qwen2ForCausalLM(config)
-    draft = draft.to(dtype).eval()
-    draft.generation_config.eos_token_id = None
-    draft.generation_config.pad_token_id = None
-    return draft
+    return random_weights(Qwen2ForCausalLM, config, dtype, device)
 
 
 def build_qwen_preset(name: str, device: str, dtype: str | None, seed: int, preset_cls: type) -> Any:

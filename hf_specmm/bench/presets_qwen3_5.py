@@ -20,6 +20,7 @@ import torch
 import transformers
 
 from .presets_qwen import qwen_inputs
+from .shapes import random_weights
 
 QWEN3_5_PRESETS = ("qwen3.5-9b-shape", "tiny-qwen3.5")
 # upstream ids (Qwen3.5 tokenizer): text ids below 248044, then <|endoftext|>, ..., vision markers and pads
@@ -39,12 +40,8 @@ def _target_9b(dtype: torch.dtype, device: str) -> Any:
     config = transformers.Qwen3_5Config(text_config=text, vision_config=vision, image_token_id=_UPSTREAM["image"],
                                         video_token_id=_UPSTREAM["video"], vision_start_token_id=_UPSTREAM["start"],
                                         vision_end_token_id=_UPSTREAM["end"], tie_word_embeddings=False)
-    with torch.device(device):
-        model = transformers.Qwen3_5ForConditionalGeneration(config)
-    model = model.to(dtype).eval()
-    model.generation_config.pad_token_id = _UPSTREAM["pad"]
-    model.generation_config.eos_token_id = None  # random weights: run every call to max_new_tokens
-    return model
+    return random_weights(transformers.Qwen3_5ForConditionalGeneration, config, dtype, device,
+                          pad_token_id=_UPSTREAM["pad"])
 
 
 def _draft_0_8b(dtype: torch.dtype, device: str) -> Any:
@@ -53,12 +50,7 @@ def _draft_0_8b(dtype: torch.dtype, device: str) -> Any:
         num_key_value_heads=2, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=16,
         linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4, max_position_embeddings=262144,
         rms_norm_eps=1e-6, rope_parameters=_ROPE, tie_word_embeddings=True)
-    with torch.device(device):
-        draft = transformers.Qwen3_5ForCausalLM(config)
-    draft = draft.to(dtype).eval()
-    draft.generation_config.eos_token_id = None
-    draft.generation_config.pad_token_id = None
-    return draft
+    return random_weights(transformers.Qwen3_5ForCausalLM, config, dtype, device)
 
 
 def build_qwen3_5_preset(name: str, device: str, dtype: str | None, seed: int, preset_cls: type) -> Any:
