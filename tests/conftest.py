@@ -44,8 +44,8 @@ def batch_inputs(family: str, batch: int, with_images: bool = True):
 
 
 def refused_kind(family: str, kind: str) -> str | None:
-    """Why ``family`` refuses draft kind ``kind`` before any work (Gemma 4: image adapters and feature heads),
-    or None; the shared matrices skip those pairs, tests/test_gemma4.py checks the refusals."""
+    """Why ``family`` refuses draft kind ``kind`` before any work, or None (no family refuses a kind now; a
+    family that does is skipped by the shared matrices and checks its refusal in its own tests)."""
     from hf_specmm.targets import target_family
 
     return dict(target_family(target(family)).refused_draft_kinds).get(kind)

@@ -45,6 +45,7 @@ from . import gemma4  # noqa: F401  (registers nothing before transformers 5.24)
 from .drafts import (
     causal_lm_config,
     feature_head_from_target,
+    feature_head_is_exact,
     natural_text_draft,
     perturb_head,
     random_text_draft,
@@ -76,6 +77,7 @@ __all__ = [
     "causal_lm_config",
     "family_ids",
     "feature_head_from_target",
+    "feature_head_is_exact",
     "fixture",
     "fixture_of",
     "image_marker",
