@@ -5,7 +5,9 @@ static parity, χ² sampling and training. The shared matrices over ``testing.FA
 
 from __future__ import annotations
 
+import copy
 import math
+import re
 
 import pytest
 import torch
@@ -285,3 +287,37 @@ def test_training_a_head_lowers_its_loss_and_the_trained_head_is_lossless(family
     finally:
         hf_specmm.disable(model)
     assert torch.equal(out, plain)
+
+
+def test_a_copy_of_a_target_without_kv_sharing_is_accepted_whole():
+    """Gemma 4 layers in a head do reproduce a Gemma 4 stack that has neither KV sharing nor per-layer inputs
+    (the tiny Unified target with its shared layers given their producers' K/V weights): the copy is accepted
+    100 % on text rows (sliding windows, keys = values, the target's positions), batch 3 with left padding;
+    with images lossless (the prefill attends both ways inside an image, a causal head cannot)."""
+    base = target("gemma4_unified")
+    config = copy.deepcopy(base.config)
+    config.text_config.num_kv_shared_layers = 0
+    model = type(base)._from_config(config, attn_implementation="sdpa").eval()
+    state, text = base.state_dict(), base.config.get_text_config()
+    for key in model.state_dict().keys() - state.keys():  # a formerly shared layer: its producer's K/V weights
+        head, index, rest = re.match(r"(.*\.layers\.)(\d+)\.(.*)", key).groups()
+        producer = max(j for j in range(int(index)) if text.kv_sharing_modes[j] == "store"
+                       and text.layer_types[j] == text.layer_types[int(index)])
+        state[key] = state[f"{head}{producer}.{rest}"]
+    model.load_state_dict(state, strict=True)
+    model.generation_config = copy.deepcopy(base.generation_config)
+    assert testing.feature_head_is_exact(model)
+    head = testing.feature_head_from_target(model)
+    for with_images in (False, True):
+        inputs = batch_inputs("gemma4_unified", 3, with_images=with_images)
+        plain = model.generate(**inputs, max_new_tokens=16, do_sample=False)
+        hf_specmm.enable(model)
+        try:
+            out = model.generate(**inputs, max_new_tokens=16, do_sample=False, assistant_model=head,
+                                 num_assistant_tokens=4)
+            stats = hf_specmm.last_stats(model)
+        finally:
+            hf_specmm.disable(model)
+        assert torch.equal(out, plain), f"images={with_images}:\n{out}\n!=\n{plain}"
+        if not with_images:
+            assert stats.drafted_tokens > 0 and stats.acceptance_rate == 1.0, stats
