@@ -274,6 +274,7 @@ def test_training_a_head_lowers_its_loss_and_the_trained_head_is_lossless(family
     trainer = Trainer(cfg, model, proc, head, vocab, examples, {"global_step": 0, "stage": 0, "stage_step": 0})
     assert trainer.run(hf_specmm.get_kind(hf_specmm.kind_of(head).name).stages, None)
     losses = trainer.losses
+    print(f"{family} {variant}: loss {losses[:3]} -> {losses[-3:]}")
     assert len(losses) == 24 and all(map(math.isfinite, losses))
     assert sum(losses[-3:]) < sum(losses[:3]), losses
     head.eval().save_pretrained(tmp_path / "head")
