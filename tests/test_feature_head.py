@@ -76,9 +76,9 @@ def test_wrong_target_is_refused_before_any_forward():
             model.generate(**inputs, max_new_tokens=4, assistant_model=draft)
         assert calls["n"] == 0
         # another family (other width / vocabulary) is refused the same way
+        other_family = hf_specmm.FeatureHeadDraft.for_target(target("llava_onevision"))  # built (forwards) first
         with count_forwards() as calls, pytest.raises(IncompatibleDraftError):
-            model.generate(**inputs, max_new_tokens=4,
-                           assistant_model=hf_specmm.FeatureHeadDraft.for_target(target("llava_onevision")))
+            model.generate(**inputs, max_new_tokens=4, assistant_model=other_family)
         assert calls["n"] == 0
     finally:
         hf_specmm.disable(model)
