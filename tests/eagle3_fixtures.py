@@ -25,8 +25,9 @@ def lagged_head(target, draft_vocab_size: int | None = None, seed: int = 1):
             layer.self_attn.o_proj.weight.zero_()
             layer.mlp.down_proj.weight.zero_()
         norm = lm.norm.weight
-        # Gemma's norm multiplies by (1 + w): the head's Llama norm multiplies by w
-        head.norm.weight.copy_(norm + 1 if "Gemma" in type(lm.norm).__name__ else norm)
+        # Gemma / Gemma 3's norm multiplies by (1 + w) (Gemma 4's by w): the head's Llama norm multiplies by w
+        name = type(lm.norm).__name__
+        head.norm.weight.copy_(norm + 1 if "Gemma" in name and not name.startswith("Gemma4") else norm)
         head.norm.variance_epsilon = lm.norm.eps if hasattr(lm.norm, "eps") else lm.norm.variance_epsilon
         head.lm_head.weight.copy_(target.get_output_embeddings().weight[head.draft_ids])
     return head.eval()

@@ -22,7 +22,7 @@ def _drafts(model):
     itself as a same-family VLM draft, a random and an exact feature head, the target's LM as TextOnly."""
     drafts = {"text copy": testing.text_draft_from_target(model), "random": testing.random_text_draft(model),
               "vlm self": model, "text-only self": TextOnly(model)}
-    if "feature_head" not in dict(target_family(model).refused_draft_kinds):  # Gemma 4 refuses heads
+    if "feature_head" not in dict(target_family(model).refused_draft_kinds):
         drafts.update({"head exact": testing.feature_head_from_target(model),
                        "head random": FeatureHeadDraft.for_target(model)})
     return drafts

@@ -104,11 +104,13 @@ def test_every_draft_kind_parity_and_exact_copies_accept_the_full_depth(family):
         tree = hf_specmm.Tree(d, top_k=3, depth=4, tokens=10)
         out, stats = generate(model, inputs, max_new_tokens=NEW, assistant_model=tree)
         assert torch.equal(out, plain), f"{family} {name}:\n{out}\n!=\n{plain}"
-        if name in ("vlm", "feature_head"):
+        exact = name != "feature_head" or testing.feature_head_is_exact(model)  # Gemma 4 heads: in part
+        if name in ("vlm", "feature_head") and exact:
             assert_full_depth(stats, f"{family} {name}")
         out, stats = generate(model, text_inputs, max_new_tokens=NEW, assistant_model=tree)
         assert torch.equal(out, plain_text), f"{family} {name} text:\n{out}\n!=\n{plain_text}"
-        assert_full_depth(stats, f"{family} {name} text")
+        if exact:
+            assert_full_depth(stats, f"{family} {name} text")
 
 
 @pytest.mark.parametrize("family,seed,bias", (("llava", 3, 3.0), ("qwen2_5_vl", 4, 2.0), ("gemma3", 3, 3.0),

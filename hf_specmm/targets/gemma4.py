@@ -20,7 +20,9 @@ torchvision, so neither family is verified there; see ``_compat.GEMMA4_SUPPORTED
   placeholders and encoders are not covered by the prompt checks and fixtures.
 - Draft kinds: text-only, image-adapter (a Gemma 4 text LM's per-layer embeddings are looked up from the
   token ids, see :meth:`ImageAdapterDraft.per_layer_inputs`) and ``vlm`` drafts, chains and trees, dynamic
-  and static caches. EAGLE-1 / EAGLE-3 heads are refused before any work (see ``refused_draft_kinds``).
+  and static caches; EAGLE-1 / EAGLE-3 heads (without the per-layer inputs and KV sharing, which need the
+  target's full stack; while a head watches, the decoder computes every prompt position, see
+  ``feature_head.drafter.keep_every_position``).
 """
 
 from __future__ import annotations
@@ -36,14 +38,6 @@ _COMMON = dict(
     span_attrs=(("boi_token_id",), ("eoi_token_id",), ("boa_token_id",), ("eoa_token_index",)),
     one_run_per_image=True,  # <|image> <|image|>×n <image|> per image
     refused_inputs=("input_features", "input_features_mask", "pixel_values_videos", "video_position_ids"),
-    refused_draft_kinds=(
-        ("feature_head", "the head's decoder layers are built from the target's text config, whose per-layer "
-                         "Gemma 4 attention shapes and KV sharing it does not follow (not supported yet)"),
-        ("eagle3", "the head's body is the target family's text model (Gemma 4: per-layer input embeddings, "
-                   "per-layer-type attention shapes) around Llama layers, and in the prefill a Gemma 4 target "
-                   "runs its KV-shared layers on the last prompt token only, so the features of the other "
-                   "prompt positions that the head reads do not exist (not supported yet)"),
-    ),
 )
 _PLACEHOLDERS = (("image_token_id",), ("video_token_id",), ("audio_token_id",))
 

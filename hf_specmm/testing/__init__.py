@@ -48,6 +48,7 @@ from . import qwen3_5  # noqa: F401  (where transformers has Qwen3.5)
 from .drafts import (
     causal_lm_config,
     feature_head_from_target,
+    feature_head_is_exact,
     natural_text_draft,
     perturb_head,
     random_text_draft,
@@ -81,6 +82,7 @@ __all__ = [
     "causal_lm_config",
     "family_ids",
     "feature_head_from_target",
+    "feature_head_is_exact",
     "fixture",
     "fixture_of",
     "image_marker",

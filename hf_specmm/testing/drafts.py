@@ -10,6 +10,7 @@ import torch
 from transformers import PretrainedConfig, PreTrainedModel
 
 from ..drafts.feature_head import FeatureHeadDraft
+from ..drafts.feature_head.modeling import TARGET_ONLY_FEATURES
 from .registry import fixture_of
 from .shaping import BIAS_DIM, bias_channel_value, language_model
 
@@ -81,11 +82,37 @@ def random_text_draft(target: PreTrainedModel, seed: int = 1, vocab_size: int | 
     return draft.to(device=param.device, dtype=param.dtype)
 
 
+def feature_head_is_exact(target: PreTrainedModel) -> bool:
+    """Whether :func:`feature_head_from_target` reproduces ``target`` exactly: not for a text stack with features a
+    head's layers leave out (:data:`~hf_specmm.drafts.feature_head.modeling.TARGET_ONLY_FEATURES`: Gemma 4's
+    per-layer inputs and KV sharing)."""
+    text = target.config.get_text_config()
+    return not any(getattr(text, name, None) for name in TARGET_ONLY_FEATURES)
+
+
+def head_layer_state(target: PreTrainedModel, head: FeatureHeadDraft) -> dict[str, torch.Tensor]:
+    """The target's decoder-layer weights in the head's layers' names. Gemma 4: the per-layer input path is left
+    out, and a KV-shared layer (no K/V projections of its own) takes those of the layer whose K/V it reads."""
+    text, state = target.config.get_text_config(), language_model(target).layers.state_dict()
+    wanted = head.body.layers.state_dict()
+    extra = [k for k in state if k not in wanted]
+    if any("per_layer" not in k for k in extra):
+        raise ValueError(f"the head's layers have no {extra}: not a copy of {type(target).__name__}'s layers")
+    out = {k: v for k, v in state.items() if k in wanted}
+    modes, types = getattr(text, "kv_sharing_modes", None), getattr(text, "layer_types", None)
+    for key in (k for k in wanted if k not in state):  # K/V weights of a KV-shared layer: its producer's
+        index, rest = key.split(".", 1)
+        producer = max(j for j in range(int(index)) if modes[j] == "store" and types[j] == types[int(index)])
+        out[key] = state[f"{producer}.{rest}"]
+    return out
+
+
 def feature_head_from_target(target: PreTrainedModel, noise: float = 0.0, seed: int = 0) -> PreTrainedModel:
-    """A :class:`~hf_specmm.FeatureHeadDraft` that reproduces ``target`` exactly: as many layers as its LM,
-    those layers and its final norm copied, ``fc`` reading the token embedding only (the feature half zero).
-    Drafting with it is drafting with the target itself (accepted 100 %). ``noise`` > 0 perturbs the copied
-    layers (relative to each weight's std), for heads that agree often but not always."""
+    """A :class:`~hf_specmm.FeatureHeadDraft` that reproduces ``target``: as many layers as its LM, those layers
+    and its final norm copied, ``fc`` reading the token embedding only (the feature half zero). Drafting with it
+    is drafting with the target itself (accepted 100 %) where :func:`feature_head_is_exact`; a Gemma 4 head
+    leaves out the per-layer inputs and the KV sharing (:func:`head_layer_state`): it agrees in part. ``noise``
+    > 0 perturbs the copied layers (relative to each weight's std), for heads that agree often but not always."""
     lm = language_model(target)
     head = FeatureHeadDraft.for_target(target, num_layers=len(lm.layers))
     hidden = head.config.text_config.hidden_size
@@ -93,7 +120,7 @@ def feature_head_from_target(target: PreTrainedModel, noise: float = 0.0, seed: 
         head.fc.weight.zero_()
         head.fc.weight[:, :hidden] = torch.eye(hidden)
         head.fc.bias.zero_()
-        head.body.layers.load_state_dict(lm.layers.state_dict())
+        head.body.layers.load_state_dict(head_layer_state(target, head))
         head.body.norm.load_state_dict(lm.norm.state_dict())
         if noise > 0:
             gen = torch.Generator().manual_seed(seed)

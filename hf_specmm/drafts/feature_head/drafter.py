@@ -16,7 +16,9 @@ The head's KV cache only ever holds slots computed from the target's **true** fe
 
 The target's features are captured by a forward hook on its text decoder (whose output is the LM
 head's input), around the prefill and every verification forward: no ``output_hidden_states`` of all
-layers, nothing recomputed.
+layers, nothing recomputed. A decoder that skips positions whose logits are not kept (Gemma 4 runs its
+KV-shared layers on the prefill's last position only) is asked for every position while watched
+(:func:`keep_every_position`): the head reads the features of the whole prompt.
 """
 
 from __future__ import annotations
@@ -79,11 +81,14 @@ class FeatureHeadDrafter(TreeDrafting, Drafter):
             embeds = kwargs.get("inputs_embeds")
             self.captured = (None if embeds is None else embeds.detach(), output[0].detach())
 
-        handle = target.get_decoder().register_forward_hook(capture, with_kwargs=True)
+        decoder = target.get_decoder()
+        handles = [decoder.register_forward_pre_hook(keep_every_position, with_kwargs=True),
+                   decoder.register_forward_hook(capture, with_kwargs=True)]
         try:
             yield
         finally:
-            handle.remove()
+            for handle in handles:
+                handle.remove()
 
     def _take(self) -> tuple[torch.Tensor | None, torch.Tensor]:
         if self.captured is None:
@@ -204,6 +209,18 @@ class FeatureHeadDrafter(TreeDrafting, Drafter):
         ids = tokens.gather(1, k).masked_fill(~valid, 0)
         features = verified.gather(1, k[..., None].expand(-1, -1, verified.shape[-1]))
         self.pending, self.verified, self.level_features = (features, ids, valid), None, None
+
+
+def keep_every_position(module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+    """Forward pre-hook on the target's text decoder: ``logits_to_keep=0`` (every position) for a decoder that
+    reads it. Gemma 4's decoder runs its KV-shared layers on the last ``logits_to_keep`` positions only (they
+    write no cache, so generate needs no more), which leaves no final or late-layer features for the rest of
+    the prompt; the model still slices its logits with its own ``logits_to_keep``, so the target's outputs
+    keep plain generate's shapes. Other decoders take no ``logits_to_keep``: left as they are."""
+    keep = kwargs.get("logits_to_keep", 0)
+    if not isinstance(keep, int) or keep == 0:  # a tensor of indices already keeps every position upstream
+        return None
+    return args, {**kwargs, "logits_to_keep": 0}
 
 
 def previous_features(features: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:

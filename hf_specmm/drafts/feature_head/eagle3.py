@@ -16,7 +16,10 @@ head may propose (the most frequent ones of the training answers); ``d2t[i]`` is
 The layers are Llama decoder layers (the layer every serving engine runs for EAGLE-3; the first one's
 attention reads [embedding; feature], 2H wide, and it has the extra ``hidden_norm``), inside the target
 family's own text model (its rotary embedding, M-RoPE for Qwen-VL, masks and position rule): so the
-head's slots sit at the target's positions, as the EAGLE-1 head's do.
+head's slots sit at the target's positions, as the EAGLE-1 head's do. Gemma 4's text model runs each
+layer with its per-layer input and per-layer-type rotary embedding (head size of its own), which a Llama
+layer does not take: there the body is a Llama model of the layer config (Gemma 4's positions are 1-D,
+numbered as a Llama body numbers them; the full-attention RoPE of the target, as every head's).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import AutoConfig, LlamaConfig, PretrainedConfig, PreTrainedModel
+from transformers import AutoConfig, LlamaConfig, LlamaModel, PretrainedConfig, PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm
 
 from ... import _compat
@@ -55,7 +58,11 @@ def rope_parameters(text: PretrainedConfig) -> dict[str, Any] | None:
 
 def layer_config_for(text: PretrainedConfig, num_layers: int, vocab_size: int) -> LlamaConfig:
     """The Llama decoder-layer config of a head on a target with text config ``text``: its width, heads,
-    head size, MLP width, norm epsilon and RoPE; SiLU MLP, no biases (EAGLE-3's layer)."""
+    head size, MLP width, norm epsilon and RoPE; SiLU MLP, no biases (EAGLE-3's layer). A target with per-layer
+    shapes (Gemma 4) gives those of its full-attention layers, whose RoPE the head takes."""
+    per_layer = getattr(text, "per_layer_config", None)
+    if per_layer is not None and "full_attention" in (getattr(text, "layer_types", None) or ()):
+        text = per_layer["full_attention"]  # the target's config resolved for that layer type
     heads = int(text.num_attention_heads)
     return LlamaConfig(
         vocab_size=vocab_size, hidden_size=text.hidden_size, intermediate_size=text.intermediate_size,
@@ -68,6 +75,24 @@ def layer_config_for(text: PretrainedConfig, num_layers: int, vocab_size: int) -
         rope_parameters={k: v for k, v in (rope_parameters(text) or {"rope_type": "default", "rope_theta": 10000.0}).items()
                          if not k.startswith("mrope") and k != "partial_rotary_factor"},
         attention_bias=False, mlp_bias=False, tie_word_embeddings=False)
+
+
+# text models whose decoder loop a Llama layer cannot run in (Gemma 4: per-layer inputs passed positionally,
+# rotary embeddings per layer type): the head's body is a Llama model of its layer config
+LLAMA_BODY_MODEL_TYPES = ("gemma4_text", "gemma4_unified_text")
+
+
+def eagle3_body(text: PretrainedConfig, layer: LlamaConfig) -> nn.Module:
+    """The model around the head's layers: the target family's text model (its positions, rotary embedding
+    and masks), or a Llama model for :data:`LLAMA_BODY_MODEL_TYPES`; no token table (dropped)."""
+    if getattr(text, "model_type", None) not in LLAMA_BODY_MODEL_TYPES:
+        return family_body(text)
+    body_config = LlamaConfig(**{**layer.to_dict(), "vocab_size": 1, "pad_token_id": None, "bos_token_id": None,
+                                 "eos_token_id": None})
+    body_config._attn_implementation = layer._attn_implementation
+    body = LlamaModel(body_config)
+    body.set_input_embeddings(None)
+    return body
 
 
 class Eagle3HeadConfig(FeatureHeadDraftConfig):
@@ -148,7 +173,7 @@ class Eagle3FeatureHead(FeatureHeadDraft):
             raise ValueError(f"an EAGLE-3 head's hidden size ({hidden}) must be its target's "
                              f"({config.text_config.hidden_size}): it reads the target's token embeddings")
         self.fc = nn.Linear(len(config.aux_layers) * hidden, hidden, bias=False)
-        self.body = family_body(config.text_config)  # positions, rotary, masks of the target's family
+        self.body = eagle3_body(config.text_config, layer)  # positions, rotary, masks of the target's family
         self.body.layers = nn.ModuleList(
             [Eagle3FirstLayer(layer, config.norm_before_residual)]
             + [LlamaDecoderLayer(layer, i) for i in range(1, layer.num_hidden_layers)])

@@ -16,7 +16,7 @@ from typing import Any, Iterator
 import torch
 
 from ...errors import IncompatibleDraftError
-from .drafter import FeatureHeadDrafter
+from .drafter import FeatureHeadDrafter, keep_every_position
 
 
 def decoder_layers(target: Any) -> Any:
@@ -46,10 +46,11 @@ class Eagle3Drafter(FeatureHeadDrafter):
         seen: dict[int, torch.Tensor] = {}
         embeds: list[torch.Tensor | None] = [None]
 
-        def on_decoder(module: Any, args: tuple, kwargs: dict) -> None:
+        def on_decoder(module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
             given = kwargs.get("inputs_embeds")
             embeds[0] = None if given is None else given.detach()
             seen.clear()
+            return keep_every_position(module, args, kwargs)  # late aux layers at every prompt position (Gemma 4)
 
         def on_layer(index: int) -> Any:
             def hook(module: Any, args: tuple, kwargs: dict) -> None:

@@ -12,9 +12,10 @@ own norm, a copy of that norm's class, because its output should live where the 
 
 The layers are the target's own text decoder (``AutoModel`` of the target's text config with
 ``num_hidden_layers`` = the head's layers: the family's decoder-layer class, rotary embedding and mask
-code, no copies) without its token embedding. The target's embedding and LM head are **used, not
-stored**: :meth:`FeatureHeadDraft.attach` references them, and a fingerprint of those weights in the
-config ties the head to its target (checked before any work).
+code, no copies) without its token embedding, and without what only the target's full stack can run
+(:data:`TARGET_ONLY_FEATURES`: Gemma 4's per-layer inputs and KV sharing). The target's embedding and LM
+head are **used, not stored**: :meth:`FeatureHeadDraft.attach` references them, and a fingerprint of
+those weights in the config ties the head to its target (checked before any work).
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ from ...errors import IncompatibleDraftError
 from .configuration import FeatureHeadDraftConfig
 
 _SAMPLES = 64  # values sampled per fingerprinted weight
+# features of a target's text config that only its own full stack can run, switched off in a head's layers:
+# Gemma 4's per-layer input embeddings (a table of the target's depth, looked up from token ids the head does
+# not read) and KV sharing (late layers reusing K/V of earlier layers the head does not have)
+TARGET_ONLY_FEATURES = {"hidden_size_per_layer_input": 0, "num_kv_shared_layers": 0}
 
 
 def weight_fingerprint(weight: torch.Tensor) -> dict[str, Any]:
@@ -239,9 +244,21 @@ def head_config_fields(target: PreTrainedModel, num_layers: int, target_name: st
     text.num_hidden_layers = num_layers
     if _compat.stateful_layer_types(text):  # a hybrid (Qwen3.5): its last layers, so a 1-layer head is full attention
         text.layer_types = text.layer_types[-num_layers:]
+    for name, off in TARGET_ONLY_FEATURES.items():
+        if getattr(text, name, None):
+            setattr(text, name, off)
     # per-layer lists sized for the target's depth (Muse Glimmer: layer_rope_theta)
     for name in ("layer_types", "max_window_layers", "layer_rope_theta"):
         if isinstance(getattr(text, name, None), list):
             setattr(text, name, getattr(text, name)[:num_layers])
-    return dict(text_config=text.to_dict(), target=target_name or getattr(target.config, "_name_or_path", None) or None,
+    text_dict = text.to_dict()
+    per_layer = text_dict.get("per_layer_config")
+    if isinstance(per_layer, dict) and per_layer:
+        # per-layer shapes (Gemma 4: full-attention layers with their own head size) must end on a full layer,
+        # as the target does: the head's layers take the types and shapes of the target's LAST layers
+        depth = len(target.config.get_text_config().layer_types)
+        first = depth - num_layers
+        text_dict["layer_types"] = list(target.config.get_text_config().layer_types)[first:]
+        text_dict["per_layer_config"] = {str(int(i) - first): v for i, v in per_layer.items() if int(i) >= first}
+    return dict(text_config=text_dict, target=target_name or getattr(target.config, "_name_or_path", None) or None,
                 target_class=type(target).__name__, target_fingerprint=target_fingerprint(target))
