@@ -82,6 +82,8 @@ def _speculative_generate(self: Any, inputs: torch.Tensor | None = None, generat
 
     start = time.perf_counter()
     plan = resolve_plan(self, assistant_model, inputs, generation_config, streamer, kwargs)  # raises before work
+    if plan.budget.runs_plain():  # hf_specmm.Auto measured plain generate's own loop as the fastest here
+        return _plain_call(self, plan, inputs, generation_config, streamer, start)
     drafter = plan.kind.drafter(plan.draft, plan.vocab)  # the draft kind's runtime (drafts/<kind>/)
     image_inputs = target_family(self).model_inputs(plan.kwargs)  # before stock generate encodes and drops them
     decoding = SpeculativeDecoding(drafter, plan.budget, streamer, image_inputs, plan.backend)  # stock generate calls it
@@ -90,5 +92,27 @@ def _speculative_generate(self: Any, inputs: torch.Tensor | None = None, generat
     if plan.budget.schedule == "heuristic" and getattr(assistant_model, "generation_config", None) is not None:
         assistant_model.generation_config.num_assistant_tokens = plan.budget.gamma  # persists, as stock's
     decoding.stats.wall_time_s = time.perf_counter() - start
+    decoding.stats.auto = plan.budget.report()
     getattr(self, _STATE).last_stats = decoding.stats
+    return result
+
+
+def _plain_call(model: Any, plan: Any, inputs: Any, generation_config: Any, streamer: Any, start: float) -> Any:
+    """Stock ``generate`` without the draft (its output is plain generate's by definition), its steps timed into
+    the budget's costs; ``last_stats`` says so (``auto["shapes"] == ["plain generate"]``)."""
+    handle = plan.budget.timing_plain(model)
+    try:
+        result = _compat.stock_generate(model, inputs, generation_config=generation_config, streamer=streamer,
+                                        **plan.kwargs)
+    finally:
+        handle.remove()
+    stats = SpecStats()
+    sequences = result if isinstance(result, torch.Tensor) else result.sequences
+    prompt = inputs if isinstance(inputs, torch.Tensor) else plan.kwargs.get("input_ids")
+    stats.batch_size = sequences.shape[0]
+    if isinstance(prompt, torch.Tensor):  # rows stopped at EOS count their padding: an upper bound
+        stats.generated_tokens = sequences.shape[0] * (sequences.shape[1] - prompt.shape[-1])
+    stats.wall_time_s = time.perf_counter() - start
+    stats.auto = plan.budget.report()
+    getattr(model, _STATE).last_stats = stats
     return result

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -29,6 +30,9 @@ class SpecStats:
     nodes_per_round: list[list[int]] = field(default_factory=list)
     depths_per_round: list[list[int]] = field(default_factory=list)
     graphs_compiled: int = 0  # torch.compile graphs compiled during the call (0 once warm: no recompilation)
+    #: ``hf_specmm.Auto``: the shapes taken per round, per shape its rounds, tokens, measured and predicted
+    #: tokens per second, the learned acceptance (see docs/auto.md); None for a fixed chain or tree
+    auto: dict[str, Any] | None = None
 
     def record_prefill(self, kept: list[int]) -> None:
         """The prefill forward: one target forward per row, ``kept`` [B] its tokens (1, or 0 if cut)."""
