@@ -106,12 +106,11 @@ def _plain_call(model: Any, plan: Any, inputs: Any, generation_config: Any, stre
                                         **plan.kwargs)
     finally:
         handle.remove()
-    stats = SpecStats()
     sequences = result if isinstance(result, torch.Tensor) else result.sequences
-    prompt = inputs if isinstance(inputs, torch.Tensor) else plan.kwargs.get("input_ids")
-    stats.batch_size = sequences.shape[0]
-    if isinstance(prompt, torch.Tensor):  # rows stopped at EOS count their padding: an upper bound
-        stats.generated_tokens = sequences.shape[0] * (sequences.shape[1] - prompt.shape[-1])
+    batch, steps = sequences.shape[0], max(len(plan.budget.plain_forwards) - 1, 0)
+    # one token per row and forward (rows that stopped at EOS count their padding, as plain generate runs them)
+    stats = SpecStats(batch_size=batch, target_forwards=batch * (steps + 1), generated_tokens=batch * (steps + 1),
+                      tokens_per_round=[[1] * batch for _ in range(steps)], gammas=[0] * steps)
     stats.wall_time_s = time.perf_counter() - start
     stats.auto = plan.budget.report()
     getattr(model, _STATE).last_stats = stats

@@ -106,11 +106,14 @@ class AcceptanceTable:
         """``p[d][r]`` (d = 0 is depth 1): the probability that the target's token is the draft's r-th choice
         at depth d + 1, given the path to it was accepted."""
         depth, ranks = depth or self.depth, ranks or self.ranks
+        pooled = [self.pooled_hazard(r) for r in range(min(ranks, self.ranks))] if self.depth_prior is None else None
         table = []
         for d in range(1, depth + 1):
             row, left = [], 1.0
             for r in range(ranks):
-                h = self.hazard(d, r)
+                di, ri = min(d, self.depth) - 1, min(r, self.ranks - 1)
+                prior = pooled[ri] if pooled is not None else self.pooled_hazard(ri, self.depth_prior[di][ri])
+                h = (self.hits[di][ri] + DEPTH_STRENGTH * prior) / (self.trials[di][ri] + DEPTH_STRENGTH)
                 row.append(left * h)
                 left *= 1.0 - h
             table.append(row)
@@ -155,6 +158,7 @@ def tree_lengths(p: Sequence[Sequence[float]], top_k: int, max_depth: int,
     out: dict[tuple[int, int], float] = {}
     values: list[float] = []
     frontier = [1.0]
+    most = max(nodes)
     for depth in range(1, max_depth + 1):
         row = p[min(depth - 1, len(p) - 1)]
         level = [v * row[min(r, len(row) - 1)] for v in frontier for r in range(top_k)]
@@ -162,13 +166,12 @@ def tree_lengths(p: Sequence[Sequence[float]], top_k: int, max_depth: int,
         frontier = sorted(level, reverse=True)[:top_k]
         if depth < 2:
             continue
-        best = sorted(values, reverse=True)
         prefix = [0.0]
-        for v in best:
+        for v in sorted(values, reverse=True)[:most]:
             prefix.append(prefix[-1] + v)
         for n in nodes:
-            if n <= len(best):
-                out[(depth, n)] = prefix[n]
+            if n <= len(values):
+                out[(depth, n)] = prefix[min(n, most)]
     return out
 
 

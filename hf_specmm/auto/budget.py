@@ -15,7 +15,7 @@ from .acceptance import AcceptanceTable, tree_observations
 from .costs import CostTable
 from .policy import PLAIN, Choice, CostAwarePolicy, FixedPolicy, Shape
 
-REFRESH = 4  # rounds between two rankings of the candidate shapes (the tables move slowly)
+REFRESH = 8  # rounds between two rankings of the candidate shapes (the tables move slowly)
 MIN_PROBE_GAP, MAX_PROBE_GAP = 8, 256
 #: plain generate's step is measured when the best shape's predicted rate is below this × the loop's plain step's
 PLAIN_MARGIN = 1.5
@@ -43,6 +43,7 @@ class AutoBudget(DraftBudget):
         self.rounds = 0
         self.plain_run = 0
         self.calibration_rounds = 0
+        self.plain_forwards: list[float] = []  # a call run as plain generate: when each target forward started
 
     # ---- the loop's hooks ------------------------------------------------------------------------------
     def for_round(self, remaining: list[int], unfinished: list[bool]) -> RoundBudget:
@@ -51,7 +52,8 @@ class AutoBudget(DraftBudget):
         room = max(r for r, u in zip(remaining, unfinished) if u) - 1
         choice = self._choose(sum(unfinished), room)
         shape = _fit(choice.shape, room)
-        self.open = {"shape": shape, "choice": choice, "start": now, "drafted": None, "tokens": 0}
+        # the round starts after the choice: ranking the candidates is no shape's cost
+        self.open = {"shape": shape, "choice": choice, "start": time.perf_counter(), "drafted": None, "tokens": 0}
         self.rounds += 1
         return RoundBudget(shape.gamma, shape.tree)
 
@@ -150,7 +152,7 @@ class AutoBudget(DraftBudget):
 
     def timing_plain(self, target: Any) -> Any:
         """A forward pre-hook on ``target`` timing plain generate's steps into the cost table (remove it after)."""
-        starts: list[float] = []
+        starts = self.plain_forwards = []
 
         def mark(module: Any, args: tuple) -> None:
             now = time.perf_counter()

@@ -16,6 +16,7 @@ levels whose cost is interpolated in their width top_k.
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import statistics
@@ -32,11 +33,14 @@ def _median(samples: list[float]) -> float:
 
 
 def interpolate(points: dict[int, float], x: float) -> float | None:
-    """Piecewise-linear through ``points`` (x → y); linear extrapolation from the two nearest points outside
-    them, never below the nearest point's value when it would fall (costs do not shrink with width)."""
+    """Piecewise-linear through ``points`` (x → y, keys in increasing order or not); linear extrapolation from
+    the two nearest points outside them, never below the nearest point's value when it would fall (costs do not
+    shrink with width)."""
     if not points:
         return None
-    xs = sorted(points)
+    xs = list(points)
+    if any(b < a for a, b in zip(xs, xs[1:])):
+        xs.sort()
     if len(xs) == 1:
         return points[xs[0]]
     if x <= xs[0]:
@@ -44,8 +48,8 @@ def interpolate(points: dict[int, float], x: float) -> float | None:
     elif x >= xs[-1]:
         a, b = xs[-2], xs[-1]
     else:
-        b = next(v for v in xs if v >= x)
-        a = xs[xs.index(b) - 1]
+        i = bisect.bisect_left(xs, x)
+        a, b = xs[i - 1], xs[i]
     slope = (points[b] - points[a]) / (b - a)
     y = points[a] + slope * (x - a)
     if x > xs[-1]:
@@ -90,30 +94,63 @@ class CostTable:
         return n if draft_label is None else min(n, len(self.draft.get(draft_label, [])))
 
     # ---- predictions -----------------------------------------------------------------------------------
+    def model(self) -> "CostModel":
+        """The medians as they are now, ready for many predictions (a policy ranks every candidate with one)."""
+        return CostModel(self)
+
     def verify_time(self, kind: str, width: int) -> float | None:
-        points = {w: _median(v) for w, v in self.verify[kind].items() if v}
-        if kind == "tree" and not points:  # no tree timed: its width's chain time (a lower bound)
-            points = {w: _median(v) for w, v in self.verify["chain"].items() if v}
-        return interpolate(points, width)
+        return self.model().verify_time(kind, width)
 
     def chain_draft_time(self, gamma: int) -> float | None:
-        points = {int(k.split(":")[1]): _median(v) for k, v in self.draft.items() if k.startswith("chain:") and v}
-        return interpolate(points, gamma)
+        return self.model().chain_draft_time(gamma)
 
     def tree_draft_time(self, top_k: int, depth: int) -> float | None:
-        base = self.chain_draft_time(1)
-        if base is None:
-            return None
+        return self.model().tree_draft_time(top_k, depth)
+
+
+class CostModel:
+    """Predicted seconds from a :class:`CostTable`'s medians (see the module): built once per ranking."""
+
+    def __init__(self, table: CostTable):
+        self.verify = {kind: {w: _median(widths[w]) for w in sorted(widths) if widths[w]}
+                       for kind, widths in table.verify.items()}
+        if not self.verify["tree"]:  # no tree timed: its width's chain time (a lower bound)
+            self.verify["tree"] = dict(self.verify["chain"])
+        chain = {int(k.split(":")[1]): _median(v) for k, v in table.draft.items() if k.startswith("chain:") and v}
+        self.chain = {g: chain[g] for g in sorted(chain)}
+        self.base = interpolate(self.chain, 1)
         per_level: dict[int, list[float]] = {}
-        for label, values in self.draft.items():
-            if label.startswith("tree:") and values:
+        for label, values in table.draft.items():
+            if label.startswith("tree:") and values and self.base is not None:
                 k, d = map(int, label.split(":")[1].split(","))
-                per_level.setdefault(k, []).append(max(_median(values) - base, 0.0) / max(d - 1, 1))
-        level = interpolate({k: _median(v) for k, v in per_level.items()}, top_k)
+                per_level.setdefault(k, []).append(max(_median(values) - self.base, 0.0) / max(d - 1, 1))
+        self.level = {k: _median(per_level[k]) for k in sorted(per_level)}
+
+        self.memo: dict[tuple, float | None] = {}
+
+    def verify_time(self, kind: str, width: int) -> float | None:
+        key = (kind, width)
+        if key not in self.memo:
+            self.memo[key] = interpolate(self.verify[kind], width)
+        return self.memo[key]
+
+    def chain_draft_time(self, gamma: int) -> float | None:
+        return interpolate(self.chain, gamma)
+
+    def tree_draft_time(self, top_k: int, depth: int) -> float | None:
+        key = ("tree", top_k, depth)
+        if key not in self.memo:
+            self.memo[key] = self._tree_draft_time(top_k, depth)
+        return self.memo[key]
+
+    def _tree_draft_time(self, top_k: int, depth: int) -> float | None:
+        if self.base is None:
+            return None
+        level = interpolate(self.level, top_k)
         if level is None:  # no tree timed yet: a level of K nodes costs at least a chain step
-            one = self.chain_draft_time(2)
-            level = 0.0 if one is None else max(one - base, 0.0)
-        return base + (depth - 1) * level
+            two = interpolate(self.chain, 2)
+            level = 0.0 if two is None else max(two - self.base, 0.0)
+        return self.base + (depth - 1) * level
 
 
 def _push(values: list[float], x: float) -> None:

@@ -16,10 +16,10 @@ from typing import Sequence
 
 from ..trees.expand import TreeShape
 from .acceptance import AcceptanceTable, chain_lengths, tree_lengths
-from .costs import CALIBRATION_SAMPLES, CostTable
+from .costs import CALIBRATION_SAMPLES, CostModel, CostTable
 
 TOP_KS = (2, 4, 8)
-TREE_NODES = (4, 8, 12, 16, 24, 32, 48, 64)
+TREE_NODES = (8, 16, 24, 32, 48, 64)
 
 
 @dataclass(frozen=True)
@@ -127,8 +127,9 @@ class CostAwarePolicy:
     def rank(self, acceptance: AcceptanceTable, costs: CostTable, rows: int) -> list[Choice]:
         """Every candidate with a predicted cost, best first."""
         choices = []
+        model = costs.model()
         for shape, accepted in self.expected_accepted(acceptance).items():
-            seconds = round_time(costs, shape)
+            seconds = round_time(model, shape)
             if seconds is None or seconds <= 0:
                 continue
             choices.append(Choice(shape, rows * (1.0 + accepted) / seconds, 1.0 + accepted))
@@ -136,7 +137,7 @@ class CostAwarePolicy:
         return choices
 
 
-def round_time(costs: CostTable, shape: Shape) -> float | None:
+def round_time(costs: CostTable | CostModel, shape: Shape) -> float | None:
     """Predicted seconds of one round of ``shape`` (None while a part of it has no timing to go by)."""
     verify = costs.verify_time(shape.kind, shape.width)
     if shape.tree is not None:
