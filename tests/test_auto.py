@@ -26,8 +26,9 @@ from test_sampling import ALPHA, chi2_homogeneity_pvalue, noisy_copy
 from test_trees_generate import exact_drafts, generate, sharp_target
 
 NEW = 16
-#: plain steps, chains and trees in turn, so every switch (plain→tree, tree→chain, chain→plain, ...) happens
-ALTERNATING = (0, 3, TreeShape(2, 3, 5), 0, 0, 1, TreeShape(3, 4, 10), 2, TreeShape(2, 2, 3), 0, 4)
+#: plain steps, chains and trees in turn, so every switch happens: plain→chain→tree→plain→plain→tree→tree→chain
+#: →chain→plain→chain
+ALTERNATING = (0, 3, TreeShape(2, 3, 5), 0, 0, TreeShape(3, 4, 10), TreeShape(2, 2, 3), 1, 2, 0, 4)
 
 
 @pytest.fixture(autouse=True)
@@ -59,7 +60,8 @@ def test_alternating_shapes_every_draft_kind_equal_plain_and_copies_accept_every
         auto = hf_specmm.Auto(d, shapes=ALTERNATING)
         out, stats = generate(model, inputs, max_new_tokens=NEW, assistant_model=auto)
         assert torch.equal(out, plain), f"{family} {name}:\n{out}\n!=\n{plain}"
-        assert stats.auto["shapes"][:6] == ["plain", "chain 3", "tree 2,3,5", "plain", "plain", "chain 1"]
+        assert stats.auto["shapes"][:8] == ["plain", "chain 3", "tree 2,3,5", "plain", "plain", "tree 3,4,10",
+                                            "tree 2,2,3", "chain 1"]
         if name in ("vlm", "feature_head"):  # they read the images: exact on image prompts too
             assert_drafted_rounds_accept_everything(stats, f"{family} {name}")
         out, stats = generate(model, text_inputs, max_new_tokens=NEW, assistant_model=auto)
