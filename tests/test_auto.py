@@ -95,6 +95,8 @@ def test_cost_aware_auto_equals_plain_and_learns_which_draft_is_useful(family):
                 assert report["calibration_rounds"] > 0 and "plain" in report["shapes"]
             predicted.append(report["predicted_tokens_per_s"] is not None and report["measured_tokens_per_s"] > 0)
         first_choice[kind] = auto.acceptance(model).probabilities(1, 1)[0][0]
+        # the pair's acceptance is the process's: another Auto around the same draft starts from it
+        assert hf_specmm.Auto(draft(family, kind)).acceptance(model) is auto.acceptance(model)
         # which shape pays is timing (benchmarks), not unit-test matter: the choice is tested on given costs below
         assert any(predicted), kind
     assert first_choice["self"] > 0.9 > 0.2 > first_choice["random"], first_choice
@@ -252,3 +254,35 @@ def test_hidden_states_outputs_take_chains_and_plain_steps_only():
     out, stats = generate(model, inputs, assistant_model=auto, **kwargs)
     assert torch.equal(out.sequences, plain.sequences)
     assert not any(s.startswith("tree") for s in stats.auto["shapes"]) and "chain 1" in stats.auto["shapes"]
+
+
+def test_a_kind_without_trees_or_plain_steps_takes_chains_only():
+    """A plugin kind's drafter without tree drafting nor ``follow``: fixed shapes that need them are refused
+    before any forward; the cost-aware policy keeps to chains."""
+    from hf_specmm.drafts import registry
+    from test_trees_generate import _ChainOnlyDraft, _ChainOnlyDrafter
+
+    model = target("llava")
+    d = testing.text_draft_from_target(model)
+    d.__class__ = type("ChainOnlyLlama", (_ChainOnlyDraft, type(d)), {})
+    kind = registry.DraftKind(name="chain_only_auto", title="chain only", drafter=_ChainOnlyDrafter,
+                              claims=lambda m: isinstance(m, _ChainOnlyDraft), priority=60, loads=lambda config: None,
+                              training_view=lambda m, vocab, stage: _ChainOnlyDrafter(m, vocab),
+                              param_groups=lambda m, stage, cfg: [])
+    hf_specmm.register_draft_kind(kind)
+    calls = []
+    handle = model.register_forward_pre_hook(lambda *a: calls.append(1))
+    hf_specmm.enable(model)
+    try:
+        for shapes, named in (([0], "plain"), ([TreeShape(2, 2, 3)], "tree")):
+            with pytest.raises(hf_specmm.UnsupportedGenerationError, match=named):
+                model.generate(**batch_inputs("llava", 2), max_new_tokens=4,
+                               assistant_model=hf_specmm.Auto(d, shapes=shapes))
+        assert calls == []
+        budget = hf_specmm.Auto(d).budget(model, 2, False, "dynamic", trees=False, plain=False,
+                                          device=torch.device("cpu"))
+        assert all(s.tree is None and s.gamma > 0 for s in budget.policy.shapes + budget.policy.calibration)
+    finally:
+        handle.remove()
+        hf_specmm.disable(model)
+        registry.unregister_draft_kind("chain_only_auto")

@@ -90,14 +90,14 @@ class AutoBudget(DraftBudget):
             self.calibration_rounds += 1
             return Choice(calibrating, None, 0.0)
         if not self.policy.calibrated(self.costs):  # the rest does not fit near max_length: no cost model yet
-            return Choice(PLAIN, None, 1.0)
+            return Choice(self.policy.fallback, None, 1.0)
         if self.calibration_rounds and self.on_calibrated is not None:
             self.on_calibrated()  # once per call that finished a calibration (saves the costs file)
             self.on_calibrated = None
         if not self.ranked or self.rounds % REFRESH == 0:
             self.ranked = self.policy.rank(self.acceptance, self.costs, max(rows, 1))
         if not self.ranked:
-            return Choice(PLAIN, None, 1.0)
+            return Choice(self.policy.fallback, None, 1.0)
         best = self.ranked[0]
         if best.shape != PLAIN:
             self.plain_run, self.acceptance.probe_gap = 0, MIN_PROBE_GAP

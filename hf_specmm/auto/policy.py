@@ -94,6 +94,9 @@ class CostAwarePolicy:
 
     def __init__(self, max_tokens: int = 64, max_depth: int = 8, plain: bool = True, trees: bool = True):
         self.max_tokens, self.max_depth = max_tokens, max_depth
+        #: what a round takes while the cost model cannot choose: a plain step, or a chain of 1 for a drafter
+        #: that cannot follow plain steps
+        self.fallback = PLAIN if plain else Shape(1)
         self.shapes = candidate_shapes(max_tokens, max_depth, plain, trees)
         self.calibration = calibration_shapes(max_tokens, max_depth, plain, trees)
 

@@ -19,6 +19,10 @@ from .costs import COSTS, cost_key
 from .policy import CostAwarePolicy, FixedPolicy, Shape
 
 
+#: the learned acceptance per (target, draft) pair, weakly held: {target: {draft: {sampling: AcceptanceTable}}}
+_ACCEPTANCE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 class Auto(DraftWrapper):
     """Wraps any draft (text-only, image-adapter, vlm, feature head, ``TextOnly(...)``) so that every round
     drafts the shape with the highest expected tokens per second: a plain target step (nothing drafted), a
@@ -32,8 +36,8 @@ class Auto(DraftWrapper):
       process (and in ``costs_file``, a JSON file, when given: loaded before the first call, written once a
       calibration completes);
     - **acceptance, learned**: how often the target's token is the draft's r-th choice at depth d, updated
-      from every round's verification and kept across calls for this (target, draft) pair, greedy and
-      sampling apart; ``prior``: a profile ``prior[d][r]`` (as ``hf-specmm world-tau --profile`` writes) for
+      from every round's verification and kept across calls for this (target, draft) pair (for the process,
+      whichever ``Auto`` wraps the draft), greedy and sampling apart; ``prior``: a profile ``prior[d][r]`` (as ``hf-specmm world-tau --profile`` writes) for
       the first rounds, else a neutral prior.
 
     Where nothing drafted pays (a useless draft, a draft as costly as the target, an overhead-bound machine)
@@ -83,12 +87,11 @@ class Auto(DraftWrapper):
             for s in self.shapes:
                 if s.gamma < 0 or (s.tree is None and s.gamma > max_tokens) or (s.tree and s.tree.tokens > max_tokens):
                     raise ValueError(f"Auto shapes: {s.label} drafts more than max_tokens={max_tokens}")
-        # per target (weakly held): {sampling: AcceptanceTable}
-        self._acceptance: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def acceptance(self, target: Any, sampling: bool = False) -> AcceptanceTable:
-        """The acceptance learned for ``target`` with this draft (greedy or ``sampling``)."""
-        tables = self._acceptance.setdefault(target, {})
+        """The acceptance learned for ``target`` with this draft (greedy or ``sampling``), for the process: every
+        ``Auto`` around the same draft shares it (the first one's ``prior`` starts it)."""
+        tables = _ACCEPTANCE.setdefault(target, weakref.WeakKeyDictionary()).setdefault(self.draft, {})
         if sampling not in tables:
             tables[sampling] = AcceptanceTable(depth=max(self.max_depth, 1), ranks=8, prior=self.prior)
         return tables[sampling]
