@@ -53,7 +53,8 @@ class AutoBudget(DraftBudget):
         choice = self._choose(sum(unfinished), room)
         shape = _fit(choice.shape, room)
         # the round starts after the choice: ranking the candidates is no shape's cost
-        self.open = {"shape": shape, "choice": choice, "start": time.perf_counter(), "drafted": None, "tokens": 0}
+        self.open = {"shape": shape, "choice": choice, "start": time.perf_counter(), "drafted": None, "tokens": 0,
+                     "rows": sum(unfinished)}
         self.rounds += 1
         return RoundBudget(shape.gamma, shape.tree)
 
@@ -121,8 +122,10 @@ class AutoBudget(DraftBudget):
         draft = (entry["drafted"] - entry["start"]) if entry["drafted"] is not None else 0.0
         if timed and not isinstance(self.policy, FixedPolicy):
             self.costs.add(shape.kind, shape.width, shape.draft_label, draft, max(seconds - draft, 0.0))
-        self.log.append({"shape": shape.label, "predicted": entry["choice"].predicted_tokens_per_s,
-                         "tokens": entry["tokens"], "seconds": seconds})
+        choice = entry["choice"]
+        self.log.append({"shape": shape.label, "predicted": choice.predicted_tokens_per_s, "tokens": entry["tokens"],
+                         "seconds": seconds, "rows": entry["rows"],
+                         "expected": choice.expected_tokens if choice.predicted_tokens_per_s is not None else None})
 
     # ---- whole calls as plain generate -------------------------------------------------------------------
     def runs_plain(self) -> bool:
@@ -160,7 +163,8 @@ class AutoBudget(DraftBudget):
                 self.costs.add_stock_step(now - starts[-1])
             starts.append(now)
 
-        self.log.append({"shape": "plain generate", "predicted": None, "tokens": 0, "seconds": 0.0})
+        self.log.append({"shape": "plain generate", "predicted": None, "tokens": 0, "seconds": 0.0, "rows": 0,
+                         "expected": None})
         return target.register_forward_pre_hook(mark)
 
     # ---- what the call did -----------------------------------------------------------------------------
@@ -170,16 +174,22 @@ class AutoBudget(DraftBudget):
         self._close(time.perf_counter(), timed=False)  # the last round ends with the call
         per_shape: dict[str, dict[str, Any]] = {}
         for entry in self.log:
-            s = per_shape.setdefault(entry["shape"], {"rounds": 0, "tokens": 0, "seconds": 0.0, "predicted": []})
+            s = per_shape.setdefault(entry["shape"], {"rounds": 0, "tokens": 0, "seconds": 0.0, "row_rounds": 0,
+                                                      "predicted": [], "expected": []})
             s["rounds"] += 1
             s["tokens"] += entry["tokens"]
             s["seconds"] += entry["seconds"]
+            s["row_rounds"] += entry["rows"]
             if entry["predicted"] is not None:
                 s["predicted"].append(entry["predicted"])
+                s["expected"].append(entry["expected"])
         for s in per_shape.values():
-            predicted = s.pop("predicted")
+            predicted, expected, row_rounds = s.pop("predicted"), s.pop("expected"), s.pop("row_rounds")
             s["measured_tokens_per_s"] = s["tokens"] / s["seconds"] if s["seconds"] > 0 else None
             s["predicted_tokens_per_s"] = sum(predicted) / len(predicted) if predicted else None
+            # tokens a row kept per round: measured, and as the acceptance table expected it
+            s["measured_tokens_per_round"] = s["tokens"] / row_rounds if row_rounds else None
+            s["expected_tokens_per_round"] = sum(expected) / len(expected) if expected else None
         chosen = [e for e in self.log if e["predicted"] is not None]
         tokens, seconds = sum(e["tokens"] for e in chosen), sum(e["seconds"] for e in chosen)
         return {
