@@ -22,6 +22,7 @@ from hf_specmm.auto.costs import interpolate
 from hf_specmm.auto.policy import PLAIN, Shape
 from hf_specmm.trees import DraftTree, TreeShape
 from conftest import batch_inputs, draft, target
+from eagle3_fixtures import lagged_head
 from test_sampling import ALPHA, chi2_homogeneity_pvalue, noisy_copy
 from test_trees_generate import exact_drafts, generate, sharp_target
 
@@ -68,6 +69,11 @@ def test_alternating_shapes_every_draft_kind_equal_plain_and_copies_accept_every
         out, stats = generate(model, text_inputs, max_new_tokens=new, assistant_model=auto)
         assert torch.equal(out, plain_text), f"{family} {name} text:\n{out}\n!=\n{plain_text}"
         assert_drafted_rounds_accept_everything(stats, f"{family} {name} text")
+    vocab = model.get_input_embeddings().weight.shape[0]
+    for head in (lagged_head(model), lagged_head(model, vocab // 2)):  # EAGLE-3: partial acceptance
+        out, stats = generate(model, inputs, max_new_tokens=new, assistant_model=hf_specmm.Auto(head, shapes=ALTERNATING))
+        assert torch.equal(out, plain), f"{family} eagle3:\n{out}\n!=\n{plain}"
+        assert stats.drafted_tokens > 0
 
 
 @pytest.mark.parametrize("family", ("llava", "gemma3"))
