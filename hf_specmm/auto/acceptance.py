@@ -46,6 +46,7 @@ class AcceptanceTable:
         self.probe_gap = 8
         #: calls run as plain generate in a row, and how many before a speculative one (AutoBudget.runs_plain)
         self.plain_calls, self.plain_gap = 0, 8
+        self.plain_ranking: tuple | None = None  # (tables' state, best predicted, loop plain) of the last check
 
     def set_prior(self, profile: Sequence[Sequence[float]]) -> None:
         """Prior from a profile ``profile[d][r]`` = P(the target's token is the r-th choice at depth d + 1)."""

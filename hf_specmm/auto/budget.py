@@ -15,7 +15,7 @@ from .acceptance import AcceptanceTable, tree_observations
 from .costs import CostTable
 from .policy import PLAIN, Choice, CostAwarePolicy, FixedPolicy, Shape
 
-REFRESH = 8  # rounds between two rankings of the candidate shapes (the tables move slowly)
+REFRESH, MAX_REFRESH = 8, 64  # rounds between two rankings of the candidate shapes (the tables move slowly)
 MIN_PROBE_GAP, MAX_PROBE_GAP = 8, 256
 #: plain generate's step is measured when the best shape's predicted rate is below this × the loop's plain step's
 PLAIN_MARGIN = 1.5
@@ -40,6 +40,7 @@ class AutoBudget(DraftBudget):
         self.open: dict[str, Any] | None = None  # the running round: shape, choice, start, draft end, tokens
         self.log: list[dict[str, Any]] = []  # closed rounds
         self.ranked: list[Choice] = []
+        self.refresh, self.next_ranking = REFRESH, 0
         self.rounds = 0
         self.plain_run = 0
         self.calibration_rounds = 0
@@ -95,21 +96,27 @@ class AutoBudget(DraftBudget):
         if self.calibration_rounds and self.on_calibrated is not None:
             self.on_calibrated()  # once per call that finished a calibration (saves the costs file)
             self.on_calibrated = None
-        if not self.ranked or self.rounds % REFRESH == 0:
+        if not self.ranked or self.rounds >= self.next_ranking:
+            previous = self.ranked[0].shape if self.ranked else None
             self.ranked = self.policy.rank(self.acceptance, self.costs, max(rows, 1))
+            # a choice that holds is checked ever less often (ranking costs a few ms of Python)
+            same = bool(self.ranked) and self.ranked[0].shape == previous
+            self.refresh = min(2 * self.refresh, MAX_REFRESH) if same else REFRESH
+            self.next_ranking = self.rounds + self.refresh
         if not self.ranked:
             return Choice(self.policy.fallback, None, 1.0)
         best = self.ranked[0]
-        if best.shape != PLAIN:
+        if best.shape.gamma:
             self.plain_run, self.acceptance.probe_gap = 0, MIN_PROBE_GAP
             return best
         self.plain_run += 1
-        drafted = [c for c in self.ranked if c.shape != PLAIN]
-        if drafted and self.plain_run > self.acceptance.probe_gap:
-            self.plain_run = 0
-            self.acceptance.probe_gap = min(2 * self.acceptance.probe_gap, MAX_PROBE_GAP)
-            self.ranked = []  # rank again after the probe's evidence
-            return drafted[0]
+        if self.plain_run > self.acceptance.probe_gap:
+            probe = next((c for c in self.ranked if c.shape.gamma), None)
+            if probe is not None:
+                self.plain_run = 0
+                self.acceptance.probe_gap = min(2 * self.acceptance.probe_gap, MAX_PROBE_GAP)
+                self.ranked = []  # rank again after the probe's evidence
+                return probe
         return best
 
     def _close(self, now: float, timed: bool) -> None:
@@ -136,13 +143,16 @@ class AutoBudget(DraftBudget):
         every ``plain_gap``-th call still runs speculatively (doubling), so costs and acceptance stay current."""
         if isinstance(self.policy, FixedPolicy) or not self.policy.calibrated(self.costs):
             return False
-        ranked = self.policy.rank(self.acceptance, self.costs, 1)
-        if not ranked:
-            return False
-        best = ranked[0].predicted_tokens_per_s
+        state = (id(self.costs), self.costs.version, self.acceptance.rounds)
+        if self.acceptance.plain_ranking is None or self.acceptance.plain_ranking[0] != state:
+            ranked = self.policy.rank(self.acceptance, self.costs, 1)  # unchanged while calls run as plain generate
+            if not ranked:
+                return False
+            loop_plain = next((c.predicted_tokens_per_s for c in ranked if c.shape == PLAIN), None)
+            self.acceptance.plain_ranking = (state, ranked[0].predicted_tokens_per_s, loop_plain)
+        _, best, loop_plain = self.acceptance.plain_ranking
         stock = self.costs.stock_step_time()
         if stock is None:  # not measured yet: measure it where plain generate may win
-            loop_plain = next((c.predicted_tokens_per_s for c in ranked if c.shape == PLAIN), None)
             return loop_plain is None or best < PLAIN_MARGIN * loop_plain
         if best >= 1.0 / stock:
             self.acceptance.plain_calls = 0

@@ -21,6 +21,7 @@ import json
 import os
 import statistics
 import threading
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,7 @@ class CostTable:
             kind: {int(w): list(v) for w, v in data.get("verify", {}).get(kind, {}).items()} for kind in ("chain", "tree")}
         self.draft: dict[str, list[float]] = {k: list(v) for k, v in data.get("draft", {}).items()}
         self.stock: list[float] = list(data.get("stock", []))  # plain generate's own decoding steps
+        self.version = 0  # bumped by every round timed (a ranking made at one version holds until the next)
 
     def to_json(self) -> dict[str, Any]:
         return {"verify": {kind: {str(w): v for w, v in widths.items()} for kind, widths in self.verify.items()},
@@ -85,6 +87,7 @@ class CostTable:
     def add(self, kind: str, width: int, draft_label: str | None, draft_s: float, verify_s: float) -> None:
         """One round: ``kind`` 'chain' (a plain step is the chain of width 1) or 'tree', its block ``width``,
         its drafted shape's label (None for a plain step) and the two phases' seconds."""
+        self.version += 1
         _push(self.verify[kind].setdefault(width, []), verify_s)
         if draft_label is not None:
             _push(self.draft.setdefault(draft_label, []), draft_s)
@@ -218,12 +221,17 @@ def batch_bucket(batch: int) -> int:
     return bucket
 
 
+_NAMES: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+
+
 def model_name(model: Any) -> str:
-    """A model's class, checkpoint name and size: stable across processes (for saved costs)."""
-    config = getattr(model, "config", None)
-    name = getattr(config, "_name_or_path", "") or ""
-    size = sum(p.numel() for p in model.parameters())
-    return f"{type(model).__name__}({name}, {size} params)"
+    """A model's class, checkpoint name and size: stable across processes (for saved costs); once per model."""
+    if model not in _NAMES:
+        config = getattr(model, "config", None)
+        name = getattr(config, "_name_or_path", "") or ""
+        size = sum(p.numel() for p in model.parameters())
+        _NAMES[model] = f"{type(model).__name__}({name}, {size} params)"
+    return _NAMES[model]
 
 
 def cost_key(target: Any, draft: Any, device: Any, dtype: Any, batch: int, cache: str) -> str:

@@ -11,6 +11,7 @@ the cost key has been timed, rounds take those shapes in turn (real rounds: thei
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -167,3 +168,9 @@ class FixedPolicy:
         shape = self.shapes[self.index % len(self.shapes)]
         self.index += 1
         return shape
+
+
+@functools.lru_cache(maxsize=64)
+def cost_aware_policy(max_tokens: int, max_depth: int, plain: bool, trees: bool) -> CostAwarePolicy:
+    """The (stateless) policy of these options, built once."""
+    return CostAwarePolicy(max_tokens, max_depth, plain, trees)

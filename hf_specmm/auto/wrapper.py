@@ -16,7 +16,7 @@ from ..trees.wrapper import Tree
 from .acceptance import AcceptanceTable
 from .budget import AutoBudget
 from .costs import COSTS, cost_key
-from .policy import CostAwarePolicy, FixedPolicy, Shape
+from .policy import CostAwarePolicy, FixedPolicy, Shape, cost_aware_policy
 
 
 #: the learned acceptance per (target, draft) pair, weakly held: {target: {draft: {sampling: AcceptanceTable}}}
@@ -105,7 +105,7 @@ class Auto(DraftWrapper):
         if self.shapes is not None:
             policy: CostAwarePolicy | FixedPolicy = FixedPolicy(self.shapes)
         else:
-            policy = CostAwarePolicy(self.max_tokens, self.max_depth, plain=plain, trees=trees)
+            policy = cost_aware_policy(self.max_tokens, self.max_depth, plain, trees)
         save = None
         if self.costs_file is not None:
             path = self.costs_file
