@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="rank-aware controlled acceptance: the target's token is the draft's r-th choice at depth d "
                              "with probability p[d][r], given as 'p11,p12,..;p21,..' (depths split by ';') or a JSON "
                              "file (hf-specmm world-tau --profile writes one per draft); trees gain τ under it as with "
-                             "trained drafts; greedy only, not with --acceptance")
+                             "trained drafts; greedy only, not with --acceptance (default: off)")
     parser.add_argument("--auto", action="store_true",
                         help="also time hf_specmm.Auto(draft) for every draft kind, in turns with each batch's first γ "
                              "(untimed calls first until its cost calibration is done: Auto measures costs once per "
