@@ -19,6 +19,8 @@ REFRESH, MAX_REFRESH = 8, 64  # rounds between two rankings of the candidate sha
 MIN_PROBE_GAP, MAX_PROBE_GAP = 8, 256
 #: plain generate's step is measured when the best shape's predicted rate is below this × the loop's plain step's
 PLAIN_MARGIN = 1.5
+#: calls run as plain generate only when its measured step beats the best shape's prediction by this factor
+STOCK_MARGIN = 1.05
 
 
 class AutoBudget(DraftBudget):
@@ -98,7 +100,7 @@ class AutoBudget(DraftBudget):
             self.on_calibrated = None
         if not self.ranked or self.rounds >= self.next_ranking:
             previous = self.ranked[0].shape if self.ranked else None
-            self.ranked = self.policy.rank(self.acceptance, self.costs, max(rows, 1))
+            self.ranked = self.policy.rank(self.acceptance, self.costs, 1)  # per row: the live rows change
             # a choice that holds is checked ever less often (ranking costs a few ms of Python)
             same = bool(self.ranked) and self.ranked[0].shape == previous
             self.refresh = min(2 * self.refresh, MAX_REFRESH) if same else REFRESH
@@ -130,15 +132,17 @@ class AutoBudget(DraftBudget):
         if timed and not isinstance(self.policy, FixedPolicy):
             self.costs.add(shape.kind, shape.width, shape.draft_label, draft, max(seconds - draft, 0.0))
         choice = entry["choice"]
-        self.log.append({"shape": shape.label, "predicted": choice.predicted_tokens_per_s, "tokens": entry["tokens"],
+        per_row = choice.predicted_tokens_per_s
+        self.log.append({"shape": shape.label, "predicted": None if per_row is None else per_row * entry["rows"],
+                         "tokens": entry["tokens"],
                          "seconds": seconds, "rows": entry["rows"],
                          "expected": choice.expected_tokens if choice.predicted_tokens_per_s is not None else None})
 
     # ---- whole calls as plain generate -------------------------------------------------------------------
     def runs_plain(self) -> bool:
         """Whether this call is best run as plain ``generate`` (stock's own decoding loop, no draft): once the
-        costs are calibrated, when no round shape's predicted tokens per second beats plain generate's measured
-        step (an overhead-bound machine: the speculative loop's own plain step costs more than stock's). Plain
+        costs are calibrated, when plain generate's measured step is :data:`STOCK_MARGIN` faster than every round
+        shape's predicted tokens per second (an overhead-bound machine: the speculative loop's own plain step costs more than stock's). Plain
         generate's step is measured the first time the best shape is not clearly ahead of the loop's plain step;
         every ``plain_gap``-th call still runs speculatively (doubling), so costs and acceptance stay current."""
         if isinstance(self.policy, FixedPolicy) or not self.policy.calibrated(self.costs):
@@ -154,7 +158,7 @@ class AutoBudget(DraftBudget):
         stock = self.costs.stock_step_time()
         if stock is None:  # not measured yet: measure it where plain generate may win
             return loop_plain is None or best < PLAIN_MARGIN * loop_plain
-        if best >= 1.0 / stock:
+        if best * STOCK_MARGIN >= 1.0 / stock:  # plain generate only where it is clearly faster
             self.acceptance.plain_calls = 0
             return False
         self.acceptance.plain_calls += 1
