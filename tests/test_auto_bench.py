@@ -77,3 +77,28 @@ def test_a_call_plain_generate_wins_runs_as_plain_generate():
         shapes.append(stats.auto["shapes"][0] if stats.auto["shapes"] == ["plain generate"] else "speculative")
     assert shapes == ["plain generate"] * 7 + ["speculative", "plain generate"], shapes
     assert table.stock != measured and all(t > 0 for t in table.stock)  # the plain calls' steps were timed
+
+
+def test_a_call_whose_rounds_would_all_be_plain_steps_runs_as_plain_generate():
+    """Where the loop would take plain steps only (a useless draft), plain generate's own loop does the same
+    cheaper: the call runs as plain generate however slow its step was once measured (noise must not keep the
+    loop's costlier plain steps)."""
+    model = target("llava")
+    inputs = batch_inputs("llava", 1, with_images=False)
+    plain = model.generate(**inputs, max_new_tokens=12, do_sample=False)
+    COSTS.clear()
+    auto = hf_specmm.Auto(draft("llava", "random"), max_tokens=8, max_depth=3)
+    for _ in range(8):  # calibrate
+        generate(model, inputs, max_new_tokens=12, assistant_model=auto)
+    (table,) = COSTS.tables.values()
+    for kind, widths in table.verify.items():  # costs that grow with width and drafting (no timing noise)
+        for width in widths:
+            widths[width] = [0.01 * width] * 3
+    for label in table.draft:
+        table.draft[label] = [0.01] * 3
+    table.version += 1
+    table.stock_step_time = lambda: 1e3  # plain generate's step measured (as) very slow
+    pair = auto.acceptance(model)
+    pair.plain_calls, pair.plain_gap = 0, 8
+    out, stats = generate(model, inputs, max_new_tokens=12, assistant_model=auto)
+    assert torch.equal(out, plain) and stats.auto["shapes"] == ["plain generate"]

@@ -153,14 +153,20 @@ class AutoBudget(DraftBudget):
             if not ranked:
                 return False
             loop_plain = next((c.predicted_tokens_per_s for c in ranked if c.shape == PLAIN), None)
-            self.acceptance.plain_ranking = (state, ranked[0].predicted_tokens_per_s, loop_plain)
-        _, best, loop_plain = self.acceptance.plain_ranking
+            self.acceptance.plain_ranking = (state, ranked[0].predicted_tokens_per_s, loop_plain, ranked[0].shape)
+        _, best, loop_plain, best_shape = self.acceptance.plain_ranking
         stock = self.costs.stock_step_time()
-        if stock is None:  # not measured yet: measure it where plain generate may win
-            return loop_plain is None or best < PLAIN_MARGIN * loop_plain
-        if best * STOCK_MARGIN >= 1.0 / stock:  # plain generate only where it is clearly faster
+        if best_shape == PLAIN:  # the loop would only take plain steps: plain generate's own loop does it cheaper
+            wins = True
+        elif stock is None:  # not measured yet: measure it where plain generate may win
+            wins = loop_plain is None or best < PLAIN_MARGIN * loop_plain
+        else:  # plain generate only where it is clearly faster
+            wins = best * STOCK_MARGIN < 1.0 / stock
+        if not wins:
             self.acceptance.plain_calls = 0
             return False
+        if stock is None:
+            return True
         self.acceptance.plain_calls += 1
         if self.acceptance.plain_calls >= self.acceptance.plain_gap:  # a speculative call now and then
             self.acceptance.plain_calls, self.acceptance.plain_gap = 0, min(2 * self.acceptance.plain_gap, 64)
