@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call per section on a lent GPU machine (device tool): hf_specmm runs from the working tree, checks
 # that the speculative path is lossless on the GPU, then times the GPU presets. Results land in $OUT.
-#   device run: bash benchmarks/gpu_bench.sh [p0] [p1] [p3] [q1] [g1] [t1] [c1]    (no section named: all of them)
+#   device run: bash benchmarks/gpu_bench.sh [p0] [p1] [p3] [q1] [g1] [q5] [t1] [c1] [auto]    (no section named: all of them)
 #   p0  tiny LLaVA, the draft's own proposals (no controlled acceptance), batch 1/3: lossless smoke test
 #   p1  LLaVA-1.5-7B shape, batch 1, α 0.7, γ 3/5: plain vs stock vs ours, small LM vs feature head
 #   p3  LLaVA-1.5-7B shape, γ 5, batch 1/4/8 (stock refuses batch > 1): small LM vs feature head
@@ -13,6 +13,10 @@
 #   t1  LLaVA-1.5-7B shape, batch 1/4: chains (γ 5) beside draft trees (4,6,32 and 8,8,64 nodes), both drafts
 #   c1  LLaVA-1.5-7B shape, batch 1/4/8, γ 5: eager beside compiled (static caches + torch.compile with CUDA
 #       graphs, stock's compile_config) for plain generate and hf_specmm, both drafts
+#   auto  LLaVA-1.5-7B and Qwen2.5-VL-7B shapes, batch 1/4, the world's text-only acceptance profile (rank-aware
+#       controlled acceptance, docs/auto.md): hf_specmm.Auto beside chains γ 1/3/5/8 and trees (2,4,8),
+#       (4,6,24), (8,6,48), (8,8,64), both drafts (the Qwen shape's 0.5B-shaped draft costs ~0.9 of a 7B step:
+#       Auto should fall back to plain steps or plain generate there)
 # The 7B presets time bf16 weights, as users run them (DTYPE=float32 for fp32): controlled acceptance
 # replays the plain greedy run's tokens, which needs every method to produce them; the presets' margin rule
 # (hf_specmm/bench/margins.py) keeps each greedy pick ahead of the runner-up by far more than bf16 rounding,
@@ -30,7 +34,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH=$(pwd)${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-sections=${*:-p0 p1 p3 q1 g1 q5 t1 c1}
+sections=${*:-p0 p1 p3 q1 g1 q5 t1 c1 auto}
 python3 - <<'PY' 2>&1 | tee "$OUT/env.txt"
 import torch, transformers, hf_specmm
 print("gpu", torch.cuda.get_device_name(0), "| torch", torch.__version__, "| transformers", transformers.__version__)
@@ -38,6 +42,9 @@ PY
 bench() { local name=$1; shift; python3 -m hf_specmm.cli bench "$@" --out "$OUT/$name" 2>&1 | tee "$OUT/$name.txt"; }
 kinds=(--draft-kind text_only feature_head)
 big=(--dtype "${DTYPE:-bfloat16}" --acceptance 0.7 --max-new-tokens 128 --warmup 1 --repeats 3)
+profile=(--dtype "${DTYPE:-bfloat16}" --acceptance-profile benchmarks/results/auto/world_profile_text-only-distilled.json
+         --max-new-tokens 128 --warmup 1 --repeats 3 --no-stock --gammas 1 3 5 8 --tree 2,4,8 --tree 4,6,24
+         --tree 8,6,48 --tree 8,8,64 --auto)
 margins() {  # the margin check on the preset about to be timed (same seed, dtype, inputs as the bench's batch 1)
   python3 -c 'import sys; from hf_specmm.bench.margins import main; sys.exit(main(sys.argv[1:]))' "$1" --device cuda \
     --dtype "${DTYPE:-bfloat16}" 2>&1 | tee -a "$OUT/margins.txt"; }
@@ -55,6 +62,10 @@ for s in $sections; do
           --tree 4,6,32 --tree 8,8,64 "${big[@]}" --no-stock ;;
     c1) margins llava-1.5-7b-shape; bench c1 --preset llava-1.5-7b-shape --device cuda "${kinds[@]}" --gammas 5 --batch-sizes 1 4 8 \
           --compile "${big[@]}" --no-stock ;;
-    *) echo "unknown section $s (p0 p1 p3 q1 g1 q5 t1 c1)"; exit 2 ;;
+    auto) margins llava-1.5-7b-shape; bench auto-llava --preset llava-1.5-7b-shape --device cuda "${kinds[@]}" \
+          --batch-sizes 1 4 "${profile[@]}"
+          margins qwen2.5-vl-7b-shape; bench auto-qwen --preset qwen2.5-vl-7b-shape --device cuda "${kinds[@]}" \
+          --batch-sizes 1 4 "${profile[@]}" ;;
+    *) echo "unknown section $s (p0 p1 p3 q1 g1 q5 t1 c1 auto)"; exit 2 ;;
   esac
 done

@@ -16,6 +16,7 @@ from .errors import IncompatibleDraftError, SpecMMError, UnsupportedGenerationEr
 from .hub import annotate_draft, draft_metadata, load_draft, push_draft_to_hub, render_model_card, save_draft
 from .stats import SpecStats
 from .trees import Tree
+from .auto import Auto
 from .targets import SUPPORTED_TARGETS, TargetFamily, register_target_family
 
 __version__ = "0.1.0"
@@ -37,6 +38,7 @@ def _register_auto_classes() -> None:
 _register_auto_classes()
 
 __all__ = [
+    "Auto",
     "DEFAULT_GAMMA",
     "DraftKind",
     "Drafter",

@@ -82,6 +82,8 @@ def _speculative_generate(self: Any, inputs: torch.Tensor | None = None, generat
 
     start = time.perf_counter()
     plan = resolve_plan(self, assistant_model, inputs, generation_config, streamer, kwargs)  # raises before work
+    if plan.budget.runs_plain():  # hf_specmm.Auto measured plain generate's own loop as the fastest here
+        return _plain_call(self, plan, inputs, generation_config, streamer, start)
     drafter = plan.kind.drafter(plan.draft, plan.vocab)  # the draft kind's runtime (drafts/<kind>/)
     image_inputs = target_family(self).model_inputs(plan.kwargs)  # before stock generate encodes and drops them
     decoding = SpeculativeDecoding(drafter, plan.budget, streamer, image_inputs, plan.backend)  # stock generate calls it
@@ -91,5 +93,26 @@ def _speculative_generate(self: Any, inputs: torch.Tensor | None = None, generat
         assistant_model.generation_config.num_assistant_tokens = plan.budget.gamma  # persists, as stock's
         vars(assistant_model)[HEURISTIC_GAMMA] = plan.budget.gamma  # written by the schedule, not chosen by the caller
     decoding.stats.wall_time_s = time.perf_counter() - start
+    decoding.stats.auto = plan.budget.report()
     getattr(self, _STATE).last_stats = decoding.stats
+    return result
+
+
+def _plain_call(model: Any, plan: Any, inputs: Any, generation_config: Any, streamer: Any, start: float) -> Any:
+    """Stock ``generate`` without the draft (its output is plain generate's by definition), its steps timed into
+    the budget's costs; ``last_stats`` says so (``auto["shapes"] == ["plain generate"]``)."""
+    handle = plan.budget.timing_plain(model)
+    try:
+        result = _compat.stock_generate(model, inputs, generation_config=generation_config, streamer=streamer,
+                                        **plan.kwargs)
+    finally:
+        handle.remove()
+    sequences = result if isinstance(result, torch.Tensor) else result.sequences
+    batch, steps = sequences.shape[0], max(len(plan.budget.plain_forwards) - 1, 0)
+    # one token per row and forward (rows that stopped at EOS count their padding, as plain generate runs them)
+    stats = SpecStats(batch_size=batch, target_forwards=batch * (steps + 1), generated_tokens=batch * (steps + 1),
+                      tokens_per_round=[[1] * batch for _ in range(steps)], gammas=[0] * steps)
+    stats.wall_time_s = time.perf_counter() - start
+    stats.auto = plan.budget.report()
+    getattr(model, _STATE).last_stats = stats
     return result

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from .trees.expand import TreeShape
 
@@ -66,3 +67,19 @@ class DraftBudget:
         accepted = [k - 1 for k in kept if k]
         if self.schedule.startswith("heuristic") and accepted:
             self.gamma = self.gamma + 2 if min(accepted) == gamma_used else max(1, self.gamma - 1)
+
+    # hooks for a budget that learns from its rounds (``hf_specmm.Auto``'s); a fixed budget ignores them
+    def drafted(self) -> None:
+        """The round's drafts are proposed (its verification starts)."""
+
+    def observe(self, proposal: Any, accepted: Any, unfinished: list[bool]) -> None:
+        """The round's ``proposal`` and the verifier's ``accepted``, per cache row (``unfinished``: rows that
+        were generating)."""
+
+    def runs_plain(self) -> bool:
+        """Whether the call is best run as plain ``generate`` (a budget that measured so; a fixed one never)."""
+        return False
+
+    def report(self) -> Any:
+        """What the call's rounds did, for :class:`~hf_specmm.stats.SpecStats` (None: nothing to add)."""
+        return None

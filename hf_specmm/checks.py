@@ -19,6 +19,7 @@ from .targets import target_spec
 from .trees.drafting import TreeDrafting
 from .trees.expand import TreeShape
 from .trees.wrapper import Tree
+from .auto.wrapper import Auto
 from .vocab import VocabMap, check_vocab_compatible, draft_vocab_size
 
 DEFAULT_GAMMA = 5
@@ -216,11 +217,42 @@ def _check_tree(shape: TreeShape, kind: DraftKind, config: Any, budget: DraftBud
         _fail(UnsupportedGenerationError, f"generate(assistant_model=hf_specmm.Tree(...)) cannot be used with {bad}.")
 
 
+def _check_auto(auto: Auto, kind: DraftKind, config: Any, budget: DraftBudget, gamma_source: str | None,
+                stateful: str | None) -> tuple[bool, bool]:
+    """Options with no meaning when each round's shape is chosen (see :class:`hf_specmm.Auto`): refused, naming
+    the option. Returns whether rounds may draft trees and be plain steps (neither with linear-attention layers:
+    a tree node's state is its parent's, and only chain rounds are tested with their rollback)."""
+    bad = None
+    if gamma_source is not None:
+        bad = (f"num_assistant_tokens={budget.gamma} (from {gamma_source}): Auto chooses γ each round; drop "
+               "num_assistant_tokens "
+               "(hf_specmm.Auto(draft, max_depth=...) bounds it)")
+    elif budget.schedule != "constant":
+        bad = (f"num_assistant_tokens_schedule={budget.schedule!r}: Auto chooses γ each round from measured costs; "
+               "drop the schedule")
+    elif budget.confidence is not None:
+        bad = "assistant_confidence_threshold: Auto chooses each round's shape; drop the threshold"
+    elif config.cache_implementation == "static":
+        bad = "cache_implementation='static': Auto's rounds change width; drop it (or use a fixed chain)"
+    if bad is not None:
+        _fail(UnsupportedGenerationError, f"generate(assistant_model=hf_specmm.Auto(...)) cannot be used with {bad}.")
+    per_node_outputs = config.return_dict_in_generate and (config.output_attentions or config.output_hidden_states)
+    trees = issubclass(kind.drafter, TreeDrafting) and not per_node_outputs and stateful is None
+    plain = bool(kind.drafter.follows_plain_steps) and stateful is None
+    why = auto.uses(trees, plain)
+    if why is not None:
+        reason = ("output_attentions / output_hidden_states need chain rounds" if per_node_outputs and
+                  issubclass(kind.drafter, TreeDrafting) else f"the {kind.name!r} draft kind's drafter cannot draft it")
+        _fail(UnsupportedGenerationError, f"hf_specmm.Auto(shapes=...): {why}, and {reason}.")
+    return trees, plain
+
+
 def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, streamer: Any, kwargs: dict) -> Plan:
     """Validate the call and return what the loop needs. Raises before any forward pass."""
     spec = target_spec(target, kwargs.get("tokenizer"))  # layout tokens read by name when it is given
     shape = draft.shape if isinstance(draft, Tree) else None
-    draft = draft.draft if isinstance(draft, Tree) else draft  # the inner draft's kind runs it, shaped as a tree
+    auto = draft if isinstance(draft, Auto) else None
+    draft = draft.draft if isinstance(draft, (Tree, Auto)) else draft  # the inner draft's kind runs it, shaped
     if not isinstance(draft, torch.nn.Module) or not hasattr(draft, "config"):
         _fail(IncompatibleDraftError, f"assistant_model must be a transformers model, got {type(draft).__name__}.")
     kwargs = dict(kwargs)
@@ -272,15 +304,21 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
         kwargs["stopping_criteria"], kwargs["stop_strings"] = criteria, None
     sources = (getattr(target, "generation_config", None), getattr(draft, "generation_config", None))
     budget = _resolve_budget(target, draft, generation_config, kwargs)
-    if budget.confidence is not None and (shape is not None or config.cache_implementation == "static") \
+    if budget.confidence is not None and (shape is not None or auto is not None
+                                          or config.cache_implementation == "static") \
             and not _chosen("assistant_confidence_threshold", kwargs, generation_config, sources[1]):
         budget.confidence = None  # transformers' filled-in default, not the caller's: no threshold for fixed shapes
+    stateful = next((role for role, model in (("target", target), ("draft", draft))
+                     if _compat.stateful_layer_types(model.config)), None)
     if shape is not None:
-        stateful = next((role for role, model in (("target", target), ("draft", draft))
-                         if _compat.stateful_layer_types(model.config)), None)
         _check_tree(shape, kind, config, budget, _gamma_source(kwargs, generation_config, target, draft), vocab,
                     stateful)
         budget.gamma, budget.tree = shape.depth, shape
+    if auto is not None:
+        trees, plain = _check_auto(auto, kind, config, budget, _gamma_source(kwargs, generation_config, target, draft),
+                                   stateful)
+        budget = auto.budget(target, ids.shape[0], bool(config.do_sample), config.cache_implementation or "dynamic",
+                             trees, plain, ids.device)
     for key in ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold"):
         kwargs.pop(key, None)  # consumed here; stock generate must not see an assisted-mode option
     if config.cache_implementation == "static":

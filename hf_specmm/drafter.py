@@ -164,6 +164,15 @@ class Drafter(ABC):
         """Keep the first ``n`` [B] drafts of ``proposal`` per row and queue ``next_tokens`` [B] (the
         target's correction or bonus token), so the next :meth:`propose` continues from there."""
 
+    #: True when :meth:`follow` is implemented: rounds may then be plain target steps (``hf_specmm.Auto``)
+    follows_plain_steps: bool = False
+
+    def follow(self, next_tokens: torch.Tensor) -> None:
+        """A round was a plain target step (nothing drafted): queue ``next_tokens`` [B] after what the drafter
+        has not read yet, so its next :meth:`propose` reads them all first (one forward). Only called when
+        :attr:`follows_plain_steps`."""
+        raise NotImplementedError(f"{type(self).__name__} does not follow plain target steps")
+
     def select_rows(self, keep: torch.Tensor) -> None:
         """After :meth:`accept`: keep only rows ``keep`` [k] (indices into the current batch, in order) of
         every per-row state; later calls see a batch of k rows. Only called when :attr:`selects_rows`.

@@ -133,6 +133,7 @@ class SpeculativeDecoding:
             proposal = drafter.propose(budget, self.select)
         else:
             proposal = Proposal.empty(self.cur.shape[0], self.vocab_size, self.cur)
+        self.budget.drafted()
         gamma, lengths = proposal.gamma, self.select.round_lengths(proposal.gamma)
 
         # 2. verify: one target forward over the block [cur, d_1..d_γ] gives p_0..p_γ
@@ -157,6 +158,7 @@ class SpeculativeDecoding:
         proposed = rows.to_batch(block.drafted(proposal, lengths, rows.to_cache([r - 1 for r in remaining]))).tolist()
         self.stats.record_round(gamma, kept, rows.to_batch(accepted.n).tolist(), proposed, remaining, unfinished,
                                 tree=proposal.tree is not None)
+        self.budget.observe(proposal, accepted, rows.to_cache(unfinished))
         self.budget.update(kept, gamma)
 
         # 4. roll back both caches: each row keeps [cur, d_1..d_m], m = kept - 1; emitted[m] is the new cur
@@ -166,6 +168,8 @@ class SpeculativeDecoding:
         self.cur = accepted.token_at(m)
         if gamma > 0:
             block.accept(drafter, proposal, m, self.cur, accepted)
+        elif rows.any_unfinished():  # a plain step mid-call (hf_specmm.Auto): the draft reads the token later
+            drafter.follow(self.cur)
 
     def drop_finished_rows(self) -> None:
         """Finished rows leave both caches, so later rounds run only the others; not while every per-step

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -33,6 +34,9 @@ class SpecStats:
     # compiled calls only: frames dynamo gave up compiling in this process so far (its recompile limit): when > 0,
     # some forwards run eager, and a graphs_compiled of 0 does not mean that every round replayed a graph
     recompile_limit_hits: int = 0
+    #: ``hf_specmm.Auto``: the shapes taken per round, per shape its rounds, tokens, measured and predicted
+    #: tokens per second, the learned acceptance (see docs/auto.md); None for a fixed chain or tree
+    auto: dict[str, Any] | None = None
 
     def record_prefill(self, kept: list[int]) -> None:
         """The prefill forward: one target forward per row, ``kept`` [B] its tokens (1, or 0 if cut)."""

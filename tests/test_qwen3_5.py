@@ -257,3 +257,20 @@ def test_other_stateful_layer_kinds_are_refused_before_any_work(model):
     draft.config.layer_types = ["conv", "full_attention"]
     with pytest.raises(SpecMMError, match="cannot roll back the draft.*'conv'"):
         model.generate(**inputs_for(1), assistant_model=draft, max_new_tokens=4)
+
+
+def test_auto_takes_chains_only_and_equals_plain(model):
+    """hf_specmm.Auto on a hybrid target with a hybrid draft: chain rounds only (no trees; no plain steps that the
+    draft's linear states would have to follow, but the loop's own last step), output equal to plain generate,
+    whatever γ it picks per round."""
+    inputs = inputs_for(3)
+    ref = plain(model, inputs, max_new_tokens=16, do_sample=False)
+    draft = testing.natural_text_draft(model, noise=0.1)
+    for _ in range(2):  # the first call measures costs, the second chooses from them
+        out = model.generate(**inputs, assistant_model=hf_specmm.Auto(draft), max_new_tokens=16, do_sample=False)
+        assert torch.equal(out, ref)
+        shapes = hf_specmm.last_stats(model).auto
+        assert shapes is not None
+        taken = shapes["shapes"]
+        assert not any(name.startswith("tree") for name in taken), taken
+        assert any(name.startswith("chain") for name in taken), taken

@@ -33,6 +33,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="controlled acceptance α in [0, 1] (systems benchmark: the draft's real forward runs, "
                              "its proposal is the target's token with probability α); greedy only "
                              "(default: off, the draft's own proposals)")
+    parser.add_argument("--acceptance-profile", type=_profile, default=None, metavar="PROFILE",
+                        help="rank-aware controlled acceptance: the target's token is the draft's r-th choice at depth d "
+                             "with probability p[d][r], given as 'p11,p12,..;p21,..' (depths split by ';') or a JSON "
+                             "file (hf-specmm world-tau --profile writes one per draft); trees gain τ under it as with "
+                             "trained drafts; greedy only, not with --acceptance (default: off)")
+    parser.add_argument("--auto", action="store_true",
+                        help="also time hf_specmm.Auto(draft) for every draft kind, in turns with each batch's first γ "
+                             "(untimed calls first until its cost calibration is done: Auto measures costs once per "
+                             "process)")
+    parser.add_argument("--auto-max-tokens", type=int_at_least(1), default=64,
+                        help="Auto's max_tokens (most tree nodes a round may draft; default 64)")
     parser.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
     parser.add_argument("--max-new-tokens", type=int_at_least(1), default=64, help="tokens generated per row")
     parser.add_argument("--prompt-tokens", type=int_at_least(1), default=32, help="text tokens per synthetic prompt")
@@ -62,6 +73,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="folder for bench.json/.md/.png")
 
 
+def _profile(text: str) -> list[list[float]]:
+    """An argparse ``type=`` for ``--acceptance-profile`` (numbers or a JSON file), checked."""
+    import argparse
+
+    from ..auto.acceptance import read_profile
+    from ..auto.wrapper import check_profile
+
+    try:
+        profile = read_profile(text)
+        check_profile(profile, "--acceptance-profile")
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return profile
+
+
 def _refuse(message: str) -> SystemExit:
     """Errors found after parsing (they need torch or the file system): one line, exit code 2."""
     import sys
@@ -81,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
         raise _refuse(f"--draft-kind {' '.join(args.draft_kinds)} names a kind twice")
     if args.acceptance is not None and args.do_sample:
         raise _refuse("--acceptance is for greedy decoding; drop --do-sample")
+    if args.acceptance_profile is not None and (args.do_sample or args.acceptance is not None or args.compile):
+        raise _refuse("--acceptance-profile is for greedy, eager runs: drop --do-sample / --acceptance / --compile")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise _refuse(f"--device {args.device} but CUDA is not available")
     if args.device_map is not None and torch.cuda.is_available() and not args.device.startswith("cuda"):
@@ -96,7 +124,9 @@ def run(args: argparse.Namespace) -> int:
                          device_map=args.device_map,
                          dtype=args.dtype, warmup=args.warmup, repeats=args.repeats, stock=not args.no_stock,
                          seed=args.seed, draft_kinds=args.draft_kinds, compile=args.compile,
-                         trees=[[shape.top_k, shape.depth, shape.tokens] for shape in args.tree])
+                         trees=[[shape.top_k, shape.depth, shape.tokens] for shape in args.tree],
+                         acceptance_profile=args.acceptance_profile, auto=args.auto,
+                         auto_max_tokens=args.auto_max_tokens)
     try:
         result = run_benchmark(config)
     except SpecMMError as err:  # e.g. a --tree wider than the preset's vocabulary: refused before that call's forward

@@ -17,6 +17,17 @@ misses unless one happens to be the reference token. A tree's τ under control i
 (plus such chance hits), and its timing shows what the wider verification and the level forwards cost. Chain
 forwards are overridden exactly as before (one logits position: the last).
 
+Rank-aware control (``profile``, ``--acceptance-profile``): ``profile[d][r]`` is the probability that the
+target's token is the draft's r-th choice at depth d of a round (d = 1: the first draft after the round's
+root). The draft's proposal for generated token k of row r then ranks R candidates by the profile's
+probabilities (its logits are their logs: a calibrated draft, so EAGLE-2's ranking is the acceptance's), and
+the reference token is the candidate of rank ``rank(u(seed, r, k), d)`` — the inverse of depth d's cumulative
+profile at the same uniform draw as above — or none (a miss). Every method sees the same draws; a chain's hit
+is rank 0 (``u < profile[d][0]``), and a tree's other children are hits as often as the profile says, so trees
+gain τ under control as they do with trained drafts. A round's depth needs its root: the first draft forward
+after each target forward reads the round's pending tokens, whose last slot is the root (a forward hook on the
+target, :func:`watch_target`, marks each target forward).
+
 Two wrappers: :func:`controlled_acceptance` for causal LM drafts (the small LM draft; stock's
 ``assistant_model.generate()`` runs it too) and the same for a :class:`FeatureHeadDraft`, whose logits
 come through the target's LM head (``lm_logits``) rather than its ``forward``.
@@ -64,6 +75,11 @@ class _Controlled:
     reference: torch.Tensor  # [B, R] the target's greedy continuation per row
     prompt_positions: torch.Tensor  # [B] draft position of the first generated token, per row
     hits: torch.Tensor  # [B, R] bool, from hit_table
+    profile: torch.Tensor | None = None  # [D, K] rank probabilities per depth (rank-aware control), else None
+    draws: torch.Tensor | None = None  # [B, R] the uniform draws (rank-aware control)
+    hits_allowed: torch.Tensor | None = None  # [B, R] bool: positions a draft may hit at all (rank-aware control)
+    root: torch.Tensor | None = None  # [B] position of the running round's root
+    fresh: bool = True  # a target forward ran since the last draft forward: the next one reads a new root
 
     def _controlled_tokens(self, positions: torch.Tensor) -> torch.Tensor:
         """The proposal [B] (or [B, L]) for slots of row b at ``positions[b]`` ([B] or [B, L]). Device-side
@@ -83,6 +99,38 @@ class _Controlled:
         """Rows that finished left the batch (the drafter tells its draft): keep the others' references."""
         keep = keep.to(self.reference.device)
         self.reference, self.prompt_positions, self.hits = self.reference[keep], self.prompt_positions[keep], self.hits[keep]
+        if self.draws is not None:
+            self.draws, self.hits_allowed = self.draws[keep], self.hits_allowed[keep]
+        if self.root is not None:
+            self.root = self.root[keep]
+
+    def _ranked_logits(self, logits: torch.Tensor, positions: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        """Rank-aware control: logits [B, w, V] with the slots at ``last`` replaced by the profile's ranked
+        candidates (the reference at its drawn rank, or nowhere on a miss)."""
+        assert self.profile is not None and self.draws is not None
+        device = logits.device
+        root_now = positions[:, -1]
+        if self.fresh and bool((root_now + 1 - self.prompt_positions.to(device) > 0).all()):
+            # the round's first draft forward (not the draft's prompt: that one predicts generated token 0)
+            self.root, self.fresh = root_now.clone(), False
+        root = root_now if self.root is None else self.root.to(device)
+        index = positions + 1 - self.prompt_positions.to(device)[:, None]
+        length = self.reference.shape[1]
+        at = index.clamp(0, length - 1)
+        ref = self.reference.to(device).gather(1, at)
+        usable = self.hits_allowed.to(device).gather(1, at) & (index >= 0) & (index < length)
+        u = torch.where(usable, self.draws.to(device).gather(1, at), torch.full_like(self.draws.to(device).gather(1, at), 2.0))
+        depth = (positions - root[:, None]).clamp_min(0).clamp_max(self.profile.shape[0] - 1)
+        profile = self.profile.to(device)
+        ranks = profile.shape[1]
+        rank = (u[..., None] >= profile.cumsum(-1)[depth]).sum(-1)  # [B, w]: ranks = a miss
+        slot = torch.arange(ranks, device=device)
+        candidates = (ref[..., None] + 1 + slot) % self.wrong_modulus  # wrong tokens, distinct from ref
+        candidates = torch.where(slot == rank[..., None], ref[..., None], candidates)
+        values = profile.clamp_min(1e-6).log()
+        values = values - torch.arange(ranks, device=device) * 1e-3  # strictly by rank, whatever the profile
+        ranked = torch.full_like(logits, -1e4).scatter_(2, candidates, values[depth].to(logits.dtype))
+        return torch.where(last[..., None], ranked, logits)
 
     def _override_last(self, logits: torch.Tensor, positions: torch.Tensor) -> None:
         """Replace (in place) the logits [B, L, V] of the slots at the last position (``positions`` [B, k] the
@@ -91,6 +139,9 @@ class _Controlled:
         width = min(logits.shape[1], positions.shape[1])
         positions = positions[:, -width:].to(logits.device)
         last = positions == positions[:, -1:]  # [B, width]
+        if self.profile is not None:
+            logits[:, -width:] = self._ranked_logits(logits[:, -width:], positions, last)
+            return
         token = self._controlled_tokens(positions).to(logits.device)
         one_hot = torch.full_like(logits[:, -width:], -1e4).scatter_(2, token[..., None], 1e4)
         logits[:, -width:] = torch.where(last[..., None], one_hot, logits[:, -width:])
@@ -139,12 +190,15 @@ class _ControlledBlockMixin(_Controlled):
 
 
 def controlled_acceptance(draft: Any, alpha: float, seed: int = 0, wrong_modulus: int | None = None,
-                          proposable: torch.Tensor | None = None) -> Any:
+                          proposable: torch.Tensor | None = None,
+                          profile: list[list[float]] | None = None) -> Any:
     """A view of ``draft`` (same weights, same cost) whose proposals are right with probability ``alpha``,
     decided per (row, generated position) by :func:`uniform_draw`. Works for causal LM drafts and for a
     ``FeatureHeadDraft``. Call :func:`set_reference` before each generate call.
     ``wrong_modulus``: a miss proposes an id below it; ``proposable`` [V] bool: the target ids every compared
     draft can propose (default: the ids below ``wrong_modulus``); a reference id outside it is a miss.
+    ``profile``: rank-aware control (``profile[d][r]``, see the module; ``alpha`` is then unused, and the target
+    must be watched: :func:`watch_target`).
 
         >>> from hf_specmm import testing
         >>> target = testing.tiny_target("llava")
@@ -166,7 +220,19 @@ def controlled_acceptance(draft: Any, alpha: float, seed: int = 0, wrong_modulus
     if proposable is None:
         proposable = torch.ones(wrapped.wrong_modulus, dtype=torch.bool)
     wrapped.proposable = proposable.cpu()
+    if profile is not None:
+        width = max(len(row) for row in profile)
+        wrapped.profile = torch.tensor([list(row) + [0.0] * (width - len(row)) for row in profile], dtype=torch.float32)
     return wrapped
+
+
+def watch_target(draft: Any, target: Any) -> Any:
+    """Mark every forward of ``target`` on the controlled ``draft`` (rank-aware control reads each round's root
+    from the draft forward that follows). Returns the hook's handle (``.remove()`` it when done)."""
+    def mark(module: Any, args: tuple) -> None:
+        draft.fresh = True
+
+    return target.register_forward_pre_hook(mark)
 
 
 def set_reference(draft: Any, reference: torch.Tensor, prompt_positions: torch.Tensor, seed: int | None = None,
@@ -192,5 +258,12 @@ def set_reference(draft: Any, reference: torch.Tensor, prompt_positions: torch.T
     # e.g. 32000-32063 of LLaVA-1.5's 32064 beside a 32000-id draft) is a miss for every method alike
     ref = reference.cpu()
     inside = ref < draft.proposable.numel()
-    hits &= inside & draft.proposable[ref.clamp(0, draft.proposable.numel() - 1)]
+    allowed = inside & draft.proposable[ref.clamp(0, draft.proposable.numel() - 1)]
+    hits &= allowed
     draft.hits = hits.to(device)
+    if draft.profile is not None:  # the same draws, read as ranks
+        draft.draws = torch.tensor([[uniform_draw(draft.seed, r, k) for k in range(reference.shape[1])] for r in rows])
+        draft.draws = draft.draws.to(device)
+        allowed[:, 0] = False  # generated token 0 is the target's prefill's
+        draft.hits_allowed = allowed.to(device)
+        draft.root, draft.fresh = None, True

@@ -15,9 +15,11 @@ COLUMNS = [("draft_kind", "draft", "{}"), ("tree", "tree K,D,N", "{}"), ("compil
            ("Tp_ms", "Tp ms", "{:.0f}"), ("ideal_speedup_e2e", "ideal e2e ×", "{:.2f}"),
            ("efficiency_e2e", "eff e2e", "{:.2f}"), ("decode_speedup", "decode ×", "{:.2f}"),
            ("efficiency_decode", "eff decode", "{:.2f}"), ("mbsu", "MBSU", "{:.2f}"), ("tree_nodes", "nodes", "{:.1f}"),
-           ("accepted_depth", "acc depth", "{:.2f}"), ("lossless", "lossless", "{}")]
-#: columns shown only when some row has them (``--compile``, ``--tree``); a chain row's tree cell reads "chain"
-OPTIONAL_COLUMNS = ("compiled_over_eager", "tree", "tree_nodes", "accepted_depth", "Tv_over_T1")
+           ("accepted_depth", "acc depth", "{:.2f}"), ("auto_shapes", "Auto's shapes (rounds)", "{}"),
+           ("lossless", "lossless", "{}")]
+#: columns shown only when some row has them (``--compile``, ``--tree``, ``--auto``); a chain row's tree cell reads
+#: "chain", an Auto row's "auto"
+OPTIONAL_COLUMNS = ("compiled_over_eager", "tree", "tree_nodes", "accepted_depth", "Tv_over_T1", "auto_shapes")
 
 
 def format_table(result: dict[str, Any]) -> str:

@@ -23,14 +23,16 @@ import transformers
 from tqdm.auto import tqdm
 
 from .. import api
+from ..auto import Auto, chain_lengths, check_profile
 from ..trees import Tree, TreeShape
 from ..drafts.dflash import dflash_draft_for
 from ..drafts.registry import kind_of
 from ..targets import target_spec
 from ..vocab import VocabMap, draft_vocab_size
-from .controlled import controlled_acceptance, set_reference
+from .controlled import controlled_acceptance, set_reference, watch_target
 from ..devices import execution_device
 from .presets import DEVICE_MAPS, DFLASH_BLOCK, DRAFT_KINDS, SMALL_LM, Preset, build_preset, synthetic_inputs
+from .shape_rows import auto_row, calibrate_auto, tree_row
 from .timing import PrefillClock, draft_step_cost, interleaved_medians, target_step_costs
 
 
@@ -56,6 +58,13 @@ class BenchConfig:
     #: [K, D, N] shapes: hf_specmm.Tree(draft, K, D, N) rows per draft kind, timed in turns with each batch's
     #: first γ step (its chain rows and plain); γ of a tree row is its depth D
     trees: list[list[int]] = field(default_factory=list)
+    #: rank-aware controlled acceptance: profile[d][r], the target's token is the draft's r-th choice at depth d
+    acceptance_profile: list[list[float]] | None = None
+    #: also time hf_specmm.Auto(draft, max_tokens=auto_max_tokens) per draft kind, in turns with the first γ step
+    auto: bool = False
+    auto_max_tokens: int = 64
+    #: untimed calls of each Auto row before its timing, at most (its costs' calibration ends in them)
+    auto_calibration_calls: int = 12
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming every bad field (the CLI's ``type=`` checks refuse the same values)."""
@@ -81,12 +90,26 @@ class BenchConfig:
                 problems.append(f"trees: {shape} ({error})")
         if self.acceptance is not None and self.do_sample:
             problems.append("acceptance (controlled acceptance) is defined for greedy decoding; drop do_sample")
+        if self.acceptance_profile is not None:
+            try:
+                check_profile(self.acceptance_profile, "acceptance_profile")
+            except ValueError as error:
+                problems.append(str(error))
+            if self.acceptance is not None:
+                problems.append("acceptance and acceptance_profile: give one of them (a profile [[α]] is α at rank 0)")
+            if self.do_sample:
+                problems.append("acceptance_profile (controlled acceptance) is defined for greedy decoding; drop do_sample")
+            if self.compile:
+                problems.append("acceptance_profile with compile: the profile reads each round's root from a hook on "
+                                "the target's forward, which compiled graphs do not run; drop one of them")
+        if self.auto_max_tokens < 1:
+            problems.append(f"auto_max_tokens={self.auto_max_tokens} (must be >= 1)")
         if problems:
             raise ValueError("invalid benchmark config: " + "; ".join(problems))
 
 
 def _note(config: BenchConfig, target: Any) -> str | None:
-    if config.acceptance is None:
+    if config.acceptance is None and config.acceptance_profile is None:
         return None
     note = "controlled acceptance: systems benchmark (random weights)"
     if target.dtype in (torch.bfloat16, torch.float16):
@@ -150,7 +173,7 @@ class StockMethod:
     def __call__(self) -> torch.Tensor:
         step = self.step
         proposer = step.proposers[SMALL_LM]
-        if step.config.acceptance is not None:  # stock's draft reads the whole prompt, image placeholders included
+        if step.controlled:  # stock's draft reads the whole prompt, image placeholders included
             set_reference(proposer, step.reference, step.inputs["attention_mask"].sum(-1))
         calls: list[int] = []
         handle = step.target.register_forward_pre_hook(lambda *args: calls.append(1))
@@ -171,22 +194,28 @@ class OursMethod:
     """hf_specmm with one draft kind (``compiled``: static caches + compiled forwards, stock's switch); keeps each
     call's statistics."""
 
-    def __init__(self, step: "BenchStep", kind: str, compiled: bool = False, tree: TreeShape | None = None):
+    def __init__(self, step: "BenchStep", kind: str, compiled: bool = False, tree: TreeShape | None = None,
+                 auto: bool = False):
         self.step, self.kind, self.compiled, self.tree = step, kind, compiled, tree
         self.stats: list[Any] = []
+        # one Auto per row for the whole step: its acceptance is learned across the calls, as a user's would be
+        self.auto = Auto(step.proposers[kind], max_tokens=step.config.auto_max_tokens) if auto else None
 
     def __call__(self) -> torch.Tensor:
         step, run = self.step, self.step.run
         api.enable(step.target)
         try:
-            if step.config.acceptance is not None:
+            if step.controlled:
                 set_reference(step.proposers[self.kind], step.reference,
                               _prompt_positions(run.drafts[self.kind], run.vocabs[self.kind], step.inputs))
-            proposer, gamma = step.proposers[self.kind], step.gamma
+            proposer, options = step.proposers[self.kind], {"num_assistant_tokens": step.gamma}
             if self.tree is not None:  # the same (controlled) draft, drafting trees: γ is the depth
-                proposer, gamma = Tree(proposer, self.tree.top_k, self.tree.depth, self.tree.tokens), self.tree.depth
+                proposer = Tree(proposer, self.tree.top_k, self.tree.depth, self.tree.tokens)
+                options = {"num_assistant_tokens": self.tree.depth}
+            if self.auto is not None:  # Auto chooses γ each round
+                proposer, options = self.auto, {}
             out = step.target.generate(**step.inputs, **step.gen_for(self.compiled), assistant_model=proposer,
-                                       num_assistant_tokens=gamma)
+                                       **options)
             self.stats.append(api.last_stats(step.target))
             return out
         finally:
@@ -206,15 +235,22 @@ class BenchStep:
         plain = self.target.generate(**self.inputs, **self.gen)  # the reference continuation for controlled acceptance
         self.plain, self.reference = plain, plain[:, prompt_len:]
         self.proposers = dict(run.drafts)
-        if config.acceptance is not None:  # every draft sees the same (row, position) acceptance pattern
-            self.proposers = {kind: controlled_acceptance(d, config.acceptance, seed=config.seed,
-                                                          wrong_modulus=preset.text_vocab, proposable=run.proposable)
+        self.controlled = config.acceptance is not None or config.acceptance_profile is not None
+        self.hooks: list[Any] = []
+        if self.controlled:  # every draft sees the same (row, position) acceptance pattern
+            self.proposers = {kind: controlled_acceptance(d, config.acceptance or 0.0, seed=config.seed,
+                                                          wrong_modulus=preset.text_vocab, proposable=run.proposable,
+                                                          profile=config.acceptance_profile)
                               for kind, d in run.drafts.items()}
+            if config.acceptance_profile is not None:  # each round's root: the draft forward after a target forward
+                self.hooks = [watch_target(d, self.target) for d in self.proposers.values()]
         self.ours = {kind: OursMethod(self, kind) for kind in run.drafts}
         self.ours_compiled = {kind: OursMethod(self, kind, compiled=True) for kind in run.drafts} if config.compile else {}
         shapes = [TreeShape(*shape) for shape in config.trees] if gamma == config.gammas[0] else []
         self.ours_tree = {f"{kind}_tree_{'_'.join(map(str, (s.top_k, s.depth, s.tokens)))}": OursMethod(self, kind, tree=s)
                           for kind in run.drafts for s in shapes}
+        self.ours_auto = {f"{kind}_auto": OursMethod(self, kind, auto=True)
+                          for kind in run.drafts} if config.auto and gamma == config.gammas[0] else {}
         self.stock = {name: StockMethod(self, name) for name in ("stock", "stock_as_called")}
         self.stock_error = self._stock_error()
 
@@ -260,45 +296,24 @@ class BenchStep:
         if self.config.compile:
             methods |= {"plain_compiled": PlainMethod(self, compiled=True)}
             methods |= {f"ours_{kind}_compiled": m for kind, m in self.ours_compiled.items()}
-        return methods | {f"ours_{name}": m for name, m in self.ours_tree.items()}
+        return methods | {f"ours_{name}": m for name, m in (self.ours_tree | self.ours_auto).items()}
 
     def measure(self) -> list[dict[str, Any]]:
         """Time every method in turns on the same inputs; a row per draft kind."""
         run, config = self.run, self.config
+        calibration_calls = {name: calibrate_auto(self, method) for name, method in self.ours_auto.items()}
         clock = PrefillClock(self.target, run.device)  # each call's decoding phase: the time after its prefill forward
         try:
             timed = interleaved_medians(self.methods(), run.device, config.warmup, config.repeats, clock)
         finally:
             clock.remove()
+            for hook in self.hooks:
+                hook.remove()
         target_costs = target_step_costs(self.target, self.inputs, self.gamma)
         rows = [self._row(kind, timed, target_costs) for kind in run.drafts]
-        rows += [self._tree_row(name, timed, target_costs["T1"]) for name in self.ours_tree]
+        rows += [tree_row(self, name, timed, target_costs["T1"]) for name in self.ours_tree]
+        rows += [auto_row(self, name, timed, calibration_calls[name]) for name in self.ours_auto]
         return rows + [self._compiled_row(kind, timed) for kind in self.ours_compiled]
-
-    def _tree_row(self, name: str, timed: dict[str, Any], t1: float) -> dict[str, Any]:
-        """hf_specmm with ``hf_specmm.Tree`` around a kind's draft, against plain timed in the same turns. The
-        chain cost model (τ·T1/(Tv + γ·Td)) does not describe a tree round, so its columns are left out; Tv is
-        measured for the tree's width (N + 1 tokens in one target forward) beside T1."""
-        method = self.ours_tree[name]
-        stats, shape, new_tokens = method.stats, method.tree, self.batch * self.config.max_new_tokens
-        tv = target_step_costs(self.target, self.inputs, shape.tokens)["Tv"]
-        t_plain, (t_ours, ours) = timed["plain"][0], timed[f"ours_{name}"][:2]
-        acceptance = [st.acceptance_rate for st in stats if st.acceptance_rate is not None]
-        return {
-            "draft_kind": method.kind, "tree": f"{shape.top_k},{shape.depth},{shape.tokens}", "compiled": False,
-            "batch": self.batch, "gamma": shape.depth, "plain_tok_s": new_tokens / t_plain,
-            "ours_tok_s": new_tokens / t_ours, "speedup": t_plain / t_ours,
-            "tau": statistics.mean(st.round_block_efficiency for st in stats),
-            "tau_steady": statistics.mean(st.steady_block_efficiency for st in stats),
-            "rounds": statistics.mean(len(st.tokens_per_round) for st in stats),
-            "acceptance": statistics.mean(acceptance) if acceptance else None,
-            "tree_nodes": statistics.mean(st.tree_nodes_per_round or 0.0 for st in stats),
-            "accepted_depth": statistics.mean(st.mean_accepted_depth or 0.0 for st in stats),
-            "T1_ms": t1 * 1e3, "Tv_ms": tv * 1e3, "Tv_over_T1": tv / t1,
-            "decode_speedup": statistics.median(timed["plain"][3]) / statistics.median(timed[f"ours_{name}"][3]),
-            "lossless": bool(torch.equal(ours, self.plain)) if not self.config.do_sample else None,
-            "times_s": {key: timed[key][2] for key in ("plain", f"ours_{name}")},
-        }
 
     def _compiled_row(self, kind: str, timed: dict[str, Any]) -> dict[str, Any]:
         """hf_specmm compiled vs plain compiled (the same switch on both sides) and vs itself eager. The step
@@ -357,8 +372,7 @@ class BenchStep:
             "tau_steady": statistics.mean(st.steady_block_efficiency for st in stats),
             "rounds": rounds,
             "acceptance": statistics.mean(acceptance) if acceptance else None,
-            "expected_tau": None if config.acceptance is None else
-            (1 - config.acceptance ** (gamma + 1)) / (1 - config.acceptance) if config.acceptance < 1 else gamma + 1,
+            "expected_tau": _expected_chain_tau(config, gamma),
             "T1_ms": costs["T1"] * 1e3, "Tv_ms": costs["Tv"] * 1e3, "Td_ms": costs["Td"] * 1e3,
             "Tp_ms": costs["Tp"] * 1e3, "Tpd_ms": costs["Tpd"] * 1e3,
             "Td_over_T1": costs["Td"] / costs["T1"],
@@ -378,6 +392,16 @@ class BenchStep:
         row["efficiency_decode"] = row["decode_speedup"] / ideal
         row["decode_times_s"] = {name: timed[name][3] for name in ("plain", f"ours_{kind}")}
         return row
+
+
+def _expected_chain_tau(config: BenchConfig, gamma: int) -> float | None:
+    """(1 − α^(γ+1)) / (1 − α) under α; 1 + Σ_{d≤γ} Π_{j≤d} p[j][0] under a rank-aware profile."""
+    if config.acceptance_profile is not None:
+        return 1.0 + chain_lengths(config.acceptance_profile, gamma)[-1]
+    if config.acceptance is None:
+        return None
+    alpha = config.acceptance
+    return (1 - alpha ** (gamma + 1)) / (1 - alpha) if alpha < 1 else gamma + 1
 
 
 class BenchmarkRun:

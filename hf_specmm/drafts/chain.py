@@ -81,6 +81,14 @@ class ChainDrafter(TreeDrafting, Drafter):
         tokens = self.vocab.readable(tokens[:, None])
         self.pending, self.pending_valid = tokens, torch.ones_like(tokens, dtype=torch.bool)
 
+    follows_plain_steps = True
+
+    def follow(self, next_tokens: torch.Tensor) -> None:
+        assert self.pending is not None and self.pending_valid is not None
+        tokens = self.vocab.readable(next_tokens[:, None])
+        self.pending = torch.cat([self.pending, tokens], dim=1)
+        self.pending_valid = torch.cat([self.pending_valid, torch.ones_like(tokens, dtype=torch.bool)], dim=1)
+
     selects_rows = True  # a subclass with more per-row state than the cache and the pending tokens extends select_rows
 
     def select_rows(self, keep: torch.Tensor) -> None:

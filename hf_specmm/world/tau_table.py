@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import SpecMMError
 from ..train.evaluate import measure_tau
 from ..trees import Tree, TreeShape
+from .profile import write_profiles
 from .shipped import CHECKPOINTS, eval_examples, load_world_models
 from .step_cost import step_costs
 from .step_cost import to_markdown as costs_markdown
@@ -112,6 +113,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="replace the table between the README's markers (default: leave README files alone)")
     parser.add_argument("--checkpoints", type=existing_folder, default=str(CHECKPOINTS),
                         help="folder with the world checkpoints")
+    parser.add_argument("--profile", action="store_true",
+                        help="also write each draft's acceptance profile (the target's token as the draft's r-th choice "
+                             "at depth d) to <output>_profile_<draft>.json, for bench --acceptance-profile")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -136,4 +140,8 @@ def run(args: argparse.Namespace) -> int:
     Path(f"{args.output}.md").write_text(table + "\n\n" + note + "\n")
     if args.update_readme:
         update_readme(args.update_readme, table + "\n\n" + note)
+    if args.profile:
+        paths = write_profiles(load_world_models(args.checkpoints), eval_examples(args.per_task), MAX_ANSWER_TOKENS,
+                               args.output)
+        print("wrote " + ", ".join(map(str, paths)))
     return 0

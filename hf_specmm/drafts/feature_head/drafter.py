@@ -180,6 +180,18 @@ class FeatureHeadDrafter(TreeDrafting, Drafter):
                 feature, logits = self.forward(feature, self.model.embed(token[:, None]), None)
         return Proposal(torch.stack(tokens, 1), torch.stack(probs, 1) if probs[0] is not None else None, restore)
 
+    follows_plain_steps = True
+
+    def follow(self, next_tokens: torch.Tensor) -> None:
+        """A plain step verified [cur] alone: its true feature f(cur) and the target's token make the slot
+        (f(cur), next), queued after the pending ones (whose last token is cur)."""
+        assert self.pending is not None and self.verified is not None
+        features, ids, valid = self.pending
+        feature = self.verified[:, :1].to(features.device)
+        self.pending = (torch.cat([features, feature], 1), torch.cat([ids, next_tokens[:, None].to(ids)], 1),
+                        torch.cat([valid, torch.ones_like(valid[:, :1])], 1))
+        self.verified = None
+
     selects_rows = True
 
     def select_rows(self, keep: torch.Tensor) -> None:

@@ -1,0 +1,107 @@
+"""hf_specmm.Auto beside every fixed shape of the grid on the shipped miniature world (trained drafts, real
+acceptance): wall time of greedy generation over held-out scenes, per draft and batch size, timed in turns.
+
+    PYTHONPATH=. python benchmarks/auto_world.py --batch-sizes 1 8 --out benchmarks/results/auto/world-bench
+
+Each method is one callable generating the same prompts (batch 1: the prompts one by one; batch 8: one
+batch of 8); Auto is called untimed first until a call has no calibration round (it measures costs once per
+process), then timed with the others. Reported: median seconds per method, Auto / best fixed shape, and the
+shapes Auto took.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import torch
+
+import hf_specmm
+from hf_specmm.bench.timing import interleaved_medians
+from hf_specmm.train.data import encode_prompts
+from hf_specmm.trees import TreeShape
+from hf_specmm.world.shipped import eval_examples, load_world_models
+from hf_specmm.world.target import MAX_ANSWER_TOKENS
+
+CHAINS = (1, 2, 3, 4, 5, 6, 7, 8)
+TREES = (TreeShape(2, 4, 8), TreeShape(4, 6, 24), TreeShape(8, 6, 48), TreeShape(8, 8, 64))
+DRAFTS = ("text-only (distilled)", "image-adapter (distilled)", "feature-head (distilled)", "EAGLE-3 head (distilled)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--prompts", type=int, default=8, help="prompts per call (batch 1: one after the other)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--drafts", nargs="+", default=list(DRAFTS))
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/auto/world-bench"))
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    world = load_world_models()
+    target, processor = world.target, world.processor
+    examples = [e for task in eval_examples(max(1, args.prompts // 4 + 1)).values() for e in task][:args.prompts]
+    hf_specmm.enable(target)
+    rows = []
+    for batch in args.batch_sizes:
+        inputs = [encode_prompts(processor, examples[i:i + batch], "raw", target.device)
+                  for i in range(0, len(examples), batch)]
+        gen = dict(max_new_tokens=MAX_ANSWER_TOKENS, do_sample=False)
+
+        def call(assistant=None, **extra):
+            def run():
+                return [target.generate(**x, **gen, **({"assistant_model": assistant} if assistant else {}), **extra)
+                        for x in inputs]
+            return run
+
+        methods = {"plain": call()}
+        autos = {}
+        for name in args.drafts:
+            draft = world.drafts[name]
+            for g in CHAINS:
+                methods[f"{name} | chain {g}"] = call(draft, num_assistant_tokens=g)
+            for s in TREES:
+                methods[f"{name} | tree {s.top_k},{s.depth},{s.tokens}"] = call(hf_specmm.Tree(draft, s.top_k, s.depth, s.tokens))
+            autos[name] = hf_specmm.Auto(draft, max_tokens=64)
+            methods[f"{name} | auto"] = call(autos[name])
+        calibration = {}
+        for name, auto in autos.items():  # untimed calls until the costs are calibrated
+            for calls in range(1, 21):
+                for x in inputs:
+                    target.generate(**x, **gen, assistant_model=auto)
+                if hf_specmm.last_stats(target).auto["calibration_rounds"] == 0:
+                    break
+            calibration[name] = calls
+        shapes: dict[str, dict[str, int]] = {name: {} for name in autos}
+        timed = interleaved_medians(methods, target.device, 1, args.repeats)
+        plain_out = timed["plain"][1]
+        for name in args.drafts:
+            for x in inputs:  # the shapes Auto takes now (one more untimed pass over the prompts)
+                target.generate(**x, **gen, assistant_model=autos[name])
+                for shape in hf_specmm.last_stats(target).auto["shapes"]:
+                    shapes[name][shape] = shapes[name].get(shape, 0) + 1
+            fixed = {k: v[0] for k, v in timed.items() if k.startswith(f"{name} |") and not k.endswith("auto")}
+            best = min(fixed, key=fixed.get)
+            auto_s = timed[f"{name} | auto"][0]
+            lossless = all(all(torch.equal(a, b) for a, b in zip(timed[k][1], plain_out))
+                           for k in timed if k.startswith(f"{name} |"))
+            rows.append({"draft": name, "batch": batch, "plain_s": timed["plain"][0], "auto_s": auto_s,
+                         "best_fixed": best.split(" | ")[1], "best_fixed_s": fixed[best],
+                         "auto_over_best": auto_s / fixed[best], "auto_speedup": timed["plain"][0] / auto_s,
+                         "best_speedup": timed["plain"][0] / fixed[best],
+                         "calibration_calls": calibration[name], "lossless": lossless,
+                         "auto_shapes": dict(sorted(shapes[name].items(), key=lambda kv: -kv[1])[:5]),
+                         "fixed_s": {k.split(" | ")[1]: v for k, v in fixed.items()}})
+            r = rows[-1]
+            print(f"| {name} | {batch} | {r['plain_s']:.3f} | {r['best_fixed']} {r['best_fixed_s']:.3f} "
+                  f"({r['best_speedup']:.2f}x) | {auto_s:.3f} ({r['auto_speedup']:.2f}x) | {r['auto_over_best']:.3f} | "
+                  f"{', '.join(f'{k} ({v})' for k, v in r['auto_shapes'].items())} | {lossless} |", flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "world_bench.json").write_text(json.dumps({"rows": rows, "threads": torch.get_num_threads(),
+                                                          "prompts": args.prompts, "repeats": args.repeats}, indent=1))
+    print("median over rows of auto/best:", statistics.median(r["auto_over_best"] for r in rows))
+
+
+if __name__ == "__main__":
+    main()

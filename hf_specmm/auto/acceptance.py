@@ -1,0 +1,207 @@
+"""The learned acceptance: how often the target's token is the draft's r-th choice at depth d (Sequoia's
+positional acceptance vector, per depth), and the expected accepted length of a chain or a tree under it.
+
+A round tells, for every node on a row's accepted root path (the root included), which of its drafted
+children were tried (ranks 0..c-1: a node's children are its draft's best c tokens, in rank order) and which
+one the target took, if any. Both verifiers try children in rank order (greedy: the target's argmax is at
+most one of them; sampling: EAGLE's rule accepts child r with its target probability after 0..r-1 were
+rejected), so each node is a run of *hazard* trials: rank r tried (ranks < r failed), accepted or not.
+Counting hits and trials per (depth, rank) is the censored estimate of the hazard h[d][r]; the probability
+that the target's token is the r-th choice is then ``p[d][r] = h[d][r] · Π_{s<r} (1 - h[d][s])``.
+
+Estimates shrink toward the pooled hazard of their rank over all depths, itself shrunk toward a prior
+(Beta pseudo-counts), so the first rounds and rarely reached depths have sensible values; counts are halved
+past a cap, so the table follows a draft whose acceptance drifts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+#: a node's hazard at rank 0 before any evidence (Beta prior mean); ranks beyond: RANK_PRIOR_RATIO of rank 0's
+PRIOR_HAZARD = 0.5
+RANK_PRIOR_RATIO = 0.4
+PRIOR_STRENGTH = 2.0  # pseudo-trials of the pooled prior
+DEPTH_STRENGTH = 4.0  # pseudo-trials pulling a depth toward its rank's pooled hazard
+COUNT_CAP = 400.0  # trials at one (depth, rank) before its counts are halved
+
+
+class AcceptanceTable:
+    """Hazard counts per (depth 1..``depth``, rank 0..``ranks``-1); deeper depths share the last row."""
+
+    def __init__(self, depth: int = 16, ranks: int = 8, prior: Sequence[Sequence[float]] | None = None):
+        self.depth, self.ranks = depth, ranks
+        self.hits = [[0.0] * ranks for _ in range(depth)]
+        self.trials = [[0.0] * ranks for _ in range(depth)]
+        self.prior = [PRIOR_HAZARD] * ranks  # per rank: set_prior's pooled profile (rank 0 only used without one)
+        self.depth_prior: list[list[float]] | None = None
+        if prior is not None:
+            self.set_prior(prior)
+        self.rounds = 0
+        #: plain rounds between two probes once plain steps win (doubles after each probe; see AutoBudget)
+        self.probe_gap = 8
+        #: calls run as plain generate in a row, and how many before a speculative one (AutoBudget.runs_plain)
+        self.plain_calls, self.plain_gap = 0, 8
+        self.plain_ranking: tuple | None = None  # (tables' state, best predicted, loop plain) of the last check
+
+    def set_prior(self, profile: Sequence[Sequence[float]]) -> None:
+        """Prior from a profile ``profile[d][r]`` = P(the target's token is the r-th choice at depth d + 1)."""
+        hazards = [profile_hazards(row, self.ranks) for row in profile]
+        self.depth_prior = [hazards[min(d, len(hazards) - 1)] for d in range(self.depth)]
+        self.prior = [sum(h[r] for h in hazards) / len(hazards) for r in range(self.ranks)]
+
+    # ---- evidence --------------------------------------------------------------------------------------
+    def observe(self, depth: int, tried: int, accepted_rank: int | None) -> None:
+        """A node at depth ``depth - 1`` had children of ranks 0..``tried``-1; the target took ``accepted_rank``
+        (None: none of them)."""
+        d = min(depth, self.depth) - 1
+        last = tried if accepted_rank is None else accepted_rank + 1
+        for r in range(min(last, self.ranks)):
+            self.trials[d][r] += 1.0
+            if self.trials[d][r] > COUNT_CAP:
+                self.trials[d][r] /= 2.0
+                self.hits[d][r] /= 2.0
+        if accepted_rank is not None and accepted_rank < self.ranks:
+            self.hits[d][accepted_rank] += 1.0
+
+    def observe_chain(self, accepted: Sequence[int], drafted: Sequence[int]) -> None:
+        """Rows that drafted ``drafted[i]`` tokens in a chain and had ``accepted[i]`` of them accepted."""
+        for n, g in zip(accepted, drafted):
+            for d in range(1, min(n + 1, g) + 1):
+                self.observe(d, 1, 0 if d <= n else None)
+        self.rounds += 1
+
+    def observe_tree(self, accepted: Sequence[int], children: Sequence[Sequence[int]],
+                     ranks: Sequence[Sequence[int]]) -> None:
+        """Per row: ``accepted`` nodes n, ``children[j]`` valid children of the j-th path node (j = 0 the
+        root), ``ranks[j]`` the rank of the (j+1)-th path node among them (read for j < n)."""
+        for n, counts, taken in zip(accepted, children, ranks):
+            for j in range(n + 1):
+                if j < len(counts) and counts[j] > 0:
+                    self.observe(j + 1, counts[j], taken[j] if j < n else None)
+        self.rounds += 1
+
+    # ---- estimates -------------------------------------------------------------------------------------
+    def pooled_hazard(self, rank: int, prior: float | None = None) -> float:
+        """Rank ``rank``'s hazard over all depths. Without a given prior, a rank beyond the first is expected to
+        be taken :data:`RANK_PRIOR_RATIO` as often as the first (a draft whose first choice is never right
+        rarely has the right second one; chains never show the second)."""
+        if prior is None:
+            prior = self.prior[0] if rank == 0 else RANK_PRIOR_RATIO * self.pooled_hazard(0)
+        hits = sum(row[rank] for row in self.hits)
+        trials = sum(row[rank] for row in self.trials)
+        return (hits + PRIOR_STRENGTH * prior) / (trials + PRIOR_STRENGTH)
+
+    def hazard(self, depth: int, rank: int) -> float:
+        d = min(depth, self.depth) - 1
+        r = min(rank, self.ranks - 1)
+        given = None if self.depth_prior is None else self.depth_prior[d][r]
+        pooled = self.pooled_hazard(r, given)
+        return (self.hits[d][r] + DEPTH_STRENGTH * pooled) / (self.trials[d][r] + DEPTH_STRENGTH)
+
+    def probabilities(self, depth: int | None = None, ranks: int | None = None) -> list[list[float]]:
+        """``p[d][r]`` (d = 0 is depth 1): the probability that the target's token is the draft's r-th choice
+        at depth d + 1, given the path to it was accepted."""
+        depth, ranks = depth or self.depth, ranks or self.ranks
+        pooled = [self.pooled_hazard(r) for r in range(min(ranks, self.ranks))] if self.depth_prior is None else None
+        table = []
+        for d in range(1, depth + 1):
+            row, left = [], 1.0
+            for r in range(ranks):
+                di, ri = min(d, self.depth) - 1, min(r, self.ranks - 1)
+                prior = pooled[ri] if pooled is not None else self.pooled_hazard(ri, self.depth_prior[di][ri])
+                h = (self.hits[di][ri] + DEPTH_STRENGTH * prior) / (self.trials[di][ri] + DEPTH_STRENGTH)
+                row.append(left * h)
+                left *= 1.0 - h
+            table.append(row)
+        return table
+
+    def as_profile(self, depth: int | None = None, ranks: int | None = None) -> list[list[float]]:
+        """:meth:`probabilities` rounded, as ``--acceptance-profile`` and :meth:`set_prior` take it."""
+        return [[round(p, 4) for p in row] for row in self.probabilities(depth, ranks)]
+
+
+def profile_hazards(row: Sequence[float], ranks: int) -> list[float]:
+    """The hazards h[r] of one depth's probabilities p[r] (padded with the last hazard, capped below 1)."""
+    out, left = [], 1.0
+    for r in range(ranks):
+        if r < len(row):
+            h = min(max(row[r] / left, 0.0), 0.999) if left > 1e-9 else 0.0
+        else:
+            h = out[-1] if out else 0.0
+        out.append(h)
+        left *= 1.0 - h
+    return out
+
+
+def chain_lengths(p: Sequence[Sequence[float]], max_gamma: int) -> list[float]:
+    """E[accepted drafts] of a chain of γ = 1..``max_gamma``: Σ_{d≤γ} Π_{j≤d} p[j][0]."""
+    out, path, total = [], 1.0, 0.0
+    for d in range(max_gamma):
+        path *= p[min(d, len(p) - 1)][0]
+        total += path
+        out.append(total)
+    return out
+
+
+def tree_lengths(p: Sequence[Sequence[float]], top_k: int, max_depth: int,
+                 nodes: Sequence[int]) -> dict[tuple[int, int], float]:
+    """E[accepted drafts] of ``Tree(top_k, depth, N)`` for depth 2..``max_depth`` and N in ``nodes`` (each
+    ≤ the expansion's candidates). The expansion is emulated as :func:`hf_specmm.trees.expand.expand_tree`
+    runs it, with each node valued by its path's acceptance probability (Π p along its ranks): the root's
+    ``top_k`` children, then the ``top_k`` best of each level expanded, the N best of all kept. A node's value
+    is the probability that it is on the accepted path, so the sum of the kept values is E[accepted]
+    (Sequoia's objective, under EAGLE-2's frontier rule)."""
+    out: dict[tuple[int, int], float] = {}
+    values: list[float] = []
+    frontier = [1.0]
+    most = max(nodes)
+    for depth in range(1, max_depth + 1):
+        row = p[min(depth - 1, len(p) - 1)]
+        level = [v * row[min(r, len(row) - 1)] for v in frontier for r in range(top_k)]
+        values.extend(level)
+        frontier = sorted(level, reverse=True)[:top_k]
+        if depth < 2:
+            continue
+        prefix = [0.0]
+        for v in sorted(values, reverse=True)[:most]:
+            prefix.append(prefix[-1] + v)
+        for n in nodes:
+            if n <= len(values):
+                out[(depth, n)] = prefix[min(n, most)]
+    return out
+
+
+def tree_observations(tree: object, n: torch.Tensor, path: torch.Tensor) -> tuple[list[list[int]], list[list[int]]]:
+    """For each row: the valid children of each node on its accepted path and the next path node's rank among
+    them (device-side, one transfer). ``tree``: the round's :class:`~hf_specmm.trees.DraftTree`."""
+    parents, valid = tree.parents, tree.valid  # type: ignore[attr-defined]
+    path = path.to(parents.device)
+    nodes = torch.arange(parents.shape[1], device=parents.device)
+    child_of = (parents[:, None, :] == path[:, :, None]) & valid[:, None, :] & (nodes > 0)  # [A, D+1, N+1]
+    counts = child_of.sum(-1)
+    ranks = (child_of[:, :-1] & (nodes[None, None, :] < path[:, 1:, None])).sum(-1)
+    return counts.tolist(), ranks.tolist()
+
+
+def read_profile(text: str) -> list[list[float]]:
+    """A profile from ``"p11,p12,...;p21,..."`` (depths split by ``;``, ranks by ``,``) or from a JSON file (a
+    list of depths, or an object with a ``"profile"`` list: what ``hf-specmm world-tau --profile`` writes)."""
+    if Path(text).suffix == ".json" or Path(text).is_file():
+        path = Path(text)
+        if not path.is_file():
+            raise ValueError(f"profile file {text!r} does not exist")
+        data: Any = json.loads(path.read_text())
+        profile = data.get("profile") if isinstance(data, dict) else data
+        if not isinstance(profile, list):
+            raise ValueError(f"profile file {text!r} holds no profile (a list of depths, or {{'profile': [...]}})")
+        return [[float(p) for p in row] for row in profile]
+    try:
+        return [[float(p) for p in depth.split(",") if p.strip()] for depth in text.split(";") if depth.strip()]
+    except ValueError:
+        raise ValueError(f"expected probabilities by rank, depths split by ';' (e.g. 0.7,0.1;0.6,0.1) or a .json "
+                         f"file, got {text!r}") from None

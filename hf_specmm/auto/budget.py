@@ -1,0 +1,235 @@
+"""``AutoBudget``: the draft budget of one ``generate`` call with ``hf_specmm.Auto``. Each round it asks the
+policy for the shape (a plain step, a chain, a tree), times the round's two phases into the cost table and
+feeds the verification's outcome to the acceptance table; :meth:`report` is ``last_stats().auto``."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any, Callable
+
+import torch
+
+from ..budget import DraftBudget, RoundBudget
+from .acceptance import AcceptanceTable, tree_observations
+from .costs import CostTable
+from .policy import PLAIN, Choice, CostAwarePolicy, FixedPolicy, Shape
+
+REFRESH, MAX_REFRESH = 8, 64  # rounds between two rankings of the candidate shapes (the tables move slowly)
+MIN_PROBE_GAP, MAX_PROBE_GAP = 8, 256
+#: plain generate's step is measured when the best shape's predicted rate is below this × the loop's plain step's
+PLAIN_MARGIN = 1.5
+#: calls run as plain generate only when its measured step beats the best shape's prediction by this factor
+STOCK_MARGIN = 1.05
+
+
+class AutoBudget(DraftBudget):
+    """A :class:`~hf_specmm.budget.DraftBudget` whose every round has the shape chosen by ``policy``.
+
+    Plain steps are taken while nothing drafted pays; after ``acceptance.probe_gap`` plain steps in a row the
+    best drafted shape is tried once (its outcome is evidence: a draft that got better is noticed), and the gap
+    doubles, up to :data:`MAX_PROBE_GAP`, so a useless draft costs ever fewer probes.
+    """
+
+    def __init__(self, policy: CostAwarePolicy | FixedPolicy, acceptance: AcceptanceTable, costs: CostTable,
+                 devices: tuple[torch.device, ...], on_calibrated: Callable[[], None] | None = None,
+                 cost_key: str = ""):
+        depth = policy.max_depth if isinstance(policy, CostAwarePolicy) else max(s.gamma for s in policy.shapes)
+        super().__init__(gamma=depth)
+        self.policy, self.acceptance, self.costs = policy, acceptance, costs
+        self.devices = tuple(d for d in devices if d.type == "cuda")
+        self.on_calibrated, self.cost_key = on_calibrated, cost_key
+        self.open: dict[str, Any] | None = None  # the running round: shape, choice, start, draft end, tokens
+        self.log: list[dict[str, Any]] = []  # closed rounds
+        self.ranked: list[Choice] = []
+        self.refresh, self.next_ranking = REFRESH, 0
+        self.rounds = 0
+        self.plain_run = 0
+        self.calibration_rounds = 0
+        self.plain_forwards: list[float] = []  # a call run as plain generate: when each target forward started
+
+    # ---- the loop's hooks ------------------------------------------------------------------------------
+    def for_round(self, remaining: list[int], unfinished: list[bool]) -> RoundBudget:
+        now = time.perf_counter()
+        self._close(now, timed=True)
+        room = max(r for r, u in zip(remaining, unfinished) if u) - 1
+        choice = self._choose(sum(unfinished), room)
+        shape = _fit(choice.shape, room)
+        # the round starts after the choice: ranking the candidates is no shape's cost
+        self.open = {"shape": shape, "choice": choice, "start": time.perf_counter(), "drafted": None, "tokens": 0,
+                     "rows": sum(unfinished)}
+        self.rounds += 1
+        return RoundBudget(shape.gamma, shape.tree)
+
+    def drafted(self) -> None:
+        if self.open is not None and self.open["shape"].gamma:
+            for device in self.devices:  # the draft's kernels are done: what follows is the verification's
+                torch.cuda.synchronize(device)
+            self.open["drafted"] = time.perf_counter()
+
+    def observe(self, proposal: Any, accepted: Any, unfinished: list[bool]) -> None:
+        """A verified round: which drafted ranks the target took, per row still generating."""
+        if proposal.gamma == 0:
+            return
+        live = [i for i, u in enumerate(unfinished) if u]
+        if not live:
+            return
+        n = accepted.n.tolist()
+        if proposal.tree is None:
+            self.acceptance.observe_chain([n[i] for i in live], [proposal.gamma] * len(live))
+            return
+        counts, ranks = tree_observations(proposal.tree, accepted.n, accepted.path)
+        self.acceptance.observe_tree([n[i] for i in live], [counts[i] for i in live], [ranks[i] for i in live])
+
+    def update(self, kept: list[int], gamma_used: int) -> None:
+        if self.open is not None:
+            self.open["tokens"] += sum(kept)
+
+    # ---- choosing --------------------------------------------------------------------------------------
+    def _choose(self, rows: int, room: int) -> Choice:
+        if isinstance(self.policy, FixedPolicy):
+            return Choice(self.policy.next(), None, 0.0)
+        calibrating = self.policy.calibrating(self.costs, room)
+        if calibrating is not None:
+            self.calibration_rounds += 1
+            return Choice(calibrating, None, 0.0)
+        if not self.policy.calibrated(self.costs):  # the rest does not fit near max_length: no cost model yet
+            return Choice(self.policy.fallback, None, 1.0)
+        if self.calibration_rounds and self.on_calibrated is not None:
+            self.on_calibrated()  # once per call that finished a calibration (saves the costs file)
+            self.on_calibrated = None
+        if not self.ranked or self.rounds >= self.next_ranking:
+            previous = self.ranked[0].shape if self.ranked else None
+            self.ranked = self.policy.rank(self.acceptance, self.costs, 1)  # per row: the live rows change
+            # a choice that holds is checked ever less often (ranking costs a few ms of Python)
+            same = bool(self.ranked) and self.ranked[0].shape == previous
+            self.refresh = min(2 * self.refresh, MAX_REFRESH) if same else REFRESH
+            self.next_ranking = self.rounds + self.refresh
+        if not self.ranked:
+            return Choice(self.policy.fallback, None, 1.0)
+        best = self.ranked[0]
+        if best.shape.gamma:
+            self.plain_run, self.acceptance.probe_gap = 0, MIN_PROBE_GAP
+            return best
+        self.plain_run += 1
+        if self.plain_run > self.acceptance.probe_gap:
+            probe = next((c for c in self.ranked if c.shape.gamma), None)
+            if probe is not None:
+                self.plain_run = 0
+                self.acceptance.probe_gap = min(2 * self.acceptance.probe_gap, MAX_PROBE_GAP)
+                self.ranked = []  # rank again after the probe's evidence
+                return probe
+        return best
+
+    def _close(self, now: float, timed: bool) -> None:
+        """End the running round at ``now``: its timings into the cost table (``timed``), its line into the log."""
+        if self.open is None:
+            return
+        entry, self.open = self.open, None
+        shape: Shape = entry["shape"]
+        seconds = now - entry["start"]
+        draft = (entry["drafted"] - entry["start"]) if entry["drafted"] is not None else 0.0
+        if timed and not isinstance(self.policy, FixedPolicy):
+            self.costs.add(shape.kind, shape.width, shape.draft_label, draft, max(seconds - draft, 0.0))
+        choice = entry["choice"]
+        per_row = choice.predicted_tokens_per_s
+        self.log.append({"shape": shape.label, "predicted": None if per_row is None else per_row * entry["rows"],
+                         "tokens": entry["tokens"],
+                         "seconds": seconds, "rows": entry["rows"],
+                         "expected": choice.expected_tokens if choice.predicted_tokens_per_s is not None else None})
+
+    # ---- whole calls as plain generate -------------------------------------------------------------------
+    def runs_plain(self) -> bool:
+        """Whether this call is best run as plain ``generate`` (stock's own decoding loop, no draft): once the
+        costs are calibrated, when plain generate's measured step is :data:`STOCK_MARGIN` faster than every round
+        shape's predicted tokens per second (an overhead-bound machine: the speculative loop's own plain step costs more than stock's). Plain
+        generate's step is measured the first time the best shape is not clearly ahead of the loop's plain step;
+        every ``plain_gap``-th call still runs speculatively (doubling), so costs and acceptance stay current."""
+        if isinstance(self.policy, FixedPolicy) or not self.policy.calibrated(self.costs):
+            return False
+        state = (id(self.costs), self.costs.version, self.acceptance.rounds)
+        if self.acceptance.plain_ranking is None or self.acceptance.plain_ranking[0] != state:
+            ranked = self.policy.rank(self.acceptance, self.costs, 1)  # unchanged while calls run as plain generate
+            if not ranked:
+                return False
+            loop_plain = next((c.predicted_tokens_per_s for c in ranked if c.shape == PLAIN), None)
+            self.acceptance.plain_ranking = (state, ranked[0].predicted_tokens_per_s, loop_plain, ranked[0].shape)
+        _, best, loop_plain, best_shape = self.acceptance.plain_ranking
+        stock = self.costs.stock_step_time()
+        if best_shape == PLAIN:  # the loop would only take plain steps: plain generate's own loop does it cheaper
+            wins = True
+        elif stock is None:  # not measured yet: measure it where plain generate may win
+            wins = loop_plain is None or best < PLAIN_MARGIN * loop_plain
+        else:  # plain generate only where it is clearly faster
+            wins = best * STOCK_MARGIN < 1.0 / stock
+        if not wins:
+            self.acceptance.plain_calls = 0
+            return False
+        if stock is None:
+            return True
+        self.acceptance.plain_calls += 1
+        if self.acceptance.plain_calls >= self.acceptance.plain_gap:  # a speculative call now and then
+            self.acceptance.plain_calls, self.acceptance.plain_gap = 0, min(2 * self.acceptance.plain_gap, 64)
+            return False
+        return True
+
+    def timing_plain(self, target: Any) -> Any:
+        """A forward pre-hook on ``target`` timing plain generate's steps into the cost table (remove it after)."""
+        starts = self.plain_forwards = []
+
+        def mark(module: Any, args: tuple) -> None:
+            now = time.perf_counter()
+            if len(starts) >= 2:  # the step before: the interval between two decoding forwards
+                self.costs.add_stock_step(now - starts[-1])
+            starts.append(now)
+
+        self.log.append({"shape": "plain generate", "predicted": None, "tokens": 0, "seconds": 0.0, "rows": 0,
+                         "expected": None})
+        return target.register_forward_pre_hook(mark)
+
+    # ---- what the call did -----------------------------------------------------------------------------
+    def report(self) -> dict[str, Any]:
+        """``last_stats(model).auto``: per shape taken, its rounds, tokens, measured and predicted tokens per
+        second (predictions exist for rounds the cost model chose: not for calibration or fixed rounds)."""
+        self._close(time.perf_counter(), timed=False)  # the last round ends with the call
+        per_shape: dict[str, dict[str, Any]] = {}
+        for entry in self.log:
+            s = per_shape.setdefault(entry["shape"], {"rounds": 0, "tokens": 0, "seconds": 0.0, "row_rounds": 0,
+                                                      "predicted": [], "expected": []})
+            s["rounds"] += 1
+            s["tokens"] += entry["tokens"]
+            s["seconds"] += entry["seconds"]
+            s["row_rounds"] += entry["rows"]
+            if entry["predicted"] is not None:
+                s["predicted"].append(entry["predicted"])
+                s["expected"].append(entry["expected"])
+        for s in per_shape.values():
+            predicted, expected, row_rounds = s.pop("predicted"), s.pop("expected"), s.pop("row_rounds")
+            s["measured_tokens_per_s"] = s["tokens"] / s["seconds"] if s["seconds"] > 0 else None
+            s["predicted_tokens_per_s"] = sum(predicted) / len(predicted) if predicted else None
+            # tokens a row kept per round: measured, and as the acceptance table expected it
+            s["measured_tokens_per_round"] = s["tokens"] / row_rounds if row_rounds else None
+            s["expected_tokens_per_round"] = sum(expected) / len(expected) if expected else None
+        chosen = [e for e in self.log if e["predicted"] is not None]
+        tokens, seconds = sum(e["tokens"] for e in chosen), sum(e["seconds"] for e in chosen)
+        return {
+            "shapes": [e["shape"] for e in self.log],
+            "per_shape": per_shape,
+            "calibration_rounds": self.calibration_rounds,
+            "predicted_tokens_per_s": (sum(e["predicted"] * e["seconds"] for e in chosen) / seconds) if seconds else None,
+            "measured_tokens_per_s": tokens / seconds if seconds else None,
+            "acceptance": self.acceptance.as_profile(min(self.gamma, 8), 4),
+            "cost_key": self.cost_key,
+        }
+
+
+def _fit(shape: Shape, room: int) -> Shape:
+    """``shape`` cut to ``room`` drafts (near ``max_length``): a shallower tree, a shorter chain, a plain step."""
+    if shape.gamma <= room:
+        return shape
+    if room < 1:
+        return PLAIN
+    if shape.tree is None:
+        return Shape(room)
+    shallow = replace(shape.tree, depth=room, tokens=1)
+    return Shape(room, replace(shallow, tokens=min(shape.tree.tokens, shallow.candidates)))

@@ -1,0 +1,239 @@
+"""The measured costs: a round's verification time by block width and its drafting time by shape, per
+(target, draft, device, dtype, batch bucket, cache kind), kept for the process and optionally in a JSON file.
+
+Costs are timed on the real rounds as they run (no extra forward, so nothing can change an output): the
+draft phase from the round's start to the end of ``propose`` (one device synchronisation there on an
+accelerator; the round's end is already synchronised by the loop, which reads the kept counts on the host),
+the rest of the round (verification forward, acceptance, rollback, bookkeeping) from then to the next
+round's start. Each (kind, width) and each drafted shape keeps its last :data:`SAMPLES` timings; a shape's
+cost is their median, so one slow outlier (a first call at a new width, a clock hiccup) does not steer it.
+
+Shapes never timed are predicted from the timed ones: the verification time is interpolated linearly in
+the width (chain blocks and tree blocks separately: a tree's mask and path bookkeeping cost more), a chain's
+drafting time linearly in γ, a tree's as a chain of 1 (the pending read and the root) plus (depth - 1)
+levels whose cost is interpolated in their width top_k.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import statistics
+import threading
+import weakref
+from pathlib import Path
+from typing import Any
+
+SAMPLES = 9  # timings kept per key
+CALIBRATION_SAMPLES = 3  # timings per calibration shape before the policy chooses (a median of 3)
+
+
+def _median(samples: list[float]) -> float:
+    return statistics.median(samples)
+
+
+def interpolate(points: dict[int, float], x: float) -> float | None:
+    """Piecewise-linear through ``points`` (x → y, keys in increasing order or not); linear extrapolation from
+    the two nearest points outside them, never below the nearest point's value when it would fall (costs do not
+    shrink with width)."""
+    if not points:
+        return None
+    xs = list(points)
+    if any(b < a for a, b in zip(xs, xs[1:])):
+        xs.sort()
+    if len(xs) == 1:
+        return points[xs[0]]
+    if x <= xs[0]:
+        a, b = xs[0], xs[1]
+    elif x >= xs[-1]:
+        a, b = xs[-2], xs[-1]
+    else:
+        i = bisect.bisect_left(xs, x)
+        a, b = xs[i - 1], xs[i]
+    slope = (points[b] - points[a]) / (b - a)
+    y = points[a] + slope * (x - a)
+    if x > xs[-1]:
+        y = max(y, points[xs[-1]])
+    if x < xs[0]:
+        y = min(y, points[xs[0]])
+    return max(y, 0.0)
+
+
+class CostTable:
+    """Timings of one (target, draft, device, dtype, batch bucket, cache kind): ``verify[kind][width]`` and
+    ``draft[label]`` (labels ``chain:γ`` and ``tree:K,D``), each a list of recent seconds."""
+
+    def __init__(self, data: dict[str, Any] | None = None):
+        data = data or {}
+        self.verify: dict[str, dict[int, list[float]]] = {
+            kind: {int(w): list(v) for w, v in data.get("verify", {}).get(kind, {}).items()} for kind in ("chain", "tree")}
+        self.draft: dict[str, list[float]] = {k: list(v) for k, v in data.get("draft", {}).items()}
+        self.stock: list[float] = list(data.get("stock", []))  # plain generate's own decoding steps
+        self.version = 0  # bumped by every round timed (a ranking made at one version holds until the next)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"verify": {kind: {str(w): v for w, v in widths.items()} for kind, widths in self.verify.items()},
+                "draft": dict(self.draft), "stock": list(self.stock)}
+
+    def add_stock_step(self, seconds: float) -> None:
+        _push(self.stock, seconds)
+
+    def stock_step_time(self) -> float | None:
+        """Seconds of one step of plain generate's own loop (None: never measured)."""
+        return _median(self.stock) if self.stock else None
+
+    # ---- timings ---------------------------------------------------------------------------------------
+    def add(self, kind: str, width: int, draft_label: str | None, draft_s: float, verify_s: float) -> None:
+        """One round: ``kind`` 'chain' (a plain step is the chain of width 1) or 'tree', its block ``width``,
+        its drafted shape's label (None for a plain step) and the two phases' seconds."""
+        self.version += 1
+        _push(self.verify[kind].setdefault(width, []), verify_s)
+        if draft_label is not None:
+            _push(self.draft.setdefault(draft_label, []), draft_s)
+
+    def samples(self, kind: str, width: int, draft_label: str | None) -> int:
+        n = len(self.verify[kind].get(width, []))
+        return n if draft_label is None else min(n, len(self.draft.get(draft_label, [])))
+
+    # ---- predictions -----------------------------------------------------------------------------------
+    def model(self) -> "CostModel":
+        """The medians as they are now, ready for many predictions (a policy ranks every candidate with one)."""
+        return CostModel(self)
+
+    def verify_time(self, kind: str, width: int) -> float | None:
+        return self.model().verify_time(kind, width)
+
+    def chain_draft_time(self, gamma: int) -> float | None:
+        return self.model().chain_draft_time(gamma)
+
+    def tree_draft_time(self, top_k: int, depth: int) -> float | None:
+        return self.model().tree_draft_time(top_k, depth)
+
+
+class CostModel:
+    """Predicted seconds from a :class:`CostTable`'s medians (see the module): built once per ranking."""
+
+    def __init__(self, table: CostTable):
+        self.verify = {kind: {w: _median(widths[w]) for w in sorted(widths) if widths[w]}
+                       for kind, widths in table.verify.items()}
+        if not self.verify["tree"]:  # no tree timed: its width's chain time (a lower bound)
+            self.verify["tree"] = dict(self.verify["chain"])
+        chain = {int(k.split(":")[1]): _median(v) for k, v in table.draft.items() if k.startswith("chain:") and v}
+        self.chain = {g: chain[g] for g in sorted(chain)}
+        self.base = interpolate(self.chain, 1)
+        per_level: dict[int, list[float]] = {}
+        for label, values in table.draft.items():
+            if label.startswith("tree:") and values and self.base is not None:
+                k, d = map(int, label.split(":")[1].split(","))
+                per_level.setdefault(k, []).append(max(_median(values) - self.base, 0.0) / max(d - 1, 1))
+        self.level = {k: _median(per_level[k]) for k in sorted(per_level)}
+
+        self.memo: dict[tuple, float | None] = {}
+
+    def verify_time(self, kind: str, width: int) -> float | None:
+        key = (kind, width)
+        if key not in self.memo:
+            self.memo[key] = interpolate(self.verify[kind], width)
+        return self.memo[key]
+
+    def chain_draft_time(self, gamma: int) -> float | None:
+        return interpolate(self.chain, gamma)
+
+    def tree_draft_time(self, top_k: int, depth: int) -> float | None:
+        key = ("tree", top_k, depth)
+        if key not in self.memo:
+            self.memo[key] = self._tree_draft_time(top_k, depth)
+        return self.memo[key]
+
+    def _tree_draft_time(self, top_k: int, depth: int) -> float | None:
+        if self.base is None:
+            return None
+        level = interpolate(self.level, top_k)
+        if level is None:  # no tree timed yet: a level of K nodes costs at least a chain step
+            two = interpolate(self.chain, 2)
+            level = 0.0 if two is None else max(two - self.base, 0.0)
+        return self.base + (depth - 1) * level
+
+
+def _push(values: list[float], x: float) -> None:
+    values.append(x)
+    del values[:-SAMPLES]
+
+
+class CostStore:
+    """The process's cost tables by key, optionally loaded from and saved to JSON files (``Auto(costs_file=)``)."""
+
+    def __init__(self) -> None:
+        self.tables: dict[str, CostTable] = {}
+        self.loaded: set[str] = set()
+        self.lock = threading.Lock()
+
+    def table(self, key: str, path: str | os.PathLike | None = None) -> CostTable:
+        with self.lock:
+            if path is not None and str(path) not in self.loaded:
+                self.loaded.add(str(path))
+                for k, data in load_costs(path).items():
+                    self.tables.setdefault(k, CostTable(data))
+            return self.tables.setdefault(key, CostTable())
+
+    def save(self, path: str | os.PathLike, keys: list[str]) -> None:
+        """Write the tables of ``keys`` into ``path`` (merged with what the file already holds)."""
+        with self.lock:
+            data = load_costs(path)
+            data.update({k: self.tables[k].to_json() for k in keys if k in self.tables})
+            target = Path(path)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_suffix(target.suffix + ".tmp")
+            tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+            tmp.replace(target)
+
+    def clear(self) -> None:
+        with self.lock:
+            self.tables.clear()
+            self.loaded.clear()
+
+
+def load_costs(path: str | os.PathLike) -> dict[str, Any]:
+    """A costs file's tables by key ({} when the file does not exist yet); a malformed file is an error."""
+    path = Path(path)
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"hf_specmm.Auto costs_file {str(path)!r} is not valid JSON ({error}); delete it or pass "
+                         "another path") from error
+    if not isinstance(data, dict):
+        raise ValueError(f"hf_specmm.Auto costs_file {str(path)!r} must hold a JSON object of cost tables")
+    return data
+
+
+#: every process-wide cost table (see :class:`CostStore`)
+COSTS = CostStore()
+
+
+def batch_bucket(batch: int) -> int:
+    """1, 2, 4, 8, ...: the power of two at or above ``batch``."""
+    bucket = 1
+    while bucket < batch:
+        bucket *= 2
+    return bucket
+
+
+_NAMES: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+
+
+def model_name(model: Any) -> str:
+    """A model's class, checkpoint name and size: stable across processes (for saved costs); once per model."""
+    if model not in _NAMES:
+        config = getattr(model, "config", None)
+        name = getattr(config, "_name_or_path", "") or ""
+        size = sum(p.numel() for p in model.parameters())
+        _NAMES[model] = f"{type(model).__name__}({name}, {size} params)"
+    return _NAMES[model]
+
+
+def cost_key(target: Any, draft: Any, device: Any, dtype: Any, batch: int, cache: str) -> str:
+    return " | ".join((model_name(target), model_name(draft), str(device), str(dtype), f"batch<={batch_bucket(batch)}",
+                       cache))

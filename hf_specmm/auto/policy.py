@@ -1,0 +1,176 @@
+"""The shape of a round with the highest expected tokens per second.
+
+For every candidate shape s (a plain target step, a chain of γ, a tree (top_k, depth, N)):
+
+    tokens/s(s) = rows · (1 + E[accepted | s]) / (T_verify(kind, width(s)) + T_draft(s))
+
+with E[accepted] from the learned acceptance (:mod:`hf_specmm.auto.acceptance`) and the times from the measured
+costs (:mod:`hf_specmm.auto.costs`). A plain step has E = 0 and no drafting. Until every calibration shape of
+the cost key has been timed, rounds take those shapes in turn (real rounds: their tokens count).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..trees.expand import TreeShape
+from .acceptance import AcceptanceTable, chain_lengths, tree_lengths
+from .costs import CALIBRATION_SAMPLES, CostModel, CostTable
+
+TOP_KS = (2, 4, 8)
+TREE_NODES = (8, 16, 24, 32, 48, 64)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One round's shape: ``gamma`` 0 is a plain target step; with ``tree`` a draft tree (γ its depth)."""
+
+    gamma: int
+    tree: TreeShape | None = None
+
+    @property
+    def kind(self) -> str:
+        return "tree" if self.tree is not None else "chain"
+
+    @property
+    def width(self) -> int:
+        """Tokens the target verifies in the round's one forward."""
+        return 1 + (self.tree.tokens if self.tree is not None else self.gamma)
+
+    @property
+    def draft_label(self) -> str | None:
+        """The drafting cost's key (None: nothing drafted)."""
+        if self.tree is not None:
+            return f"tree:{self.tree.top_k},{self.tree.depth}"
+        return f"chain:{self.gamma}" if self.gamma else None
+
+    @property
+    def label(self) -> str:
+        if self.tree is not None:
+            return f"tree {self.tree.top_k},{self.tree.depth},{self.tree.tokens}"
+        return f"chain {self.gamma}" if self.gamma else "plain"
+
+
+PLAIN = Shape(0)
+
+
+def candidate_shapes(max_tokens: int, max_depth: int, plain: bool = True, trees: bool = True) -> list[Shape]:
+    """Plain, chains of γ 1..``max_depth`` (≤ ``max_tokens``), trees of top_k in :data:`TOP_KS`, depth
+    2..``max_depth`` and N in :data:`TREE_NODES` (≤ ``max_tokens``, ≤ the expansion's candidates, > top_k)."""
+    shapes = [PLAIN] if plain else []
+    shapes += [Shape(g) for g in range(1, min(max_depth, max_tokens) + 1)]
+    if trees:
+        for k in TOP_KS:
+            for depth in range(2, max_depth + 1):
+                for n in TREE_NODES:
+                    if k < n <= min(max_tokens, k + (depth - 1) * k * k):
+                        shapes.append(Shape(depth, TreeShape(k, depth, n)))
+    return shapes
+
+
+def calibration_shapes(max_tokens: int, max_depth: int, plain: bool = True, trees: bool = True) -> list[Shape]:
+    """The shapes timed first for a new cost key: block widths 1..65 over chains and trees, tree levels of width
+    2, 4 and 8 (the points the cost model interpolates between)."""
+    shapes = [PLAIN] if plain else []
+    shapes += [Shape(g) for g in (1, 2, 4, 8) if g <= min(max_depth, max_tokens)]
+    if trees:
+        for k, depth, n in ((2, 4, 8), (4, 4, 16), (4, 6, 32), (8, 6, 64)):
+            depth = min(depth, max_depth)
+            if depth >= 2 and n <= max_tokens and n <= k + (depth - 1) * k * k:
+                shapes.append(Shape(depth, TreeShape(k, depth, n)))
+    return shapes
+
+
+@dataclass
+class Choice:
+    shape: Shape
+    predicted_tokens_per_s: float | None  # None: a calibration round
+    expected_tokens: float  # per row: 1 + E[accepted]
+
+
+class CostAwarePolicy:
+    """Chooses each round's shape from the learned acceptance and the measured costs (see the module)."""
+
+    def __init__(self, max_tokens: int = 64, max_depth: int = 8, plain: bool = True, trees: bool = True):
+        self.max_tokens, self.max_depth = max_tokens, max_depth
+        #: what a round takes while the cost model cannot choose: a plain step, or a chain of 1 for a drafter
+        #: that cannot follow plain steps
+        self.fallback = PLAIN if plain else Shape(1)
+        self.shapes = candidate_shapes(max_tokens, max_depth, plain, trees)
+        self.calibration = calibration_shapes(max_tokens, max_depth, plain, trees)
+
+    def calibrating(self, costs: CostTable, room: int) -> Shape | None:
+        """The next calibration shape with the fewest timings that fits in ``room`` drafts (near max_length a
+        cut shape would be timed as another), or None once each has enough (or none fits)."""
+        counts = [(costs.samples(s.kind, s.width, s.draft_label), i) for i, s in enumerate(self.calibration)
+                  if s.gamma <= room]
+        fewest, index = min(counts) if counts else (CALIBRATION_SAMPLES, 0)
+        return self.calibration[index] if fewest < CALIBRATION_SAMPLES else None
+
+    def calibrated(self, costs: CostTable) -> bool:
+        return all(costs.samples(s.kind, s.width, s.draft_label) >= CALIBRATION_SAMPLES for s in self.calibration)
+
+    def expected_accepted(self, acceptance: AcceptanceTable) -> dict[Shape, float]:
+        """E[accepted drafts] of every candidate shape."""
+        p = acceptance.probabilities(self.max_depth, max(TOP_KS))
+        chains = chain_lengths(p, self.max_depth)
+        out: dict[Shape, float] = {}
+        by_k: dict[int, dict[tuple[int, int], float]] = {}
+        for s in self.shapes:
+            if s.tree is None:
+                out[s] = chains[s.gamma - 1] if s.gamma else 0.0
+                continue
+            k = s.tree.top_k
+            if k not in by_k:
+                by_k[k] = tree_lengths(p, k, self.max_depth, TREE_NODES)
+            out[s] = by_k[k][(s.tree.depth, s.tree.tokens)]
+        return out
+
+    def rank(self, acceptance: AcceptanceTable, costs: CostTable, rows: int) -> list[Choice]:
+        """Every candidate with a predicted cost, best first."""
+        choices = []
+        model = costs.model()
+        for shape, accepted in self.expected_accepted(acceptance).items():
+            seconds = round_time(model, shape)
+            if seconds is None or seconds <= 0:
+                continue
+            choices.append(Choice(shape, rows * (1.0 + accepted) / seconds, 1.0 + accepted))
+        choices.sort(key=lambda c: -c.predicted_tokens_per_s)
+        return choices
+
+
+def round_time(costs: CostTable | CostModel, shape: Shape) -> float | None:
+    """Predicted seconds of one round of ``shape`` (None while a part of it has no timing to go by)."""
+    verify = costs.verify_time(shape.kind, shape.width)
+    if shape.tree is not None:
+        draft = costs.tree_draft_time(shape.tree.top_k, shape.tree.depth)
+    else:
+        draft = costs.chain_draft_time(shape.gamma) if shape.gamma else 0.0
+    if verify is None or draft is None:
+        return None
+    return verify + draft
+
+
+class FixedPolicy:
+    """Rounds take the given shapes in turn (tests, and ``world-tau --profile``'s wide trees): no calibration,
+    no cost model; the acceptance is learned all the same."""
+
+    def __init__(self, shapes: Sequence[Shape | TreeShape | int]):
+        if not shapes:
+            raise ValueError("FixedPolicy needs at least one shape")
+        self.shapes = [s if isinstance(s, Shape) else Shape(s.depth, s) if isinstance(s, TreeShape) else Shape(int(s))
+                       for s in shapes]
+        self.index = 0
+
+    def next(self) -> Shape:
+        shape = self.shapes[self.index % len(self.shapes)]
+        self.index += 1
+        return shape
+
+
+@functools.lru_cache(maxsize=64)
+def cost_aware_policy(max_tokens: int, max_depth: int, plain: bool, trees: bool) -> CostAwarePolicy:
+    """The (stateless) policy of these options, built once."""
+    return CostAwarePolicy(max_tokens, max_depth, plain, trees)

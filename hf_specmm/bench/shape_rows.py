@@ -1,0 +1,83 @@
+"""The bench rows of shaped drafting: ``hf_specmm.Tree`` rows (``--tree``) and ``hf_specmm.Auto`` rows
+(``--auto``), each against plain timed in the same turns (see :mod:`.runner`)."""
+
+from __future__ import annotations
+
+import statistics
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .timing import target_step_costs
+
+if TYPE_CHECKING:
+    from .runner import BenchStep, OursMethod
+
+
+def tree_row(step: "BenchStep", name: str, timed: dict[str, Any], t1: float) -> dict[str, Any]:
+    """hf_specmm with ``hf_specmm.Tree`` around a kind's draft, against plain timed in the same turns. The
+    chain cost model (τ·T1/(Tv + γ·Td)) does not describe a tree round, so its columns are left out; Tv is
+    measured for the tree's width (N + 1 tokens in one target forward) beside T1."""
+    method = step.ours_tree[name]
+    stats, shape, new_tokens = method.stats, method.tree, step.batch * step.config.max_new_tokens
+    tv = target_step_costs(step.target, step.inputs, shape.tokens)["Tv"]
+    t_plain, (t_ours, ours) = timed["plain"][0], timed[f"ours_{name}"][:2]
+    acceptance = [st.acceptance_rate for st in stats if st.acceptance_rate is not None]
+    return {
+        "draft_kind": method.kind, "tree": f"{shape.top_k},{shape.depth},{shape.tokens}", "compiled": False,
+        "batch": step.batch, "gamma": shape.depth, "plain_tok_s": new_tokens / t_plain,
+        "ours_tok_s": new_tokens / t_ours, "speedup": t_plain / t_ours,
+        "tau": statistics.mean(st.round_block_efficiency for st in stats),
+        "tau_steady": statistics.mean(st.steady_block_efficiency for st in stats),
+        "rounds": statistics.mean(len(st.tokens_per_round) for st in stats),
+        "acceptance": statistics.mean(acceptance) if acceptance else None,
+        "tree_nodes": statistics.mean(st.tree_nodes_per_round or 0.0 for st in stats),
+        "accepted_depth": statistics.mean(st.mean_accepted_depth or 0.0 for st in stats),
+        "T1_ms": t1 * 1e3, "Tv_ms": tv * 1e3, "Tv_over_T1": tv / t1,
+        "decode_speedup": statistics.median(timed["plain"][3]) / statistics.median(timed[f"ours_{name}"][3]),
+        "lossless": bool(torch.equal(ours, step.plain)) if not step.config.do_sample else None,
+        "times_s": {key: timed[key][2] for key in ("plain", f"ours_{name}")},
+    }
+
+
+def calibrate_auto(step: "BenchStep", method: "OursMethod") -> int:
+    """Untimed calls of an Auto row until one runs without calibration rounds (its cost table is complete:
+    Auto measures costs once per process and key); returns how many it took."""
+    for calls in range(1, step.config.auto_calibration_calls + 1):
+        method()
+        if method.stats[-1].auto["calibration_rounds"] == 0:
+            break
+    method.stats.clear()
+    return calls
+
+def auto_row(step: "BenchStep", name: str, timed: dict[str, Any], calibration_calls: int) -> dict[str, Any]:
+    """hf_specmm with ``hf_specmm.Auto`` around a kind's draft, against plain timed in the same turns; the
+    shapes its timed calls took (rounds per shape) and its predicted / measured tokens per second."""
+    method = step.ours_auto[name]
+    stats, new_tokens = method.stats[-step.config.repeats:], step.batch * step.config.max_new_tokens
+    t_plain, (t_ours, ours) = timed["plain"][0], timed[f"ours_{name}"][:2]
+    acceptance = [st.acceptance_rate for st in stats if st.acceptance_rate is not None]
+    taken: dict[str, int] = {}
+    for st in stats:
+        for shape in st.auto["shapes"]:
+            taken[shape] = taken.get(shape, 0) + 1
+    predicted = [st.auto["predicted_tokens_per_s"] for st in stats if st.auto["predicted_tokens_per_s"]]
+    measured = [st.auto["measured_tokens_per_s"] for st in stats if st.auto["measured_tokens_per_s"]]
+    return {
+        "draft_kind": method.kind, "tree": "auto", "compiled": False, "batch": step.batch, "gamma": None,
+        "plain_tok_s": new_tokens / t_plain, "ours_tok_s": new_tokens / t_ours, "speedup": t_plain / t_ours,
+        "tau": statistics.mean(st.round_block_efficiency for st in stats),
+        "tau_steady": statistics.mean(st.steady_block_efficiency for st in stats),
+        "rounds": statistics.mean(len(st.tokens_per_round) for st in stats),
+        "acceptance": statistics.mean(acceptance) if acceptance else None,
+        "tree_nodes": statistics.mean(st.tree_nodes_per_round or 0.0 for st in stats),
+        "accepted_depth": statistics.mean(st.mean_accepted_depth or 0.0 for st in stats),
+        "auto_shapes": ", ".join(f"{s} ({n})" for s, n in sorted(taken.items(), key=lambda x: -x[1])[:4]),
+        "auto_predicted_tok_s": statistics.mean(predicted) if predicted else None,
+        "auto_measured_tok_s": statistics.mean(measured) if measured else None,
+        "auto_calibration_calls": calibration_calls,
+        "auto_acceptance": stats[-1].auto["acceptance"],
+        "decode_speedup": statistics.median(timed["plain"][3]) / statistics.median(timed[f"ours_{name}"][3]),
+        "lossless": bool(torch.equal(ours, step.plain)) if not step.config.do_sample else None,
+        "times_s": {key: timed[key][2] for key in ("plain", f"ours_{name}")},
+    }

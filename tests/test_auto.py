@@ -1,0 +1,294 @@
+"""``hf_specmm.Auto`` (issue 27): each round's shape chosen from measured costs and learned acceptance.
+
+Rounds that switch between plain steps, chains and trees within one call keep every draft kind's caches and
+pending tokens right (greedy output equal to plain generate, exact copies accepted along every drafted
+round's whole depth); sampling keeps the target's distribution (χ²); the acceptance table, the expected
+lengths, the cost interpolation and the policy's choice are checked on numbers worked by hand; options with
+no meaning are refused before any forward.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import hf_specmm
+from hf_specmm import testing
+from hf_specmm.auto import COSTS, AcceptanceTable, CostAwarePolicy, CostTable, chain_lengths, tree_lengths
+from hf_specmm.auto.acceptance import tree_observations
+from hf_specmm.auto.costs import interpolate
+from hf_specmm.auto.policy import PLAIN, Shape
+from hf_specmm.trees import DraftTree, TreeShape
+from conftest import batch_inputs, draft, target
+from eagle3_fixtures import lagged_head
+from test_sampling import ALPHA, chi2_homogeneity_pvalue, noisy_copy
+from test_trees_generate import exact_drafts, generate, sharp_target
+
+NEW = 16
+#: plain steps, chains and trees in turn, so every switch happens: plain→chain→tree→plain→plain→tree→tree→chain
+#: →chain→plain→chain
+ALTERNATING = (0, 3, TreeShape(2, 3, 5), 0, 0, TreeShape(3, 4, 10), TreeShape(2, 2, 3), 1, 2, 0, 4)
+
+
+@pytest.fixture(autouse=True)
+def _no_grad():
+    with torch.no_grad():
+        yield
+
+
+def assert_drafted_rounds_accept_everything(stats, name: str) -> None:
+    """Every row kept γ + 1 tokens in each drafted round (plain rounds: 1), but its last (EOS may cut it)."""
+    checked = 0
+    for row in zip(*stats.tokens_per_round):
+        live = [(kept, gamma) for kept, gamma in zip(row, stats.gammas) if kept > 0]
+        for kept, gamma in live[:-1]:
+            assert kept == gamma + 1, (name, stats.auto["shapes"], stats.tokens_per_round)
+            checked += gamma > 0
+    assert checked > 0, name
+
+
+@pytest.mark.parametrize("family", ("llava", "qwen2_5_vl"))
+@pytest.mark.parametrize("batch", (1, 3))
+def test_alternating_shapes_every_draft_kind_equal_plain_and_copies_accept_everything(family, batch):
+    model = sharp_target(family)
+    inputs = batch_inputs(family, batch)
+    text_inputs = batch_inputs(family, batch, with_images=False)
+    new = 24  # exact copies keep whole rounds: the 8 shapes below fit before max_new_tokens cuts one
+    plain = model.generate(**inputs, max_new_tokens=new, do_sample=False)
+    plain_text = model.generate(**text_inputs, max_new_tokens=new, do_sample=False)
+    for name, d in exact_drafts(family, model).items():
+        auto = hf_specmm.Auto(d, shapes=ALTERNATING)
+        out, stats = generate(model, inputs, max_new_tokens=new, assistant_model=auto)
+        assert torch.equal(out, plain), f"{family} {name}:\n{out}\n!=\n{plain}"
+        assert stats.auto["shapes"][:8] == ["plain", "chain 3", "tree 2,3,5", "plain", "plain", "tree 3,4,10",
+                                            "tree 2,2,3", "chain 1"]
+        if name in ("vlm", "feature_head"):  # they read the images: exact on image prompts too
+            assert_drafted_rounds_accept_everything(stats, f"{family} {name}")
+        out, stats = generate(model, text_inputs, max_new_tokens=new, assistant_model=auto)
+        assert torch.equal(out, plain_text), f"{family} {name} text:\n{out}\n!=\n{plain_text}"
+        assert_drafted_rounds_accept_everything(stats, f"{family} {name} text")
+    vocab = model.get_input_embeddings().weight.shape[0]
+    for head in (lagged_head(model), lagged_head(model, vocab // 2)):  # EAGLE-3: partial acceptance
+        out, stats = generate(model, inputs, max_new_tokens=new, assistant_model=hf_specmm.Auto(head, shapes=ALTERNATING))
+        assert torch.equal(out, plain), f"{family} eagle3:\n{out}\n!=\n{plain}"
+        assert stats.drafted_tokens > 0
+
+
+@pytest.mark.parametrize("family", ("llava", "gemma3"))
+def test_cost_aware_auto_equals_plain_and_learns_which_draft_is_useful(family):
+    """Four calls each with a useful and a useless draft: outputs equal plain's; the first call calibrates
+    (its first rounds time the calibration shapes) and the learned acceptance tells the two drafts apart."""
+    model = target(family)
+    inputs = batch_inputs(family, 3, with_images=False)
+    plain = model.generate(**inputs, max_new_tokens=24, do_sample=False)
+    COSTS.clear()
+    first_choice = {}
+    for kind in ("self", "random"):
+        auto = hf_specmm.Auto(draft(family, kind), max_tokens=8, max_depth=4)  # 5 calibration shapes
+        predicted = []
+        for call in range(4):
+            out, stats = generate(model, inputs, max_new_tokens=24, assistant_model=auto)
+            assert torch.equal(out, plain), f"{family} {kind} call {call}"
+            report = stats.auto
+            if report["shapes"] == ["plain generate"]:  # the call ran as plain generate (costs calibrated)
+                predicted.append(True)
+                continue
+            assert len(report["shapes"]) == len(stats.gammas) and report["cost_key"]
+            assert sum(s["rounds"] for s in report["per_shape"].values()) == len(stats.gammas)
+            if call == 0:
+                assert report["calibration_rounds"] > 0 and "plain" in report["shapes"]
+            predicted.append(report["predicted_tokens_per_s"] is not None and report["measured_tokens_per_s"] > 0)
+        first_choice[kind] = auto.acceptance(model).probabilities(1, 1)[0][0]
+        # the pair's acceptance is the process's: another Auto around the same draft starts from it
+        assert hf_specmm.Auto(draft(family, kind)).acceptance(model) is auto.acceptance(model)
+        # which shape pays is timing (benchmarks), not unit-test matter: the choice is tested on given costs below
+        assert any(predicted), kind
+    assert first_choice["self"] > 0.9 > 0.2 > first_choice["random"], first_choice
+
+
+def test_auto_sampling_matches_plain_sampling():
+    """χ² homogeneity per position between plain sampling and Auto's alternating plain / chain / tree rounds."""
+    family, rows, new = "llava", 600, 6
+    model = testing.tiny_target(family, seed=0, eos_bias=-30.0)
+    inputs = testing.make_inputs(family, testing.tiny_processor(family), ["what color is the circle ?"] * rows,
+                                 [testing.tiny_image(0)] * rows)
+    sampling = dict(do_sample=True, temperature=0.9, top_k=40, max_new_tokens=new)
+    torch.manual_seed(1)
+    plain = model.generate(**inputs, **sampling)[:, -new:]
+    auto = hf_specmm.Auto(noisy_copy(model), shapes=(TreeShape(3, 2, 5), 0, 1))
+    hf_specmm.enable(model)
+    try:
+        torch.manual_seed(2)
+        ours = model.generate(**inputs, **sampling, assistant_model=auto)
+        stats = hf_specmm.last_stats(model)
+    finally:
+        hf_specmm.disable(model)
+    assert stats.accepted_tokens > 0 and {"tree 3,2,5", "plain", "chain 1"} <= set(stats.auto["shapes"])
+    vocab = model.config.get_text_config().vocab_size
+    for position in range(new):
+        p, stat, dof = chi2_homogeneity_pvalue(plain[:, position], ours[:, -new + position], vocab)
+        assert p > ALPHA, f"position {position}: χ²={stat:.1f} dof={dof} p={p:.2e}"
+    assert auto.acceptance(model, sampling=True).trials[0][0] > 0 and auto.acceptance(model).trials[0][0] == 0
+
+
+def test_acceptance_table_counts_hazards_by_depth_and_rank():
+    table = AcceptanceTable(depth=4, ranks=3)
+    for _ in range(200):
+        table.observe_chain([2], [3])  # depth 1, 2 accepted, depth 3 rejected
+    p = table.probabilities(4, 3)
+    assert p[0][0] > 0.97 and p[1][0] > 0.97 and p[2][0] < 0.05
+    # a tree: the root's 3 children tried, rank 1 accepted; that node's 2 children both rejected
+    tree = AcceptanceTable(depth=4, ranks=3)
+    for _ in range(300):
+        tree.observe_tree([1], [[3, 2]], [[1, 0]])
+    h = [tree.hazard(1, r) for r in range(3)]
+    assert h[0] < 0.05 and h[1] > 0.95 and tree.hazard(2, 0) < 0.05 and tree.hazard(2, 1) < 0.05
+    assert tree.trials[0][2] == 0  # rank 2 was never tried: the search stopped at rank 1
+
+
+def test_tree_observations_read_children_and_ranks_along_the_path():
+    # root 0 -> children 1, 2 (ranks 0, 1); node 2 -> children 3, 4; node 4 invalid
+    tree = DraftTree.from_parents(torch.tensor([[9, 1, 2, 3, 4]]), torch.tensor([[-1, 0, 0, 2, 2]]),
+                                  valid=torch.tensor([[True, True, True, True, False]]))
+    counts, ranks = tree_observations(tree, torch.tensor([2]), torch.tensor([[0, 2, 3]]))
+    assert counts == [[2, 1, 0]] and ranks[0][:2] == [1, 0]
+
+
+def test_expected_lengths_of_chains_and_trees():
+    p = [[0.5, 0.3], [0.5, 0.3]]
+    assert chain_lengths(p, 2) == pytest.approx([0.5, 0.75])
+    # K=1 trees are chains; K=2 depth 2 with all 2 + 4 nodes: 0.5 + 0.3 + (0.5 + 0.3)·(0.5 + 0.3)
+    assert tree_lengths(p, 1, 2, [2])[(2, 2)] == pytest.approx(0.75)
+    values = tree_lengths(p, 2, 2, [3, 6])
+    assert values[(2, 6)] == pytest.approx(0.8 + 0.8 * 0.8) and values[(2, 3)] == pytest.approx(0.5 + 0.3 + 0.25)
+
+
+def test_cost_interpolation_and_the_policy_choice():
+    assert interpolate({1: 1.0, 9: 2.0}, 5) == pytest.approx(1.5)
+    assert interpolate({1: 1.0, 9: 2.0}, 17) == pytest.approx(3.0)
+    assert interpolate({4: 1.0}, 16) == 1.0
+
+    def costs(verify_slope: float, step: float) -> CostTable:
+        table = CostTable()
+        for kind in ("chain", "tree"):
+            for w in (1, 2, 3, 5, 9, 17, 33, 65):
+                table.add(kind, w, None, 0.0, 1.0 + verify_slope * (w - 1))
+        for g in (1, 2, 4, 8):
+            table.add("chain", g + 1, f"chain:{g}", step * g, 1.0 + verify_slope * g)
+        for k, d in ((2, 4), (4, 4), (4, 6), (8, 6)):
+            table.add("tree", 1, f"tree:{k},{d}", step * d, 1.0)
+        return table
+
+    policy = CostAwarePolicy(max_tokens=64, max_depth=8)
+    good, useless, ranked = AcceptanceTable(), AcceptanceTable(), AcceptanceTable()
+    for _ in range(400):
+        good.observe_chain([8], [8])
+        useless.observe_chain([0], [8])
+        ranked.observe_tree([3], [[4, 4, 4, 4]], [[1, 1, 1]])  # the target's token is the draft's 2nd choice
+    # a cheap draft, a flat verification (a GPU): the full depth (a tree's extra nodes are free there); a
+    # verification that grows with width (a CPU): the chain; a useless draft: plain steps
+    assert policy.rank(good, costs(0.0, 0.02), 1)[0].shape.gamma == 8
+    assert policy.rank(good, costs(0.05, 0.02), 1)[0].shape == Shape(8)
+    assert policy.rank(useless, costs(0.0, 0.02), 1)[0].shape == PLAIN
+    # a draft as costly as the target: plain steps even when it is always right
+    assert policy.rank(good, costs(0.0, 1.0), 1)[0].shape == PLAIN
+    # the 2nd choice right: only trees gain, and only where wide verification is cheap
+    assert policy.rank(ranked, costs(0.0, 0.02), 1)[0].shape.tree is not None
+    assert policy.rank(ranked, costs(1.0, 0.02), 1)[0].shape == PLAIN
+
+
+def test_costs_file_round_trip(tmp_path):
+    model = target("llava")
+    inputs = batch_inputs("llava", 1, with_images=False)
+    path = tmp_path / "costs.json"
+    COSTS.clear()
+    auto = hf_specmm.Auto(draft("llava", "self"), max_tokens=8, max_depth=3, costs_file=path)
+    for _ in range(3):  # the calibration ends within these calls; the file is written then
+        generate(model, inputs, max_new_tokens=16, assistant_model=auto)
+    saved = json.loads(path.read_text())
+    (key, table), = saved.items()
+    assert "batch<=1" in key and table["verify"]["chain"]["1"] and table["draft"]["chain:1"]
+    COSTS.clear()
+    again = hf_specmm.Auto(draft("llava", "self"), max_tokens=8, max_depth=3, costs_file=path)
+    _, stats = generate(model, inputs, max_new_tokens=16, assistant_model=again)
+    assert stats.auto["calibration_rounds"] == 0  # the loaded costs need no calibration
+    path.write_text("{not json")
+    COSTS.clear()
+    with pytest.raises(ValueError, match="not valid JSON"):
+        generate(model, inputs, max_new_tokens=4, assistant_model=hf_specmm.Auto(draft("llava", "self"), costs_file=path))
+
+
+def test_options_with_no_auto_meaning_are_refused_before_any_forward():
+    model = target("llava")
+    inputs = batch_inputs("llava", 2)
+    auto = hf_specmm.Auto(draft("llava", "self"))
+    calls = []
+    handle = model.register_forward_pre_hook(lambda *a: calls.append(1))
+    hf_specmm.enable(model)
+    try:
+        for extra, named in ((dict(assistant_confidence_threshold=0.4), "assistant_confidence_threshold"),
+                             (dict(num_assistant_tokens_schedule="heuristic"), "num_assistant_tokens_schedule"),
+                             (dict(num_assistant_tokens=5), "num_assistant_tokens=5"),
+                             (dict(cache_implementation="static"), "cache_implementation='static'")):
+            with pytest.raises(hf_specmm.UnsupportedGenerationError, match=named):
+                model.generate(**inputs, max_new_tokens=4, assistant_model=auto, **extra)
+        fixed = hf_specmm.Auto(draft("llava", "self"), shapes=[TreeShape(2, 2, 3)])
+        with pytest.raises(hf_specmm.UnsupportedGenerationError, match="tree"):
+            model.generate(**inputs, max_new_tokens=4, assistant_model=fixed, return_dict_in_generate=True,
+                           output_hidden_states=True)
+        assert calls == []
+    finally:
+        handle.remove()
+        hf_specmm.disable(model)
+    for bad, match in ((dict(max_tokens=0), "max_tokens"), (dict(prior=[[0.8, 0.5]]), "sum"),
+                       (dict(shapes=[TreeShape(8, 3, 64)], max_tokens=32), "max_tokens")):
+        with pytest.raises(ValueError, match=match):
+            hf_specmm.Auto(draft("llava", "self"), **bad)
+    with pytest.raises(ValueError, match="already"):
+        hf_specmm.Auto(hf_specmm.Tree(draft("llava", "self"), 2, 2, 3))
+
+
+def test_hidden_states_outputs_take_chains_and_plain_steps_only():
+    model = target("llava")
+    inputs = batch_inputs("llava", 2)
+    kwargs = dict(max_new_tokens=12, return_dict_in_generate=True, output_scores=True, output_hidden_states=True)
+    plain = model.generate(**inputs, do_sample=False, **kwargs)
+    COSTS.clear()
+    auto = hf_specmm.Auto(draft("llava", "self"), max_tokens=16)
+    out, stats = generate(model, inputs, assistant_model=auto, **kwargs)
+    assert torch.equal(out.sequences, plain.sequences)
+    assert not any(s.startswith("tree") for s in stats.auto["shapes"]) and "chain 1" in stats.auto["shapes"]
+
+
+def test_a_kind_without_trees_or_plain_steps_takes_chains_only():
+    """A plugin kind's drafter without tree drafting nor ``follow``: fixed shapes that need them are refused
+    before any forward; the cost-aware policy keeps to chains."""
+    from hf_specmm.drafts import registry
+    from test_trees_generate import _ChainOnlyDraft, _ChainOnlyDrafter
+
+    model = target("llava")
+    d = testing.text_draft_from_target(model)
+    d.__class__ = type("ChainOnlyLlama", (_ChainOnlyDraft, type(d)), {})
+    kind = registry.DraftKind(name="chain_only_auto", title="chain only", drafter=_ChainOnlyDrafter,
+                              claims=lambda m: isinstance(m, _ChainOnlyDraft), priority=60, loads=lambda config: None,
+                              training_view=lambda m, vocab, stage: _ChainOnlyDrafter(m, vocab),
+                              param_groups=lambda m, stage, cfg: [])
+    hf_specmm.register_draft_kind(kind)
+    calls = []
+    handle = model.register_forward_pre_hook(lambda *a: calls.append(1))
+    hf_specmm.enable(model)
+    try:
+        for shapes, named in (([0], "plain"), ([TreeShape(2, 2, 3)], "tree")):
+            with pytest.raises(hf_specmm.UnsupportedGenerationError, match=named):
+                model.generate(**batch_inputs("llava", 2), max_new_tokens=4,
+                               assistant_model=hf_specmm.Auto(d, shapes=shapes))
+        assert calls == []
+        budget = hf_specmm.Auto(d).budget(model, 2, False, "dynamic", trees=False, plain=False,
+                                          device=torch.device("cpu"))
+        assert all(s.tree is None and s.gamma > 0 for s in budget.policy.shapes + budget.policy.calibration)
+    finally:
+        handle.remove()
+        hf_specmm.disable(model)
+        registry.unregister_draft_kind("chain_only_auto")

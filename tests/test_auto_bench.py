@@ -1,0 +1,104 @@
+"""``hf_specmm.Auto`` in the bench (issue 27): rank-aware controlled acceptance (``--acceptance-profile``) and
+``--auto`` rows; a call that plain generate's own loop wins runs as plain generate. Timing numbers are not
+asserted (speed is measured with the CLI)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import hf_specmm
+from hf_specmm import cli
+from hf_specmm.auto import COSTS
+from hf_specmm.auto.acceptance import read_profile
+from hf_specmm.bench import BenchConfig, run_benchmark
+from conftest import batch_inputs, draft, target
+from test_trees_generate import generate
+
+
+def test_profile_rank_zero_is_the_chain_alpha_and_trees_gain_from_lower_ranks():
+    """A profile [[α]] draws the same hits as --acceptance α (a chain's τ equal); with mass at rank 1 a tree's
+    τ exceeds the chain of its depth, as the profile's expected lengths say; every row lossless."""
+    common = dict(preset="tiny", gammas=[3], batch_sizes=[2], max_new_tokens=40, repeats=1, warmup=0, stock=False)
+    alpha = run_benchmark(BenchConfig(acceptance=0.7, **common), progress=False)["rows"][0]
+    flat = run_benchmark(BenchConfig(acceptance_profile=[[0.7]], **common), progress=False)["rows"][0]
+    assert flat["tau"] == pytest.approx(alpha["tau"]) and flat["expected_tau"] == pytest.approx(alpha["expected_tau"])
+    ranked = run_benchmark(BenchConfig(acceptance_profile=[[0.5, 0.4], [0.5, 0.4], [0.5, 0.4]], trees=[[2, 3, 10]],
+                                       auto=True, auto_max_tokens=16, **common), progress=False)["rows"]
+    chain, tree, auto = ranked
+    assert chain.get("tree") is None and tree["tree"] == "2,3,10" and auto["tree"] == "auto"
+    assert tree["tau"] > chain["tau"] + 0.5, (tree["tau"], chain["tau"])
+    assert all(row["lossless"] is True for row in ranked)
+    assert auto["auto_shapes"] and auto["auto_calibration_calls"] >= 1
+    learned = auto["auto_acceptance"]  # the profile, learned back from the rounds
+    assert abs(learned[0][0] - 0.5) < 0.2 and abs(learned[0][1] - 0.4) < 0.2, learned
+
+
+def test_profile_argument_numbers_and_files(tmp_path, capsys):
+    assert read_profile("0.8,0.1;0.7") == [[0.8, 0.1], [0.7]]
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"draft": "text_only", "profile": [[0.6, 0.2]]}))
+    assert read_profile(str(path)) == [[0.6, 0.2]]
+    for bad in ("0.8,0.5", "abc", str(tmp_path / "missing.json")):
+        with pytest.raises(SystemExit) as info:
+            cli.main(["bench", "--preset", "tiny", "--acceptance-profile", bad, "--out", str(tmp_path)])
+        assert info.value.code == 2
+        assert "--acceptance-profile" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--preset", "tiny", "--acceptance-profile", "0.5", "--acceptance", "0.5",
+                  "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match="acceptance and acceptance_profile"):
+        run_benchmark(BenchConfig(preset="tiny", acceptance=0.5, acceptance_profile=[[0.5]]), progress=False)
+
+
+def test_a_call_plain_generate_wins_runs_as_plain_generate():
+    """Once plain generate's own step is measured faster than any round shape, calls run stock's loop without
+    the draft (the output is plain generate's); every plain_gap-th call still runs speculatively."""
+    model = target("llava")
+    inputs = batch_inputs("llava", 2, with_images=False)
+    plain = model.generate(**inputs, max_new_tokens=12, do_sample=False)
+    COSTS.clear()
+    auto = hf_specmm.Auto(draft("llava", "random"), max_tokens=8, max_depth=3)
+    while True:  # calibrate
+        out, stats = generate(model, inputs, max_new_tokens=12, assistant_model=auto)
+        if stats.auto["calibration_rounds"] == 0 and stats.auto["shapes"] != ["plain generate"]:
+            break
+    (table,) = COSTS.tables.values()
+    measured = list(table.stock)
+    table.stock_step_time = lambda: 1e-9  # plain generate's step measured (as) free: nothing drafted can beat it
+    table_of_pair = auto.acceptance(model)
+    table_of_pair.plain_calls, table_of_pair.plain_gap = 0, 8  # whatever the calibration calls left
+    shapes = []
+    for _ in range(9):
+        out, stats = generate(model, inputs, max_new_tokens=12, assistant_model=auto)
+        assert torch.equal(out, plain)
+        shapes.append(stats.auto["shapes"][0] if stats.auto["shapes"] == ["plain generate"] else "speculative")
+    assert shapes == ["plain generate"] * 7 + ["speculative", "plain generate"], shapes
+    assert table.stock != measured and all(t > 0 for t in table.stock)  # the plain calls' steps were timed
+
+
+def test_a_call_whose_rounds_would_all_be_plain_steps_runs_as_plain_generate():
+    """Where the loop would take plain steps only (a useless draft), plain generate's own loop does the same
+    cheaper: the call runs as plain generate however slow its step was once measured (noise must not keep the
+    loop's costlier plain steps)."""
+    model = target("llava")
+    inputs = batch_inputs("llava", 1, with_images=False)
+    plain = model.generate(**inputs, max_new_tokens=12, do_sample=False)
+    COSTS.clear()
+    auto = hf_specmm.Auto(draft("llava", "random"), max_tokens=8, max_depth=3)
+    for _ in range(8):  # calibrate
+        generate(model, inputs, max_new_tokens=12, assistant_model=auto)
+    (table,) = COSTS.tables.values()
+    for kind, widths in table.verify.items():  # costs that grow with width and drafting (no timing noise)
+        for width in widths:
+            widths[width] = [0.01 * width] * 3
+    for label in table.draft:
+        table.draft[label] = [0.01] * 3
+    table.version += 1
+    table.stock_step_time = lambda: 1e3  # plain generate's step measured (as) very slow
+    pair = auto.acceptance(model)
+    pair.plain_calls, pair.plain_gap = 0, 8
+    out, stats = generate(model, inputs, max_new_tokens=12, assistant_model=auto)
+    assert torch.equal(out, plain) and stats.auto["shapes"] == ["plain generate"]
