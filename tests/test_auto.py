@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import hf_specmm
+from hf_specmm.drafts import registry
 from hf_specmm import testing
 from hf_specmm.auto import COSTS, AcceptanceTable, CostAwarePolicy, CostTable, chain_lengths, tree_lengths
 from hf_specmm.auto.acceptance import tree_observations
@@ -265,16 +266,10 @@ def test_hidden_states_outputs_take_chains_and_plain_steps_only():
 def test_a_kind_without_trees_or_plain_steps_takes_chains_only():
     """A plugin kind's drafter without tree drafting nor ``follow``: fixed shapes that need them are refused
     before any forward; the cost-aware policy keeps to chains."""
-    from hf_specmm.drafts import registry
-    from test_trees_generate import _ChainOnlyDraft, _ChainOnlyDrafter
+    from test_trees_generate import chain_only_draft
 
     model = target("llava")
-    d = testing.text_draft_from_target(model)
-    d.__class__ = type("ChainOnlyLlama", (_ChainOnlyDraft, type(d)), {})
-    kind = registry.DraftKind(name="chain_only_auto", title="chain only", drafter=_ChainOnlyDrafter,
-                              claims=lambda m: isinstance(m, _ChainOnlyDraft), priority=60, loads=lambda config: None,
-                              training_view=lambda m, vocab, stage: _ChainOnlyDrafter(m, vocab),
-                              param_groups=lambda m, stage, cfg: [])
+    d, kind = chain_only_draft(model, "chain_only_auto")
     hf_specmm.register_draft_kind(kind)
     calls = []
     handle = model.register_forward_pre_hook(lambda *a: calls.append(1))

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import hf_specmm
+from hf_specmm.drafts import registry
 from hf_specmm import testing
 from conftest import batch_inputs, draft, target, refused_kind
 from test_sampling import ALPHA, chi2_homogeneity_pvalue, noisy_copy
@@ -281,16 +282,21 @@ class _ChainOnlyDraft(torch.nn.Module):
     pass
 
 
-def test_a_kind_that_cannot_draft_trees_is_refused_before_any_forward():
-    from hf_specmm.drafts import registry
-
-    model = target("llava")
+def chain_only_draft(model, name: str):
+    """A copy of ``model``'s text LM claimed by a plugin kind ``name`` whose drafter drafts chains only; returns
+    the draft and the kind (to register)."""
     d = testing.text_draft_from_target(model)
     d.__class__ = type("ChainOnlyLlama", (_ChainOnlyDraft, type(d)), {})
-    kind = registry.DraftKind(name="chain_only", title="chain only", drafter=_ChainOnlyDrafter,
+    kind = registry.DraftKind(name=name, title="chain only", drafter=_ChainOnlyDrafter,
                               claims=lambda m: isinstance(m, _ChainOnlyDraft), priority=60, loads=lambda config: None,
                               training_view=lambda m, vocab, stage: _ChainOnlyDrafter(m, vocab),
                               param_groups=lambda m, stage, cfg: [])
+    return d, kind
+
+
+def test_a_kind_that_cannot_draft_trees_is_refused_before_any_forward():
+    model = target("llava")
+    d, kind = chain_only_draft(model, "chain_only")
     hf_specmm.register_draft_kind(kind)
     calls = []
     handle = model.register_forward_pre_hook(lambda *a: calls.append(1))
