@@ -34,7 +34,7 @@ from .margins import apply_margin_rule
 from .presets_gemma4 import GEMMA4_PRESETS, build_gemma4_preset
 from .presets_qwen import QWEN_PRESETS, build_qwen_preset
 from .presets_qwen3_5 import QWEN3_5_PRESETS, build_qwen3_5_preset
-from .shapes import random_weights
+from .shapes import left_padded, random_weights
 
 
 @dataclass
@@ -145,13 +145,7 @@ def synthetic_inputs(preset: Preset, batch: int, prompt_tokens: int, seed: int =
     for i in range(batch):
         text = torch.randint(3, preset.text_vocab, (max(prompt_tokens - 3 * i, 4),), generator=gen).tolist()
         rows.append([1] + [preset.image_token_id] * n_image + text)
-    width = max(map(len, rows))
-    pad = target.generation_config.pad_token_id
-    ids = torch.full((batch, width), pad, dtype=torch.long)
-    mask = torch.zeros(batch, width, dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, width - len(row):] = torch.tensor(row)
-        mask[i, width - len(row):] = 1
+    ids, mask = left_padded(rows, target.generation_config.pad_token_id)
     inputs = {"input_ids": ids, "attention_mask": mask}
     if with_image:
         inputs["pixel_values"] = torch.randn(batch, 3, vision.image_size, vision.image_size, generator=gen)

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from .. import _compat
-from .shapes import random_weights
+from .shapes import left_padded, random_weights
 
 GEMMA4_PRESETS = ("gemma4-e2b-shape", "tiny-gemma4") if _compat.GEMMA4_SUPPORTED else ()
 _MAX_SOFT_TOKENS = 280  # Gemma4ImageProcessor's default budget
@@ -83,12 +83,7 @@ def gemma4_inputs(preset: Any, batch: int, prompt_tokens: int, seed: int = 0, wi
         text = torch.randint(first_text, preset.text_vocab, (max(prompt_tokens - 3 * i, 4),), generator=gen).tolist()
         image = [config.boi_token_id] + [config.image_token_id] * n_image + [config.eoi_token_id]
         rows.append([config.get_text_config().bos_token_id] + (image if with_image else []) + text)
-    width = max(map(len, rows))
-    ids = torch.full((batch, width), int(target.generation_config.pad_token_id), dtype=torch.long)
-    mask = torch.zeros(batch, width, dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, width - len(row):] = torch.tensor(row)
-        mask[i, width - len(row):] = 1
+    ids, mask = left_padded(rows, int(target.generation_config.pad_token_id))
     inputs = {"input_ids": ids, "attention_mask": mask, "mm_token_type_ids": (ids == config.image_token_id).long()}
     if with_image:
         inputs["pixel_values"], inputs["image_position_ids"] = pixels, positions

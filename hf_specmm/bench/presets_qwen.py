@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2Config, Qwen2ForCausalLM
 
-from .shapes import random_weights
+from .shapes import left_padded, random_weights
 
 QWEN_PRESETS = ("qwen2.5-vl-7b-shape", "tiny-qwen2.5-vl")
 # upstream ids (Qwen2.5 tokenizer): text ids below 151643, then <|endoftext|>, ..., vision markers and pads
@@ -69,12 +69,7 @@ def qwen_inputs(preset: Any, batch: int, prompt_tokens: int, seed: int = 0, with
         text = torch.randint(0, preset.text_vocab, (max(prompt_tokens - 3 * i, 4),), generator=gen).tolist()
         image = [config.vision_start_token_id] + [config.image_token_id] * n_image + [config.vision_end_token_id]
         rows.append((image if with_image else []) + text)
-    width = max(map(len, rows))
-    ids = torch.full((batch, width), int(target.generation_config.pad_token_id), dtype=torch.long)
-    mask = torch.zeros(batch, width, dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, width - len(row):] = torch.tensor(row)
-        mask[i, width - len(row):] = 1
+    ids, mask = left_padded(rows, int(target.generation_config.pad_token_id))
     inputs = {"input_ids": ids, "attention_mask": mask, "mm_token_type_ids": (ids == config.image_token_id).long()}
     if with_image:
         patch = 3 * vision.temporal_patch_size * vision.patch_size ** 2

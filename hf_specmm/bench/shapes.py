@@ -1,4 +1,5 @@
-"""Random-weight models in the shapes of published checkpoints, for the bench presets."""
+"""Random-weight models in the shapes of published checkpoints, and their left-padded synthetic prompts, for the bench
+presets."""
 
 from __future__ import annotations
 
@@ -17,3 +18,14 @@ def random_weights(model_class: type, config: Any, dtype: torch.dtype, device: s
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = pad_token_id
     return model
+
+
+def left_padded(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``input_ids`` and ``attention_mask`` [len(rows), longest] of the token rows, left-padded with ``pad_id``."""
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), int(pad_id), dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row):] = torch.tensor(row)
+        mask[i, width - len(row):] = 1
+    return ids, mask
