@@ -401,26 +401,3 @@ def test_training_options_are_checked_before_any_forward(target_dir, mixed_data,
         train_draft(base_config(target_dir, root, data=data, output_dir=str(tmp_path / "b"), draft_kind="dflash",
                                 target_layers=[0, 9]))
     assert calls["n"] == 0
-
-
-def test_load_draft_reads_the_speculators_dflash_layout_as_data(tmp_path):
-    """``load_draft(path)`` routes a speculators ``dflash`` folder to its importer (no checkpoint code runs, an
-    ``auto_map`` to a module that raises is never followed); mismatches are refused before any forward."""
-    import json
-
-    from hf_specmm.drafts.dflash import save_speculators_dflash
-
-    model = target("muse_glimmer")
-    draft = dflash(model, target_layer_ids=[0, 1])
-    folder = save_speculators_dflash(draft, tmp_path / "spec", model, verifier="org/tiny-muse-glimmer")
-    config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "auto_map": {"AutoModel": "code.Model"}}))
-    (folder / "code.py").write_text("raise RuntimeError('checkpoint code was executed')\n")
-    loaded = hf_specmm.load_draft(folder, target=model)
-    assert hf_specmm.kind_of(loaded).name == "dflash"
-    assert all(torch.equal(a, b) for a, b in zip(draft.state_dict().values(), loaded.state_dict().values()))
-    assert hf_specmm.kind_of(hf_specmm.load_draft(folder)).name == "dflash"  # its target is optional here
-    (folder / "config.json").write_text(json.dumps({**config, "sample_from_anchor": True}))
-    with count_forwards() as calls, pytest.raises(IncompatibleDraftError, match="sample_from_anchor"):
-        hf_specmm.load_draft(folder, target=model)
-    assert calls["n"] == 0

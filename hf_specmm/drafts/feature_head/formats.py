@@ -220,8 +220,8 @@ def import_head(folder: str | Path, target: PreTrainedModel | None, name: str | 
             raise DraftLoadError(f"{name}: config.json sets both norm_before_fc and fc_norm, which speculators refuses "
                                  "too (one norm over the fused features, or one per captured layer)")
         if raw.get("target_hidden_size") not in (None, raw["transformer_layer_config"].get("hidden_size")):
-            raise DraftLoadError(f"{name} uses target_hidden_size={raw['target_hidden_size']} (a target wider than the "
-                                 "head), which hf_specmm's EAGLE-3 head does not implement")
+            raise DraftLoadError(f"{name} uses target_hidden_size={raw['target_hidden_size']} (a target of another width "
+                                 "than the head), which hf_specmm's EAGLE-3 head does not implement")
         layer = dict(raw["transformer_layer_config"])
         aux = raw.get("eagle_aux_hidden_state_layer_ids")
         norm_before_residual = bool(raw.get("norm_before_residual", False))

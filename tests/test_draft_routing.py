@@ -1,12 +1,15 @@
-"""A drafter class no registered kind claims (a base model with no LM head, transformers' Gemma 4 assistant,
-which reads its target's shared KV states) is refused before any forward, naming the kinds that exist, as
-``assistant_model=`` and through ``load_draft``; a kind registered for such a class claims it."""
+"""Which kind reads what: ``load_draft(path)`` routes another library's layout (speculators ``dflash``) to the
+kind that imports it, as data; a drafter class no registered kind claims (a base model with no LM head,
+transformers' Gemma 4 assistant, which reads its target's shared KV states) is refused before any forward,
+naming the kinds that exist, as ``assistant_model=`` and through ``load_draft``; a kind registered for such a
+class claims it."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+import torch
 from transformers import BertConfig, BertModel, Gemma4AssistantConfig, Gemma4AssistantForCausalLM, Gemma4TextConfig
 
 import hf_specmm
@@ -14,6 +17,7 @@ from hf_specmm.drafts import registry
 from hf_specmm.drafts.text_only import TextOnlyDrafter
 from hf_specmm.errors import DraftLoadError, IncompatibleDraftError
 from conftest import batch_inputs, target
+from test_dflash import dflash
 from test_train import count_forwards
 
 KINDS = "the registered kinds are dflash, eagle3, feature_head, image_adapter, vlm, text_only"
@@ -88,3 +92,24 @@ def test_a_speculators_type_no_kind_imports_is_refused_naming_the_readers(tmp_pa
     with pytest.raises(DraftLoadError, match="speculators 'mtp' checkpoint, which no hf_specmm draft kind imports "
                                              r"\(the kinds that read other libraries' layouts: dflash, eagle3;"):
         hf_specmm.load_draft(folder)
+
+
+def test_load_draft_reads_the_speculators_dflash_layout_as_data(tmp_path):
+    """``load_draft(path)`` routes a speculators ``dflash`` folder to its importer (no checkpoint code runs, an
+    ``auto_map`` to a module that raises is never followed); mismatches are refused before any forward."""
+    from hf_specmm.drafts.dflash import save_speculators_dflash
+
+    model = target("muse_glimmer")
+    draft = dflash(model, target_layer_ids=[0, 1])
+    folder = save_speculators_dflash(draft, tmp_path / "spec", model, verifier="org/tiny-muse-glimmer")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "auto_map": {"AutoModel": "code.Model"}}))
+    (folder / "code.py").write_text("raise RuntimeError('checkpoint code was executed')\n")
+    loaded = hf_specmm.load_draft(folder, target=model)
+    assert hf_specmm.kind_of(loaded).name == "dflash"
+    assert all(torch.equal(a, b) for a, b in zip(draft.state_dict().values(), loaded.state_dict().values()))
+    assert hf_specmm.kind_of(hf_specmm.load_draft(folder)).name == "dflash"  # its target is optional here
+    (folder / "config.json").write_text(json.dumps({**config, "sample_from_anchor": True}))
+    with count_forwards() as calls, pytest.raises(IncompatibleDraftError, match="sample_from_anchor"):
+        hf_specmm.load_draft(folder, target=model)
+    assert calls["n"] == 0
