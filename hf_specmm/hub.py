@@ -227,8 +227,10 @@ def load_draft(repo_or_path: str | Path, *, target: PreTrainedModel | None = Non
     ``trust_remote_code`` (default False) reaches every loader: a checkpoint whose config needs its own Python
     files is refused unless it is True, and nothing is ever asked on the terminal (docs/security.md). ``target``:
     checked now (and needed for EAGLE-3 drafts saved by vLLM's ``speculators`` or by SGLang / SpecForge
-    (``LlamaForCausalLMEagle3``), detected from their config.json read as data). Other keyword arguments go to
-    the draft class's ``from_pretrained`` (``revision``, ``token``, ``dtype``, ``device_map``, ...).
+    (``LlamaForCausalLMEagle3``)). Checkpoints in another library's layout (those two, and ``speculators``'
+    ``dflash``) are detected from their config.json read as data and imported by the draft kind that reads them
+    (``DraftKind.imports``); a model class no kind claims is refused, naming the kinds. Other keyword arguments
+    go to the draft class's ``from_pretrained`` (``revision``, ``token``, ``dtype``, ``device_map``, ...).
 
     >>> draft = hf_specmm.load_draft("org/my-llava-draft")  # doctest: +SKIP
     >>> eagle3 = hf_specmm.load_draft("org/qwen2.5-vl-eagle3", target=model)  # doctest: +SKIP
