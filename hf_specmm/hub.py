@@ -20,8 +20,7 @@ from transformers import CONFIG_MAPPING, AutoConfig, PreTrainedModel
 
 from . import _compat
 from .drafts.checkpoints import read_config_json, weight_files
-from .drafts.feature_head.formats import checkpoint_format
-from .drafts.registry import check_checkpoint_config, kind_of, loading_class
+from .drafts.registry import check_checkpoint_config, draft_kinds, get_kind, importer_for, kind_of, loading_class
 from .errors import DraftLoadError, SpecMMError, check_strict_load
 
 
@@ -202,20 +201,16 @@ def _check_remote_code(raw: dict, config_file: Path, trust_remote_code: bool) ->
                          "load_draft(..., trust_remote_code=True), after reading that code.")
 
 
-def _import_engine_checkpoint(name: str, folder: Path, layout: str, target: Any, hub_kwargs: dict) -> PreTrainedModel:
-    from .drafts.feature_head.formats import import_head
-
-    if target is None:
-        raise DraftLoadError(f"{name} is an EAGLE-3 draft in the {layout} layout: it reads its target's hidden states "
-                             "and embedding, so load it with its target: hf_specmm.load_draft(path, target=model)")
+def _import_engine_checkpoint(name: str, folder: Path, importer: Any, target: Any, hub_kwargs: dict) -> PreTrainedModel:
+    """A checkpoint in another library's layout, read by the importer of the kind that claims its config.json."""
     if not looks_local(name):  # every safetensors file of the repo next to the cached config.json
         from huggingface_hub import list_repo_files
 
         for file in list_repo_files(name, revision=hub_kwargs.get("revision"), token=hub_kwargs.get("token")):
             if file.endswith(".safetensors"):
                 folder = Path(_compat.hub_file(name, file, **hub_kwargs)).parent
-    _check_weight_files(folder, f"{layout} EAGLE-3 checkpoint {name}")
-    return import_head(folder, target, name).eval()
+    _check_weight_files(folder, f"checkpoint {name}")
+    return importer(folder, target, name).eval()
 
 
 _HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only")
@@ -232,8 +227,10 @@ def load_draft(repo_or_path: str | Path, *, target: PreTrainedModel | None = Non
     ``trust_remote_code`` (default False) reaches every loader: a checkpoint whose config needs its own Python
     files is refused unless it is True, and nothing is ever asked on the terminal (docs/security.md). ``target``:
     checked now (and needed for EAGLE-3 drafts saved by vLLM's ``speculators`` or by SGLang / SpecForge
-    (``LlamaForCausalLMEagle3``), detected from their config.json read as data). Other keyword arguments go to
-    the draft class's ``from_pretrained`` (``revision``, ``token``, ``dtype``, ``device_map``, ...).
+    (``LlamaForCausalLMEagle3``)). Checkpoints in another library's layout (those two, and ``speculators``'
+    ``dflash``) are detected from their config.json read as data and imported by the draft kind that reads them
+    (``DraftKind.imports``); a model class no kind claims is refused, naming the kinds. Other keyword arguments
+    go to the draft class's ``from_pretrained`` (``revision``, ``token``, ``dtype``, ``device_map``, ...).
 
     >>> draft = hf_specmm.load_draft("org/my-llava-draft")  # doctest: +SKIP
     >>> eagle3 = hf_specmm.load_draft("org/qwen2.5-vl-eagle3", target=model)  # doctest: +SKIP
@@ -253,9 +250,14 @@ def load_draft(repo_or_path: str | Path, *, target: PreTrainedModel | None = Non
         raise DraftLoadError(f"No draft at local path {name!r}: {folder.resolve()} {what} (a saved draft is a "
                              "folder with config.json and model.safetensors). For a Hub repo pass 'org/name'.")
     raw = None if config_file is None else read_config_json(config_file)
-    layout = None if raw is None else checkpoint_format(raw)
-    if layout is not None:  # an EAGLE-3 draft in vLLM's speculators or SGLang's layout
-        return _import_engine_checkpoint(name, config_file.parent, layout, target, hub_kwargs)
+    importer = None if raw is None else importer_for(raw)
+    if importer is not None:  # another library's layout (vLLM's speculators, SGLang), read as data by its kind
+        return _import_engine_checkpoint(name, config_file.parent, importer, target, hub_kwargs)
+    if raw is not None and raw.get("speculators_model_type") is not None:
+        readers = [k for k in draft_kinds() if get_kind(k).imports is not None]
+        raise DraftLoadError(f"{config_file}: a speculators {raw['speculators_model_type']!r} checkpoint, which no "
+                             f"hf_specmm draft kind imports (the kinds that read other libraries' layouts: "
+                             f"{', '.join(readers)}; all kinds: {', '.join(draft_kinds())})")
     if looks_local(name):
         _check_weight_files(Path(name).expanduser(), f"local draft folder {Path(name).expanduser().resolve()}")
     if raw is not None:
@@ -288,6 +290,7 @@ def load_draft(repo_or_path: str | Path, *, target: PreTrainedModel | None = Non
         raise DraftLoadError(f"draft checkpoint {name}: its config.json describes a {cls.__name__} that cannot be "
                              f"built or loaded from its weights ({type(err).__name__}: {err})") from err
     check_strict_load(info, f"draft checkpoint {name}")
+    kind = kind_of(model)  # a class no draft kind claims is refused now, naming the kinds
     if target is not None:  # checked now, before any forward (generate checks it again)
-        kind_of(model).drafter.check(target, model)
+        kind.drafter.check(target, model)
     return model.eval()

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..errors import DraftLoadError, IncompatibleDraftError
+
 if TYPE_CHECKING:
     from ..drafter import Drafter
     from ..vocab import VocabMap
@@ -53,6 +55,10 @@ class DraftKind:
             step, not γ (the bench's cost model).
         target_vocab_size: ``(draft, target) -> rows`` for kinds that score with the target's LM head (no
             vocabulary of their own): the vocabulary they propose from. None: the draft's own LM head's.
+        imports: ``(config.json as a dict) -> importer or None``: for a checkpoint in another library's layout
+            (vLLM's ``speculators``, SGLang) that this kind reads, ``importer(folder, target, name) -> draft``,
+            which reads it as data (no code of the checkpoint runs) and refuses mismatches before any forward.
+            None: the kind reads only checkpoints ``from_pretrained`` loads.
     """
 
     name: str
@@ -71,6 +77,7 @@ class DraftKind:
     check_config: Callable[[dict, str], None] | None = None
     target_vocab_size: Callable[[Any, Any], int] | None = None
     block_drafter: bool = False
+    imports: Callable[[dict], Callable[..., Any] | None] | None = None
 
 
 _KINDS: dict[str, DraftKind] = {}
@@ -101,11 +108,15 @@ def get_kind(name: str) -> DraftKind:
 
 
 def kind_of(draft: Any) -> DraftKind:
-    """The kind of a draft object: the highest-priority kind that claims it."""
+    """The kind of a draft object: the highest-priority kind that claims it (an
+    :class:`~hf_specmm.errors.IncompatibleDraftError` naming the registered kinds when none does)."""
     for name in draft_kinds():
         if _KINDS[name].claims(draft):
             return _KINDS[name]
-    raise ValueError(f"no registered draft kind claims a {type(draft).__name__}")
+    raise IncompatibleDraftError(
+        f"no hf_specmm draft kind takes a {type(draft).__name__} as assistant_model; the registered kinds are "
+        f"{', '.join(draft_kinds())} (docs/draft-kinds.md: each kind's models; a new kind registers with "
+        "hf_specmm.drafts.register_draft_kind)")
 
 
 def loading_class(config: Any) -> type:
@@ -114,7 +125,19 @@ def loading_class(config: Any) -> type:
         cls = _KINDS[name].loads(config)
         if cls is not None:
             return cls
-    raise ValueError(f"no registered draft kind loads a {type(config).__name__}")
+    raise DraftLoadError(f"no hf_specmm draft kind loads a {type(config).__name__} (model_type "
+                         f"{getattr(config, 'model_type', None)!r}); the registered kinds are {', '.join(draft_kinds())} "
+                         "(docs/draft-kinds.md)")
+
+
+def importer_for(raw: dict) -> Callable[..., Any] | None:
+    """The importer of the highest-priority kind that reads this config.json (another library's layout), or None."""
+    for name in draft_kinds():
+        reads = _KINDS[name].imports
+        importer = None if reads is None else reads(raw)
+        if importer is not None:
+            return importer
+    return None
 
 
 def check_checkpoint_config(raw: dict, source: str) -> None:

@@ -53,6 +53,8 @@ DFLASH = register_draft_kind(DraftKind(
     card_rows=_card_rows,
     target_vocab_size=target_vocab_size,
     block_drafter=True,
+    # speculators' dflash layout, read as data (a transformers without the class has no drafter to read it into)
+    imports=lambda raw: load_speculators_dflash if DFLASH_CLASSES and is_speculators_dflash(raw) else None,
 ))
 
 __all__ = ["DFLASH", "DFLASH_CLASSES", "DFlashDrafter", "dflash_config_for", "dflash_draft_for", "is_dflash_draft",

@@ -8,6 +8,7 @@ output is index i + 1, so they are our ``target_layer_ids`` + 1), ``draft_vocab_
 ``MuseGlimmerAssistantModel``'s), ``fc`` / ``hidden_norm`` (our ``encoder.fc`` / ``encoder.output_norm_enc``),
 ``norm``, and the verifier's frozen ``lm_head`` (``embed_tokens``, ``verifier_*``, ``d2t`` / ``t2d`` may be
 absent). What our drafter cannot reproduce exactly is refused before any forward, naming the field.
+``hf_specmm.load_draft(path)`` reads such a folder through :func:`load_speculators_dflash` (the kind's ``imports``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ...errors import DraftLoadError, IncompatibleDraftError
+from ..checkpoints import read_config_json, weight_files
 from .modeling import DFLASH_CLASSES, check_target
 
 _RENAMES = {"fc.weight": "encoder.fc.weight", "hidden_norm.weight": "encoder.output_norm_enc.weight"}
@@ -40,6 +42,8 @@ def _refuse(path: Any, why: str) -> None:
 
 def _draft_config(config: dict, path: Any) -> Any:
     layer = config.get("transformer_layer_config") or {}
+    if not isinstance(layer, dict):
+        raise DraftLoadError(f"{path}: config.json's transformer_layer_config must be a JSON object, got {layer!r}")
     if config.get("sample_from_anchor"):
         _refuse(path, "has sample_from_anchor=True (it also proposes at the anchor position: block_size drafts); "
                       "transformers' DFlash drafters propose block_size - 1, after the anchor.")
@@ -67,34 +71,38 @@ def _draft_config(config: dict, path: Any) -> Any:
         bos_token_id=None, eos_token_id=None, pad_token_id=None)
 
 
-def load_speculators_dflash(path: str | Path, target: Any = None) -> Any:
+def load_speculators_dflash(path: str | Path, target: Any = None, name: str | None = None) -> Any:
     """A ``MuseGlimmerAssistantModel`` from a local speculators ``dflash`` folder (strict: a missing or unknown
-    weight is a :class:`~hf_specmm.errors.DraftLoadError`; checked against ``target`` when given)."""
+    weight is a :class:`~hf_specmm.errors.DraftLoadError`; checked against ``target`` when given). ``name``: how
+    errors name the checkpoint (default: the folder)."""
     folder = Path(path)
-    config = json.loads((folder / "config.json").read_text())
+    where = name or str(folder)
+    config = read_config_json(folder / "config.json")
     if not is_speculators_dflash(config):
-        raise DraftLoadError(f"{folder} is not a speculators dflash checkpoint (speculators_model_type "
+        raise DraftLoadError(f"{where} is not a speculators dflash checkpoint (speculators_model_type "
                              f"{config.get('speculators_model_type')!r})")
-    draft_config = _draft_config(config, folder)
-    weights = load_file(folder / "model.safetensors")
+    draft_config = _draft_config(config, where)
+    weights: dict[str, torch.Tensor] = {}
+    for file in weight_files(folder, f"speculators dflash checkpoint {where}"):
+        weights.update(load_file(file))
     state = {_RENAMES.get(k, k): v for k, v in weights.items() if k not in _FROM_TARGET}
     fc = state.get("encoder.fc.weight")
     if fc is not None and fc.shape[1] != len(draft_config.target_layer_ids) * draft_config.hidden_size:
-        _refuse(folder, f"fuses {fc.shape[1] // draft_config.hidden_size} target layers but lists "
+        _refuse(where, f"fuses {fc.shape[1] // draft_config.hidden_size} target layers but lists "
                         f"{len(draft_config.target_layer_ids)} in aux_hidden_state_layer_ids (the verifier's last layer "
                         "implied, as speculators' converter leaves it); list every layer it reads.")
     model = DFLASH_CLASSES[0](draft_config)
     expected = set(model.state_dict())
     missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
     if missing or unexpected:
-        raise DraftLoadError(f"speculators dflash checkpoint {folder}: missing weights {missing}, unexpected {unexpected}")
+        raise DraftLoadError(f"speculators dflash checkpoint {where}: missing weights {missing}, unexpected {unexpected}")
     model.load_state_dict(state, strict=True)
     head = weights.get("lm_head.weight")
     if target is not None:
         check_target(target, model)
         rows = target.get_output_embeddings().weight
         if head is not None and (head.shape != rows.shape or not torch.equal(head.to(rows), rows)):
-            raise IncompatibleDraftError(f"The speculators dflash checkpoint {folder} carries another verifier's LM head "
+            raise IncompatibleDraftError(f"The speculators dflash checkpoint {where} carries another verifier's LM head "
                                          f"({tuple(head.shape)}) than {type(target).__name__}'s ({tuple(rows.shape)}).")
     return model.eval()
 

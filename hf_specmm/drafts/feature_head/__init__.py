@@ -12,6 +12,7 @@ from .configuration import FeatureHeadDraftConfig
 from .drafter import FeatureHeadDrafter
 from .eagle3 import Eagle3FeatureHead, Eagle3HeadConfig
 from .eagle3_drafter import Eagle3Drafter
+from .formats import checkpoint_format, import_head
 from .losses import eagle3_loss, feature_head_loss
 from .modeling import FeatureHeadDraft, target_fingerprint
 from .validation import check_head_config
@@ -96,6 +97,7 @@ EAGLE3 = register_draft_kind(DraftKind(
     build=_build_eagle3,
     loss=eagle3_loss,
     check_config=check_head_config,
+    imports=lambda raw: import_head if checkpoint_format(raw) is not None else None,  # speculators / SGLang layouts
 ))
 
 

@@ -7,6 +7,12 @@ middle, high) and fuses them::
     g_{t+1} = layers([norm_e(emb(x_{t+1})); norm_h(h_t)], residual h_t)        (pre-norm output, fed back)
     logits_{t+1} = lm_head(norm(g_{t+1}))  over the draft vocabulary, mapped to target ids by ``d2t``
 
+Three options of ``speculators`` 0.9 (config fields of the same names, off by default) change that:
+``norm_before_fc`` normalises the fused input first, ``fc(input_norm([a; b; c]))`` (one RMSNorm over all 3H,
+gpt-oss style); ``fc_norm`` normalises each captured layer on its own, ``fc([n_a(a); n_b(b); n_c(c)])``
+(the two are exclusive); ``norm_output`` (EAGLE 3.1) feeds the *normed* output back, g = norm(layers(...)),
+and the LM head reads g as it is.
+
 While drafting, the next step's h is the head's own g (no ``fc``): a feature of width 3H goes through
 ``fc``, one of width H is already fused. The draft vocabulary is the ``draft_vocab_size`` target ids the
 head may propose (the most frequent ones of the training answers); ``d2t[i]`` is the offset of draft id i
@@ -104,6 +110,10 @@ class Eagle3HeadConfig(FeatureHeadDraftConfig):
         aux_layers: the target decoder layers whose inputs are fused (``eagle_aux_hidden_state_layer_ids``).
         draft_vocab_size: rows of the head's LM head.
         norm_before_residual: the first layer's residual is the normed feature (else the raw one).
+        norm_before_fc: one RMSNorm (``input_norm``, k·H wide) over the concatenated target features before ``fc``.
+        fc_norm: an RMSNorm per target layer (``fc_norm.<i>``, H wide) before the concatenation (not with
+            ``norm_before_fc``).
+        norm_output: the head's output is normed (``norm``) before it is fed back and read by the LM head.
         target_num_layers: decoder layers of the target it was made for (checked when attached).
     """
 
@@ -112,8 +122,12 @@ class Eagle3HeadConfig(FeatureHeadDraftConfig):
 
     def __init__(self, layer_config: dict | PretrainedConfig | None = None, aux_layers: list[int] | None = None,
                  draft_vocab_size: int | None = None, norm_before_residual: bool = False,
-                 target_num_layers: int | None = None, **kwargs: Any):
+                 target_num_layers: int | None = None, norm_before_fc: bool = False, fc_norm: bool = False,
+                 norm_output: bool = False, **kwargs: Any):
         super().__init__(**kwargs)
+        if norm_before_fc and fc_norm:  # speculators refuses the pair too: one norm over all, or one per layer
+            raise ValueError("norm_before_fc and fc_norm are exclusive: one RMSNorm over the fused features, or one "
+                             "per target layer")
         if isinstance(layer_config, dict):
             layer_config = LlamaConfig(**{k: v for k, v in layer_config.items() if k != "model_type"})
         elif layer_config is None:
@@ -122,6 +136,7 @@ class Eagle3HeadConfig(FeatureHeadDraftConfig):
         self.aux_layers = list(aux_layers) if aux_layers is not None else None  # None: a bare config, no head
         self.draft_vocab_size = int(draft_vocab_size or layer_config.vocab_size)
         self.norm_before_residual = bool(norm_before_residual)
+        self.norm_before_fc, self.fc_norm, self.norm_output = bool(norm_before_fc), bool(fc_norm), bool(norm_output)
         self.target_num_layers = target_num_layers
 
 
@@ -173,11 +188,15 @@ class Eagle3FeatureHead(FeatureHeadDraft):
             raise ValueError(f"an EAGLE-3 head's hidden size ({hidden}) must be its target's "
                              f"({config.text_config.hidden_size}): it reads the target's token embeddings")
         self.fc = nn.Linear(len(config.aux_layers) * hidden, hidden, bias=False)
+        # speculators' names (input_norm, fc_norm.<i>): its checkpoints load with every key checked
+        self.input_norm = LlamaRMSNorm(self.fc.in_features, eps=layer.rms_norm_eps) if config.norm_before_fc else None
+        self.fc_norm = nn.ModuleList([LlamaRMSNorm(hidden, eps=layer.rms_norm_eps) for _ in config.aux_layers]) \
+            if config.fc_norm else None
         self.body = eagle3_body(config.text_config, layer)  # positions, rotary, masks of the target's family
         self.body.layers = nn.ModuleList(
             [Eagle3FirstLayer(layer, config.norm_before_residual)]
             + [LlamaDecoderLayer(layer, i) for i in range(1, layer.num_hidden_layers)])
-        self.body.norm = nn.Identity()  # the pre-norm output is fed back; ``norm`` is applied for the logits
+        self.body.norm = nn.Identity()  # ``norm`` is the head's: for the logits, or on the output (norm_output)
         self.norm = LlamaRMSNorm(hidden, eps=layer.rms_norm_eps)
         self.lm_head = nn.Linear(hidden, config.draft_vocab_size, bias=False)
         vocab = int(layer.vocab_size)
@@ -221,14 +240,22 @@ class Eagle3FeatureHead(FeatureHeadDraft):
         """Target features [.., k·H] through ``fc``; the head's own features [.., H] as they are."""
         dtype = self.fc.weight.dtype
         features = features.to(device=self.fc.weight.device, dtype=dtype)
-        return features if features.shape[-1] == self.fc.out_features else self.fc(features)
+        if features.shape[-1] == self.fc.out_features:
+            return features
+        if self.input_norm is not None:
+            features = self.input_norm(features)
+        if self.fc_norm is not None:
+            parts = features.chunk(len(self.fc_norm), dim=-1)
+            features = torch.cat([norm(part) for norm, part in zip(self.fc_norm, parts)], -1)
+        return self.fc(features)
 
     def forward(self, features: torch.Tensor, inputs_embeds: torch.Tensor | None = None,
                 input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, cache: Any = None, use_cache: bool = False,
                 logits_to_keep: int = 0, **kwargs: Any) -> FeatureHeadOutput:
         """``features`` [B, k, 3H] (target layers' inputs, concatenated) or [B, k, H] (the head's own
-        pre-norm outputs), the next tokens as ``inputs_embeds`` or ``input_ids`` -> pre-norm outputs g."""
+        outputs), the next tokens as ``inputs_embeds`` or ``input_ids`` -> outputs g (pre-norm; normed with
+        ``norm_output``): what the next step reads as its feature."""
         if cache is None:  # the name before transformers 5.24
             cache = kwargs.pop("past_key_values", None)
         if inputs_embeds is None:
@@ -238,12 +265,15 @@ class Eagle3FeatureHead(FeatureHeadDraft):
         out = self.body(inputs_embeds=joined, attention_mask=attention_mask, position_ids=position_ids,
                         **_compat.cache_kwargs(cache), use_cache=use_cache, **kwargs)
         hidden = out.last_hidden_state
+        if self.config.norm_output:  # EAGLE 3.1: the normed state is fed back (and the LM head reads it as is)
+            hidden = self.norm(hidden)
         logits = self.lm_logits(hidden[:, -logits_to_keep:]) if logits_to_keep else None
         return FeatureHeadOutput(hidden_states=hidden, logits=logits, cache=_compat.output_cache(out))
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[.., Vd] logits over the draft vocabulary."""
-        return self.lm_head(self.norm(hidden.to(device=self.fc.weight.device, dtype=self.fc.weight.dtype)))
+        """[.., Vd] logits over the draft vocabulary of :meth:`forward`'s outputs."""
+        hidden = hidden.to(device=self.fc.weight.device, dtype=self.fc.weight.dtype)
+        return self.lm_head(hidden if self.config.norm_output else self.norm(hidden))
 
     def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[.., V] target-vocabulary logits: the draft vocabulary's at their target ids, -inf elsewhere."""
@@ -284,10 +314,12 @@ class Eagle3FeatureHead(FeatureHeadDraft):
     @classmethod
     def for_target(cls, target: PreTrainedModel, num_layers: int = 1, target_name: str | None = None,
                    aux_layers: list[int] | None = None, draft_vocab_size: int | None = None,
-                   norm_before_residual: bool = False, **kwargs: Any) -> "Eagle3FeatureHead":
+                   norm_before_residual: bool = False, norm_before_fc: bool = False, fc_norm: bool = False,
+                   norm_output: bool = False, **kwargs: Any) -> "Eagle3FeatureHead":
         """A randomly initialised EAGLE-3 head for ``target``: ``aux_layers`` (default
         :func:`default_aux_layers`), ``draft_vocab_size`` rows (default: the whole vocabulary; the first
-        ids until :meth:`select_draft_vocab`), ``num_layers`` decoder layers."""
+        ids until :meth:`select_draft_vocab`), ``num_layers`` decoder layers; the norm options as
+        :class:`Eagle3HeadConfig` describes them."""
         if kwargs.pop("variant", "eagle3") != "eagle3" or kwargs:
             raise ValueError(f"Eagle3FeatureHead.for_target: unexpected arguments {sorted(kwargs)}")
         fields = head_config_fields(target, num_layers, target_name, kind="eagle3")
@@ -310,7 +342,8 @@ class Eagle3FeatureHead(FeatureHeadDraft):
             raise ValueError(f"draft_vocab_size={draft_vocab_size!r}: an integer between 1 and the target's {vocab} ids")
         config = Eagle3HeadConfig(layer_config=layer_config_for(text, num_layers, vocab).to_dict(),
                                   aux_layers=[int(k) for k in aux], draft_vocab_size=size,
-                                  norm_before_residual=norm_before_residual, target_num_layers=depth, **fields)
+                                  norm_before_residual=norm_before_residual, target_num_layers=depth,
+                                  norm_before_fc=norm_before_fc, fc_norm=fc_norm, norm_output=norm_output, **fields)
         return cls(config).to_target_device(target)
 
     def save_pretrained(self, save_directory: Any, *args: Any, format: str = "hf_specmm", **kwargs: Any) -> None:

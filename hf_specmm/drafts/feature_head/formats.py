@@ -6,13 +6,16 @@ Two published layouts hold the same tensors under different names:
   ``config.json`` with ``speculators_model_type: "eagle3"``, ``transformer_layer_config`` (a Llama config;
   its ``vocab_size`` is the target's), ``draft_vocab_size``, ``norm_before_residual``,
   ``eagle_aux_hidden_state_layer_ids`` (index k = the input of target layer k) and ``speculators_config``
-  (algorithm, proposal methods, verifier); tensors ``fc.weight``, ``layers.<i>.*``, ``norm.weight``,
-  ``lm_head.weight``, ``d2t`` (int64 [Vd], target id = draft id + d2t) and ``t2d`` (bool [V]).
+  (algorithm, proposal methods, verifier), and the norm options of ``speculators`` 0.9 (``norm_before_fc``,
+  ``fc_norm``, ``norm_output``: see :mod:`.eagle3`); tensors ``fc.weight``, ``layers.<i>.*``, ``norm.weight``,
+  ``lm_head.weight``, ``d2t`` (int64 [Vd], target id = draft id + d2t) and ``t2d`` (bool [V]), plus
+  ``input_norm.weight`` (``norm_before_fc``) or ``fc_norm.<i>.weight`` (``fc_norm``, one per captured layer).
 - SGLang / SpecForge's ``LlamaForCausalLMEagle3``: a flat Llama ``config.json`` (``architectures``,
   ``draft_vocab_size``, ``rope_scaling`` with ``mrope_section`` for Qwen-VL targets, optional
   ``eagle_config.eagle_aux_hidden_state_layer_ids`` counted as *outputs* of layer k, i.e. ours - 1);
   tensors ``midlayer.*`` (the first layer), ``additional_layers.<i-1>.*`` (layers after it: their pre-attention
-  norm is ``hidden_norm``), ``fc.weight``, ``norm.weight``, ``lm_head.weight``, ``d2t``, ``t2d``.
+  norm is ``hidden_norm``), ``fc.weight``, ``norm.weight``, ``lm_head.weight``, ``d2t``, ``t2d``; none of the
+  norm options above (a head that uses one is exported to ``speculators`` only).
 
 Import reads ``config.json`` as JSON data (an ``auto_map`` pointing at the checkpoint's own Python files is
 never followed) and tensors from safetensors only; the head is checked against the target (hidden size,
@@ -39,17 +42,17 @@ from ...errors import DraftLoadError, IncompatibleDraftError
 from ..checkpoints import read_config_json, weight_files
 from .eagle3 import Eagle3FeatureHead, Eagle3HeadConfig, default_aux_layers
 from .modeling import head_config_fields
-from .validation import check_engine_config, check_tensor_shapes, check_vocab_maps
+from .validation import NORM_FLAGS, check_engine_config, check_tensor_shapes, check_vocab_maps
 
 FORMATS = ("speculators", "sglang")
 SGLANG_ARCHITECTURE = "LlamaForCausalLMEagle3"
-# speculators options this head does not implement (refused on import rather than silently ignored)
-_UNSUPPORTED_FLAGS = ("norm_before_fc", "fc_norm", "norm_output")
+# the tensors a flag adds, as speculators names them (a key flagged but absent, or present unflagged, is refused)
+_FLAG_TENSORS = {"norm_before_fc": r"^input_norm\.", "fc_norm": r"^fc_norm\."}
 
 
 def checkpoint_format(config: dict[str, Any]) -> str | None:
     """``"speculators"`` / ``"sglang"`` for an EAGLE-3 checkpoint's config.json (as data), else None."""
-    if config.get("speculators_model_type") is not None:
+    if config.get("speculators_model_type") == "eagle3":
         return "speculators"
     if SGLANG_ARCHITECTURE in (config.get("architectures") or []):
         return "sglang"
@@ -121,6 +124,7 @@ def export_head(head: Eagle3FeatureHead, save_directory: str | Path, layout: str
             "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
             "transformer_layer_config": layer, "draft_vocab_size": config.draft_vocab_size,
             "norm_before_residual": config.norm_before_residual, "target_hidden_size": None,
+            **{flag: getattr(config, flag) for flag in NORM_FLAGS},
             "eagle_aux_hidden_state_layer_ids": list(config.aux_layers),
             "speculators_config": {
                 "algorithm": "eagle3", "default_proposal_method": "greedy",
@@ -128,8 +132,9 @@ def export_head(head: Eagle3FeatureHead, save_directory: str | Path, layout: str
                 "verifier": {"name_or_path": config.target, "architectures": [config.target_class] if config.target_class else []}},
         }
     else:
-        if config.norm_before_residual:
-            raise ValueError("SGLang's LlamaForCausalLMEagle3 has no norm_before_residual: export this head with "
+        used = [flag for flag in ("norm_before_residual", *NORM_FLAGS) if getattr(config, flag)]
+        if used:
+            raise ValueError(f"SGLang's LlamaForCausalLMEagle3 has no {', '.join(used)}: export this head with "
                              "format='speculators'")
         tensors = {_sglang_name(k): v for k, v in state.items()}
         out = {**layer, "architectures": [SGLANG_ARCHITECTURE], "draft_vocab_size": config.draft_vocab_size,
@@ -179,26 +184,44 @@ def _check_shapes(name: str, layer: dict[str, Any], draft_vocab: int, aux: list[
                                      f"{type(target).__name__}: its " + "; its ".join(problems) + ".")
 
 
-def import_head(folder: str | Path, target: PreTrainedModel, name: str | None = None) -> Eagle3FeatureHead:
+def _check_flag_tensors(flags: dict[str, bool], tensors: dict[str, torch.Tensor], name: str) -> None:
+    """The norms a flag adds are in the weights exactly when config.json sets it (before any weight is used)."""
+    for flag, pattern in _FLAG_TENSORS.items():
+        keys = sorted(k for k in tensors if re.match(pattern, k))
+        if flags[flag] and not keys:
+            wanted = "input_norm.weight" if flag == "norm_before_fc" else "fc_norm.<i>.weight (one per captured layer)"
+            raise DraftLoadError(f"{name}: config.json sets {flag}=true, but the weights hold no {wanted}")
+        if keys and not flags[flag]:
+            raise DraftLoadError(f"{name}: the weights hold {keys}, which only {flag}=true uses, but config.json does "
+                                 f"not set {flag}: a checkpoint whose config and weights disagree is not guessed at")
+
+
+def import_head(folder: str | Path, target: PreTrainedModel | None, name: str | None = None) -> Eagle3FeatureHead:
     """Read a ``speculators`` or SGLang EAGLE-3 checkpoint folder as an :class:`Eagle3FeatureHead` for
     ``target`` (strict: every tensor used, none missing; the target's embedding, if stored, must be the
     target's)."""
     folder = Path(folder)
     name = name or str(folder)
     raw = read_config_json(folder / "config.json")
+    if raw.get("speculators_model_type") not in (None, "eagle3"):
+        raise DraftLoadError(f"{name} is a speculators {raw['speculators_model_type']!r} checkpoint, not an EAGLE-3 "
+                             "one (speculators_model_type 'eagle3'): load it with hf_specmm.load_draft(path)")
     layout = checkpoint_format(raw)
     if layout is None:
         raise DraftLoadError(f"{name}: config.json is neither a speculators nor an SGLang EAGLE-3 config")
+    if target is None:
+        raise DraftLoadError(f"{name} is an EAGLE-3 draft in the {layout} layout: it reads its target's hidden states "
+                             "and embedding, so load it with its target: hf_specmm.load_draft(path, target=model)")
     check_engine_config(raw, layout, f"{folder / 'config.json'}")
+    flags = {flag: bool(raw.get(flag)) for flag in NORM_FLAGS}
     depth = int(target.config.get_text_config().num_hidden_layers)
     if layout == "speculators":
-        if raw["speculators_model_type"] != "eagle3":
-            raise DraftLoadError(f"{name} is a speculators {raw['speculators_model_type']!r} checkpoint; hf_specmm "
-                                 "imports speculators_model_type 'eagle3'")
-        flags = [f for f in _UNSUPPORTED_FLAGS if raw.get(f)]
-        if flags or raw.get("target_hidden_size") not in (None, raw["transformer_layer_config"].get("hidden_size")):
-            raise DraftLoadError(f"{name} uses {flags or ['target_hidden_size']}, which hf_specmm's EAGLE-3 head "
-                                 "does not implement")
+        if flags["norm_before_fc"] and flags["fc_norm"]:
+            raise DraftLoadError(f"{name}: config.json sets both norm_before_fc and fc_norm, which speculators refuses "
+                                 "too (one norm over the fused features, or one per captured layer)")
+        if raw.get("target_hidden_size") not in (None, raw["transformer_layer_config"].get("hidden_size")):
+            raise DraftLoadError(f"{name} uses target_hidden_size={raw['target_hidden_size']} (a target of another width "
+                                 "than the head), which hf_specmm's EAGLE-3 head does not implement")
         layer = dict(raw["transformer_layer_config"])
         aux = raw.get("eagle_aux_hidden_state_layer_ids")
         norm_before_residual = bool(raw.get("norm_before_residual", False))
@@ -207,12 +230,17 @@ def import_head(folder: str | Path, target: PreTrainedModel, name: str | None = 
         ids = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
         aux = None if ids is None else [int(k) + 1 for k in ids]  # SGLang counts layer outputs
         norm_before_residual = False
+        used = [flag for flag, on in flags.items() if on]
+        if used:  # SGLang's LlamaForCausalLMEagle3 defines none of them: not read as speculators' without evidence
+            raise DraftLoadError(f"{name}: an SGLang EAGLE-3 config with {used}, which hf_specmm reads from the "
+                                 "speculators layout only (speculators_model_type 'eagle3')")
     aux = [int(k) for k in aux] if aux is not None else [2, depth // 2, depth - 3]  # the engines' default
     draft_vocab = int(raw.get("draft_vocab_size") or layer["vocab_size"])
     _check_shapes(name, layer, draft_vocab, aux, target)
     read, origin = _read_tensors(folder, name)
     tensors = {_ours_from(k, layout): v for k, v in read.items()}
     files = {_ours_from(k, layout): f"{f} ({k})" for k, f in origin.items()}
+    _check_flag_tensors(flags, tensors, f"{name} ({layout} layout)")
     stored_embed = tensors.pop("embed_tokens.weight", None)
     if stored_embed is not None:
         own = target.get_input_embeddings().weight
@@ -231,7 +259,7 @@ def import_head(folder: str | Path, target: PreTrainedModel, name: str | None = 
     layer_fields["rope_parameters"] = {k: v for k, v in rope.items() if not k.startswith("mrope") and k != "type"}
     layer_fields["rope_parameters"].setdefault("rope_type", "default")
     config = Eagle3HeadConfig(layer_config=layer_fields, aux_layers=aux, draft_vocab_size=draft_vocab,
-                              norm_before_residual=norm_before_residual,
+                              norm_before_residual=norm_before_residual, **flags,
                               target_num_layers=(raw.get("hf_specmm") or {}).get("target_num_layers"), **fields)
     head = Eagle3FeatureHead(config)
     if "d2t" not in tensors and draft_vocab == int(layer["vocab_size"]):  # a full-vocabulary head may omit the maps

@@ -19,6 +19,8 @@ EAGLE3_HEAD_TYPE = "hf_specmm_eagle3_head"
 HEAD_TYPES = (FEATURE_HEAD_TYPE, EAGLE3_HEAD_TYPE)
 # the fields of a decoder config every head reads (its width, depth, vocabulary, attention heads)
 LAYER_FIELDS = ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads")
+# speculators 0.9's norm options (Eagle3HeadConfig's fields of the same names): true, false or absent
+NORM_FLAGS = ("norm_before_fc", "fc_norm", "norm_output")
 
 
 def _fail(source: str, field: str, message: str) -> DraftLoadError:
@@ -114,6 +116,9 @@ def check_engine_config(raw: dict[str, Any], layout: str, source: str) -> None:
         checked_int_list(ids, field, source, low=low)
     if raw.get("draft_vocab_size") is not None:
         checked_int(raw["draft_vocab_size"], "draft_vocab_size", source, low=1, high=layer["vocab_size"])
+    for flag in NORM_FLAGS:
+        if raw.get(flag) is not None and not isinstance(raw[flag], bool):
+            raise _fail(source, flag, f"must be true or false, got {raw[flag]!r}")
 
 
 def check_tensor_shapes(expected: dict[str, torch.Size], found: dict[str, tuple[torch.Size, str]], source: str) -> None:

@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from ..registry import DraftKind, register_draft_kind
-from .drafter import TextOnly, TextOnlyDrafter, text_only_view
+from .drafter import TextOnly, TextOnlyDrafter, runs_alone, text_only_view
 
 
-def _loads(config: Any) -> type:
+def _loads(config: Any) -> "type | None":
+    """``AutoModelForCausalLM``, except for transformers' ``*_assistant`` drafters (see :func:`runs_alone`)."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM
+    return None if str(getattr(config, "model_type", "")).endswith("_assistant") else AutoModelForCausalLM
 
 
 def _param_groups(draft: Any, stage: int, cfg: Any) -> list[dict]:
@@ -23,7 +24,8 @@ TEXT_ONLY = register_draft_kind(DraftKind(
     name="text_only",
     title="text-only",
     drafter=TextOnlyDrafter,
-    claims=lambda draft: True,  # any causal LM; asked last
+    # asked last: any causal LM that drafts alone; a model no kind claims is refused, naming the kinds
+    claims=lambda draft: isinstance(draft, TextOnly) or runs_alone(draft),
     priority=-100,
     loads=_loads,
     training_view=lambda draft, vocab, stage: TextOnlyDrafter(draft, vocab),

@@ -3,6 +3,7 @@ with the image/video placeholders (and vision span markers) removed."""
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -21,6 +22,19 @@ def _lm_head(model: Any) -> Any:
         return model.get_output_embeddings()
     except (AttributeError, NotImplementedError):  # transformers raises where it cannot find one
         return None
+
+
+def runs_alone(model: Any) -> bool:
+    """Whether ``model`` drafts from token ids alone, as a text-only draft runs it: its forward reads ``input_ids``,
+    it has its own LM head, and it is none of transformers' ``*_assistant`` model types (Gemma 4's assistant, Muse
+    Glimmer's DFlash drafter), which read their target's internal states and so need a draft kind of their own."""
+    model_type = str(getattr(getattr(model, "config", None), "model_type", None) or "")
+    try:
+        params = inspect.signature(model.forward).parameters.values()
+    except (AttributeError, TypeError, ValueError):  # no inspectable forward
+        return False
+    reads_ids = any(p.name == "input_ids" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+    return reads_ids and _lm_head(model) is not None and not model_type.endswith("_assistant")
 
 
 class TextOnly(DraftWrapper):
@@ -63,12 +77,12 @@ class TextOnlyDrafter(ChainDrafter):
     @classmethod
     def check(cls, target: Any, draft: Any) -> None:
         model = draft.model if isinstance(draft, TextOnly) else draft
-        if not callable(getattr(model, "forward", None)) or _lm_head(model) is None:
+        if not runs_alone(model):
             raise IncompatibleDraftError(
-                f"a text-only draft must be a causal LM with its own LM head (a *ForCausalLM); got "
-                f"{type(model).__name__}, which has none. The draft kinds are {', '.join(draft_kinds())}: pass a "
-                "causal LM, a VLM of the target's family, an ImageAdapterDraft, a feature head or a DFlash block "
-                "drafter (e.g. MuseGlimmerAssistantModel).")
+                f"a text-only draft must be a causal LM that drafts from token ids alone, with its own LM head (a "
+                f"*ForCausalLM); {type(model).__name__} is not (no LM head, or it reads its target's internal states). "
+                f"The draft kinds are {', '.join(draft_kinds())}: pass a causal LM, a VLM of the target's family, an "
+                "ImageAdapterDraft, a feature head or a DFlash block drafter (e.g. MuseGlimmerAssistantModel).")
 
     def draft_inputs(self, prompt: Prompt) -> DraftPrompt:
         ids, valid = text_only_view(self.vocab, prompt.input_ids, prompt.attention_mask)

@@ -1,0 +1,115 @@
+"""Which kind reads what: ``load_draft(path)`` routes another library's layout (speculators ``dflash``) to the
+kind that imports it, as data; a drafter class no registered kind claims (a base model with no LM head,
+transformers' Gemma 4 assistant, which reads its target's shared KV states) is refused before any forward,
+naming the kinds that exist, as ``assistant_model=`` and through ``load_draft``; a kind registered for such a
+class claims it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import BertConfig, BertModel, Gemma4AssistantConfig, Gemma4AssistantForCausalLM, Gemma4TextConfig
+
+import hf_specmm
+from hf_specmm.drafts import registry
+from hf_specmm.drafts.text_only import TextOnlyDrafter
+from hf_specmm.errors import DraftLoadError, IncompatibleDraftError
+from conftest import batch_inputs, target
+from test_dflash import dflash
+from test_train import count_forwards
+
+KINDS = "the registered kinds are dflash, eagle3, feature_head, image_adapter, vlm, text_only"
+
+
+def _bert(model):
+    text = model.config.get_text_config()
+    return BertModel(BertConfig(vocab_size=text.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                intermediate_size=64))
+
+
+def _gemma4_assistant(model):
+    text = model.config.get_text_config()
+    layers = Gemma4TextConfig(vocab_size=text.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                              num_attention_heads=2, num_key_value_heads=1, head_dim=16, global_head_dim=16,
+                              hidden_size_per_layer_input=0, vocab_size_per_layer_input=0, num_kv_shared_layers=2,
+                              layer_types=["sliding_attention", "full_attention"], enable_moe_block=False,
+                              use_double_wide_mlp=False)
+    return Gemma4AssistantForCausalLM(Gemma4AssistantConfig(text_config=layers, backbone_hidden_size=text.hidden_size))
+
+
+@pytest.mark.parametrize("make, wrap", [(_bert, False), (_gemma4_assistant, False), (_gemma4_assistant, True)],
+                         ids=["BertModel", "Gemma4AssistantForCausalLM", "TextOnly(Gemma4AssistantForCausalLM)"])
+def test_an_unclaimed_drafter_is_refused_before_any_forward_naming_the_kinds(make, wrap):
+    model = target("llava")
+    draft = make(model)
+    name = type(draft).__name__
+    match = f"{name} is not" if wrap else f"no hf_specmm draft kind takes a {name} as assistant_model; {KINDS}"
+    inputs = batch_inputs("llava", 2)
+    hf_specmm.enable(model)
+    try:
+        with count_forwards() as calls, pytest.raises(IncompatibleDraftError, match=match) as err:
+            model.generate(**inputs, max_new_tokens=4, do_sample=False,
+                           assistant_model=hf_specmm.TextOnly(draft) if wrap else draft)
+    finally:
+        hf_specmm.disable(model)
+    assert calls["n"] == 0
+    assert "dflash, eagle3, feature_head, image_adapter, vlm, text_only" in str(err.value)
+
+
+def test_a_kind_registered_for_the_class_claims_it():
+    """Claiming a class is one registration (the Gemma 4 assistant's own kind would do this)."""
+    draft = _gemma4_assistant(target("llava"))
+    kind = registry.DraftKind(name="assistant_probe", title="assistant", drafter=TextOnlyDrafter,
+                              claims=lambda d: isinstance(d, Gemma4AssistantForCausalLM), priority=30,
+                              loads=lambda config: None, training_view=lambda d, vocab, stage: None,
+                              param_groups=lambda d, stage, cfg: [])
+    hf_specmm.register_draft_kind(kind)
+    try:
+        assert hf_specmm.kind_of(draft) is kind
+    finally:
+        registry.unregister_draft_kind("assistant_probe")
+    with pytest.raises(IncompatibleDraftError, match="no hf_specmm draft kind takes"):
+        hf_specmm.kind_of(draft)
+
+
+def test_load_draft_refuses_an_unclaimed_class_before_reading_weights(tmp_path):
+    model = target("llava")
+    _gemma4_assistant(model).save_pretrained(tmp_path / "assistant")
+    with count_forwards() as calls, pytest.raises(DraftLoadError, match=f"no hf_specmm draft kind loads a "
+                                                  f"Gemma4AssistantConfig \\(model_type 'gemma4_assistant'\\); {KINDS}"):
+        hf_specmm.load_draft(tmp_path / "assistant", target=model)
+    assert calls["n"] == 0
+
+
+def test_a_speculators_type_no_kind_imports_is_refused_naming_the_readers(tmp_path):
+    folder = tmp_path / "mtp"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"speculators_model_type": "mtp", "architectures": ["MTPSpeculator"],
+                                                    "auto_map": {"AutoModel": "code.Model"}}))
+    (folder / "code.py").write_text("raise RuntimeError('checkpoint code was executed')\n")
+    with pytest.raises(DraftLoadError, match="speculators 'mtp' checkpoint, which no hf_specmm draft kind imports "
+                                             r"\(the kinds that read other libraries' layouts: dflash, eagle3;"):
+        hf_specmm.load_draft(folder)
+
+
+def test_load_draft_reads_the_speculators_dflash_layout_as_data(tmp_path):
+    """``load_draft(path)`` routes a speculators ``dflash`` folder to its importer (no checkpoint code runs, an
+    ``auto_map`` to a module that raises is never followed); mismatches are refused before any forward."""
+    from hf_specmm.drafts.dflash import save_speculators_dflash
+
+    model = target("muse_glimmer")
+    draft = dflash(model, target_layer_ids=[0, 1])
+    folder = save_speculators_dflash(draft, tmp_path / "spec", model, verifier="org/tiny-muse-glimmer")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "auto_map": {"AutoModel": "code.Model"}}))
+    (folder / "code.py").write_text("raise RuntimeError('checkpoint code was executed')\n")
+    loaded = hf_specmm.load_draft(folder, target=model)
+    assert hf_specmm.kind_of(loaded).name == "dflash"
+    assert all(torch.equal(a, b) for a, b in zip(draft.state_dict().values(), loaded.state_dict().values()))
+    assert hf_specmm.kind_of(hf_specmm.load_draft(folder)).name == "dflash"  # its target is optional here
+    (folder / "config.json").write_text(json.dumps({**config, "sample_from_anchor": True}))
+    with count_forwards() as calls, pytest.raises(IncompatibleDraftError, match="sample_from_anchor"):
+        hf_specmm.load_draft(folder, target=model)
+    assert calls["n"] == 0
