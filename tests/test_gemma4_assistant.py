@@ -221,3 +221,120 @@ def _prompt(r):
 def _image(r):
     sizes = [(32, 32), None, (64, 32)]
     return None if sizes[r] is None else testing.tiny_image(r, sizes[r])
+
+
+@pytest.mark.parametrize("tree", (False, True))
+def test_sampling_matches_plain(tree):
+    """Drafts drawn from q (the assistant's processed distribution) and verified against that q (a tree:
+    multi-candidate speculative sampling): per-position χ² against plain sampling (600 rows, temperature, top-k and
+    a repetition penalty that reads the drafted history)."""
+    family = "gemma4"
+    model = testing.tiny_target(family, seed=0, eos_bias=-30.0)
+    plain = _samples(model, family, seed=1)
+    draft = assistant(model)
+    hf_specmm.enable(model)
+    try:
+        spec = _samples(model, family, hf_specmm.Tree(draft, top_k=2, depth=3, tokens=5) if tree else draft, seed=2)
+        stats = hf_specmm.last_stats(model)
+    finally:
+        hf_specmm.disable(model)
+    assert 0.0 < stats.acceptance_rate < 0.9, stats.acceptance_rate
+    vocab = model.config.get_text_config().vocab_size
+    for pos in range(NEW):
+        p, stat, dof = chi2_homogeneity_pvalue(plain[:, pos], spec[:, pos], vocab)
+        print(f"{family} gemma4_assistant pos {pos}: chi2={stat:.1f} dof={dof} p={p:.3g} acceptance={stats.acceptance_rate:.2f}")
+        assert p > ALPHA, f"position {pos}: χ²={stat:.1f} (dof {dof}), p={p:.2g} < {ALPHA}"
+
+
+class _TwoIds:
+    """A logits processor that leaves the target (and, processed as the target's, our drafts) two equally likely
+    ids: every other score -inf."""
+
+    def __init__(self, ids):
+        self.ids = list(ids)
+
+    def __call__(self, input_ids, scores):
+        out = torch.full_like(scores, -float("inf"))
+        out[:, self.ids] = 0.0
+        return out
+
+
+def fifty_fifty_share(model, draft, inputs, samples, speculative, seed=0):
+    """Share of the first drafted position (the second new token) that is ``ids[0]`` when the target is split 50/50
+    between two ids and the assistant's raw logits favour ``ids[0]`` (its argmax), over ``samples`` draws:
+    stock's generator (batch 1 only: one call per draw) or this kind (one batch of ``samples`` rows)."""
+    from transformers import LogitsProcessorList
+
+    ids = (30, 31)
+    head = draft.lm_head
+    bias = torch.zeros(head.weight.shape[0])
+    bias[ids[0]] = 4.0
+
+    class Biased(torch.nn.Module):  # the assistant prefers ids[0] (its argmax, raw q about 0.3)
+        def __init__(self):
+            super().__init__()
+            self.weight = head.weight
+
+        def forward(self, x):
+            return head(x) + bias.to(x)
+
+    draft.lm_head = Biased()
+    processors = LogitsProcessorList([_TwoIds(ids)])
+    # 3 new tokens: stock drafts nothing when only one token is left after the prefill's
+    kwargs = dict(do_sample=True, max_new_tokens=3, logits_processor=processors, assistant_model=draft)
+    try:
+        torch.manual_seed(seed)
+        if speculative:
+            hf_specmm.enable(model)
+            rows = {k: v.expand(samples, *v.shape[1:]) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+            second = model.generate(**rows, num_assistant_tokens=1, **kwargs)[:, -2]
+        else:
+            draft.generation_config.num_assistant_tokens = 1
+            second = torch.cat([model.generate(**inputs, **kwargs)[:, -2] for _ in range(samples)])
+    finally:
+        hf_specmm.disable(model)
+        draft.lm_head = head
+    assert bool(((second == ids[0]) | (second == ids[1])).all())
+    return float((second == ids[0]).float().mean())
+
+
+def test_fifty_fifty_target_stock_is_biased_and_this_kind_is_not():
+    """Stock's generator drafts the argmax and verifies it against the softmax of the raw logits: with the target
+    split 50/50, the assistant's favourite comes out far more than half the time. This kind draws from q and
+    verifies against it: a binomial 50 % (a 4.5-sigma band over 300 draws)."""
+    model = target("gemma4")
+    inputs = batch_inputs("gemma4", 1, with_images=False)
+    draft = assistant(model)
+    samples = 300
+    ours = fifty_fifty_share(model, draft, inputs, samples, speculative=True)
+    stock = fifty_fifty_share(model, draft, inputs, samples, speculative=False)
+    band = 4.5 * (0.25 / samples) ** 0.5
+    print(f"share of the assistant's favourite at 50/50: stock {stock:.2f}, gemma4_assistant {ours:.2f} ({samples} draws)")
+    assert abs(ours - 0.5) < band
+    assert stock - 0.5 > band
+
+
+def test_refusals_before_any_forward():
+    from hf_specmm.drafts.gemma4_assistant import tiny_assistant
+
+    model = target("gemma4")
+    draft = tiny_assistant(model)
+    llava = target("llava")
+    for other, inputs, match in ((llava, batch_inputs("llava", 1), "shares no K/V|has none"),):
+        hf_specmm.enable(other)
+        try:
+            with count_forwards(other, draft) as calls, pytest.raises(IncompatibleDraftError, match=match):
+                other.generate(**inputs, max_new_tokens=4, assistant_model=draft)
+        finally:
+            hf_specmm.disable(other)
+        assert calls["n"] == 0
+    wrong = copy.deepcopy(draft)
+    wrong.config.backbone_hidden_size = 48
+    inputs = batch_inputs("gemma4", 1)
+    hf_specmm.enable(model)
+    try:
+        with count_forwards(model, wrong) as calls, pytest.raises(IncompatibleDraftError, match="backbone_hidden_size"):
+            model.generate(**inputs, max_new_tokens=4, assistant_model=wrong)
+    finally:
+        hf_specmm.disable(model)
+    assert calls["n"] == 0
