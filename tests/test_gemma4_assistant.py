@@ -346,3 +346,54 @@ def test_refusals_before_any_forward():
     finally:
         hf_specmm.disable(model)
     assert calls["n"] == 0
+
+
+def _proposals(model, inputs, draft, **kwargs):
+    from hf_specmm.drafts.gemma4_assistant import Gemma4AssistantDrafter
+
+    seen, real = [], Gemma4AssistantDrafter.propose
+
+    def propose(self, budget, select):
+        proposal = real(self, budget, select)
+        seen.append(proposal.tokens.tolist())
+        return proposal
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Gemma4AssistantDrafter, "propose", propose)
+        out, _ = _generate(model, inputs, draft, **kwargs)
+    return out, seen
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_static_cache_reads_what_the_dynamic_cache_reads(family):
+    """The same proposals, round by round, from a static target cache as from a dynamic one (batch 3, left padding):
+    the K/V slots, masks and positions the assistant reads do not depend on the backend."""
+    model, inputs = target(family), batch_inputs(family, 3)
+    draft = assistant(model)
+    common = dict(max_new_tokens=NEW_TOKENS, num_assistant_tokens=3)
+    dynamic, dynamic_proposals = _proposals(model, inputs, draft, **common)
+    static, static_proposals = _proposals(model, inputs, draft, cache_implementation="static", **common)
+    assert torch.equal(dynamic, static)
+    rounds = min(len(dynamic_proposals), len(static_proposals))
+    assert rounds >= 6
+    for a, b in zip(dynamic_proposals[:rounds], static_proposals[:rounds]):
+        if len(a) == len(b):  # the static cache keeps finished rows; the dynamic one drops them
+            for x, y in zip(a, b):  # a static cache drafts its fixed γ to the end; a dynamic one what is left
+                assert x[:len(y)] == y[:len(x)]
+
+
+def test_auto_and_saved_assistant(tmp_path):
+    """``hf_specmm.Auto`` (rounds that may be plain target steps: ``Drafter.follow``) equals plain greedy; a saved
+    assistant loads back through ``hf_specmm.load_draft`` as stock's class."""
+    model, inputs = target("gemma4"), batch_inputs("gemma4", 3)
+    hf_specmm.disable(model)
+    plain = model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False)
+    draft = assistant(model)
+    draft.generation_config.num_assistant_tokens = None  # Auto refuses a γ from the draft's generation config
+    out, stats = _generate(model, inputs, hf_specmm.Auto(draft), max_new_tokens=NEW_TOKENS)
+    assert torch.equal(out, plain)
+    draft.save_pretrained(tmp_path)
+    loaded = hf_specmm.load_draft(str(tmp_path))
+    assert type(loaded) is type(draft) and hf_specmm.kind_of(loaded).name == "gemma4_assistant"
+    out, _ = _generate(model, inputs, loaded, max_new_tokens=NEW_TOKENS, num_assistant_tokens=3)
+    assert torch.equal(out, plain)
