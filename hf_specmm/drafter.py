@@ -7,6 +7,7 @@ The loop (:class:`hf_specmm.loop.SpeculativeDecoding`) calls, per ``generate`` c
     with drafter.watch(target):               # around the target's prefill forward
         out = target(prompt, images...)
     drafter.observe_prefill(out)              # read what the prefill produced
+    drafter.observe_target_cache(target_kv)   # the target's cache as the loop keeps it (rolled back each round)
     drafter.prefill(prompt, first_token, new_cache)  # read the prompt + the target's first token
     while rows are unfinished:
         proposal = drafter.propose(budget, select)   # d_1..d_γ (+ q_1..q_γ when sampling)

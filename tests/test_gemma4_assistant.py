@@ -81,7 +81,8 @@ def _accepted_only(outputs, input_ids):
     cut = copy.copy(outputs)
     keep = input_ids.shape[1] - 1
     total = outputs.shared_kv_states["full_attention"][0].shape[2]
-    cut.shared_kv_states = {name: (k[:, :, :k.shape[2] - max(total - keep, 0)], v[:, :, :v.shape[2] - max(total - keep, 0)])
+    drop = max(total - keep, 0)  # the slots after the accepted ones (a sliding layer's cache starts later)
+    cut.shared_kv_states = {name: (k[:, :, :k.shape[2] - drop], v[:, :, :v.shape[2] - drop])
                             for name, (k, v) in outputs.shared_kv_states.items()}
     return cut
 
@@ -148,13 +149,15 @@ def test_proposals_equal_stock_at_batch_1(family):
     plain = model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False)
     for seed in (0, 1):
         draft = assistant(model, seed)
-        stock, out, stock_blocks, ours, stats, as_loop_tau = _stock_and_ours(model, draft, inputs, 3, stock_as_loop=True)
+        stock, out, stock_blocks, ours, stats, as_loop_tau = _stock_and_ours(model, draft, inputs, 3,
+                                                                             stock_as_loop=True)
         assert torch.equal(stock, plain) and torch.equal(out, plain)
         assert len(ours) >= 8 and ours == stock_blocks, (ours, stock_blocks)
         assert as_loop_tau == pytest.approx(stats.block_efficiency)
         stock, out, stock_blocks, ours, _, stock_tau = _stock_and_ours(model, draft, inputs, 3, stock_as_loop=False)
         assert torch.equal(stock, plain) and torch.equal(out, plain)
-        print(f"{family} assistant seed {seed}, γ 3, {NEW_TOKENS} new tokens: τ ours {stats.block_efficiency:.3f}, stock "
+        print(f"{family} assistant seed {seed}, γ 3, {NEW_TOKENS} new tokens: τ ours {stats.block_efficiency:.3f}, "
+              f"stock "
               f"{stock_tau:.3f}, stock reading the accepted slots of a full-layer cache {as_loop_tau:.3f}")
         if bool(_proposable(model)[stock_blocks[0]].all()):  # stock may propose an image id: hf_specmm never does
             assert ours[0] == stock_blocks[0]
@@ -217,7 +220,8 @@ def test_rows_propose_what_they_propose_alone_while_accepted_in_part(family):
         assert torch.equal(out, alone_plain)
         common = set(batched[r]) & set(alone[0])
         assert len(common) >= 8
-        assert all(batched[r][k] == alone[0][k] for k in common), (r, sorted((k, batched[r][k], alone[0][k]) for k in common if batched[r][k] != alone[0][k]), len(common))
+        differ = sorted((k, batched[r][k], alone[0][k]) for k in common if batched[r][k] != alone[0][k])
+        assert not differ, (r, differ, len(common))
 
 
 def _image(r):
@@ -245,7 +249,8 @@ def test_sampling_matches_plain(tree):
     vocab = model.config.get_text_config().vocab_size
     for pos in range(NEW):
         p, stat, dof = chi2_homogeneity_pvalue(plain[:, pos], spec[:, pos], vocab)
-        print(f"{family} gemma4_assistant pos {pos}: chi2={stat:.1f} dof={dof} p={p:.3g} acceptance={stats.acceptance_rate:.2f}")
+        print(f"{family} gemma4_assistant pos {pos}: chi2={stat:.1f} dof={dof} p={p:.3g} "
+              f"acceptance={stats.acceptance_rate:.2f}")
         assert p > ALPHA, f"position {pos}: χ²={stat:.1f} (dof {dof}), p={p:.2g} < {ALPHA}"
 
 
@@ -312,7 +317,8 @@ def test_fifty_fifty_target_stock_is_biased_and_this_kind_is_not():
     ours = fifty_fifty_share(model, draft, inputs, samples, speculative=True)
     stock = fifty_fifty_share(model, draft, inputs, samples, speculative=False)
     band = 4.5 * (0.25 / samples) ** 0.5
-    print(f"share of the assistant's favourite at 50/50: stock {stock:.2f}, gemma4_assistant {ours:.2f} ({samples} draws)")
+    print(f"share of the assistant's favourite at 50/50: stock {stock:.2f}, gemma4_assistant {ours:.2f} "
+          f"({samples} draws)")
     assert abs(ours - 0.5) < band
     assert stock - 0.5 > band
 

@@ -22,8 +22,8 @@ def _loader(config: Any) -> "type | None":
 
 def _card_rows(draft: Any) -> str:
     own = draft.config.get_text_config()
-    return (f"| Gemma 4 assistant | {own.num_hidden_layers} layers ({', '.join(own.layer_types)}), every one reading the "
-            f"target's shared K/V; {sum(p.numel() for p in draft.parameters()):,} parameters |\n"
+    return (f"| Gemma 4 assistant | {own.num_hidden_layers} layers ({', '.join(own.layer_types)}), every one "
+            f"reading the target's shared K/V; {sum(p.numel() for p in draft.parameters()):,} parameters |\n"
             "| needs | its target: the target's token embedding, shared K/V and last hidden state |\n")
 
 

@@ -69,7 +69,8 @@ class Gemma4AssistantDrafter(TreeDrafting, Drafter):
     @classmethod
     def check(cls, target: Any, draft: Any) -> None:
         if not is_gemma4_assistant(draft):
-            raise IncompatibleDraftError(f"a gemma4_assistant draft must be a Gemma 4 assistant, got {type(draft).__name__}")
+            raise IncompatibleDraftError(
+                f"a gemma4_assistant draft must be a Gemma 4 assistant, got {type(draft).__name__}")
         check_target(target, draft)
 
     @classmethod
@@ -188,8 +189,8 @@ class Gemma4AssistantDrafter(TreeDrafting, Drafter):
             paths = tokens[..., None]
             if level_paths:  # a node's path: its parent's, then its own token
                 previous = level_paths.pop()
-                paths = torch.cat([previous.gather(1, parents.clamp_min(0)[..., None].expand(-1, -1, previous.shape[-1])),
-                                   paths], -1)
+                index = parents.clamp_min(0)[..., None].expand(-1, -1, previous.shape[-1])
+                paths = torch.cat([previous.gather(1, index), paths], -1)
             level_paths.append(paths)
             return select.level_scores(logits, levels[0], paths)
 

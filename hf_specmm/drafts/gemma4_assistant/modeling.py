@@ -67,13 +67,15 @@ def tiny_assistant(target: Any, seed: int = 0, num_layers: int = 2, hidden_size:
     producers = _compat.shared_kv_producers(text)
     (sliding_dim, sliding_heads) = _head_shape(text, producers["sliding_attention"])
     (full_dim, full_heads) = _head_shape(text, producers["full_attention"])
-    types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers - 1)] + ["full_attention"]
+    types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers - 1)]
+    types.append("full_attention")
     own = type(text)(
         vocab_size=text.vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
         num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=sliding_heads, head_dim=sliding_dim,
         global_head_dim=full_dim, num_global_key_value_heads=full_heads, attention_k_eq_v=text.attention_k_eq_v,
         num_kv_shared_layers=num_layers, sliding_window=text.sliding_window, layer_types=types,
-        hidden_size_per_layer_input=0, vocab_size_per_layer_input=0, max_position_embeddings=text.max_position_embeddings,
+        hidden_size_per_layer_input=0, vocab_size_per_layer_input=0,
+        max_position_embeddings=text.max_position_embeddings,
         initializer_range=text.initializer_range, pad_token_id=text.pad_token_id, bos_token_id=text.bos_token_id,
         eos_token_id=text.eos_token_id)
     config = config_cls(text_config=own, backbone_hidden_size=text.hidden_size, tie_word_embeddings=True)
