@@ -498,3 +498,59 @@ def gated_delta_replay(modules: list[Any], states: list[tuple[torch.Tensor, torc
 LINEAR_CACHE_KWARG = "cache" if _INSTALLED >= Version("5.24.0.dev0") else "cache_params"
 #: 5.24's gated delta kernels repeat the key heads over the value heads themselves; 5.17's module does it first
 _KERNEL_REPEATS_KEY_HEADS = _INSTALLED >= Version("5.24.0.dev0")
+
+
+# ---- Gemma 4 assistants (transformers >= 5.24, see drafts/gemma4_assistant) -----------------------------------
+# Read in 5.24: a Gemma 4 text config's ``kv_sharing_modes`` marks, per layer, "store" (the last layer of its type
+# before the KV-sharing ones: its K/V is what the shared layers reuse), "reuse" or None. A target's cache holds a
+# "store" layer's K/V at that layer's index (``cache.layers[i].keys`` / ``.values``, [B, kv heads, slots, D]).
+# ``Gemma4AssistantForCausalLM.forward`` (the Unified one is the same) builds its own masks from a 2-D padding
+# mask; :func:`gemma4_assistant_step` runs its parts with per-row 4-D masks instead (per-row lengths, holes).
+
+def gemma4_assistant_classes() -> tuple[type, ...]:
+    """Stock's Gemma 4 assistant classes (none before 5.24, where the kind is not registered)."""
+    if not GEMMA4_SUPPORTED:
+        return ()
+    names = ("Gemma4AssistantForCausalLM", "Gemma4UnifiedAssistantForCausalLM")
+    return tuple(getattr(transformers, name) for name in names if hasattr(transformers, name))
+
+
+def gemma4_assistant_class_for(target: Any) -> tuple[type, type]:
+    """(assistant class, its config class) that stock pairs with ``target``'s family."""
+    unified = "Unified" in type(target).__name__
+    prefix = "Gemma4UnifiedAssistant" if unified else "Gemma4Assistant"
+    return getattr(transformers, prefix + "ForCausalLM"), getattr(transformers, prefix + "Config")
+
+
+def shared_kv_producers(text_config: Any) -> dict[str, int]:
+    """Layer type -> index of the target layer whose K/V the KV-sharing layers of that type reuse (empty: the
+    model shares none)."""
+    if not GEMMA4_SUPPORTED or not getattr(text_config, "num_kv_shared_layers", 0):
+        return {}
+    modes = getattr(text_config, "kv_sharing_modes", None) or ()
+    return {text_config.layer_types[i]: i for i, mode in enumerate(modes) if mode == "store"}
+
+
+def cache_layer_states(cache: Any, layer_idx: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values [B, kv heads, length, D] of layer ``layer_idx``'s first ``length`` slots (dynamic or static)."""
+    layer = cache.layers[layer_idx]
+    return layer.keys[:, :, :length], layer.values[:, :, :length]
+
+
+def gemma4_assistant_step(assistant: Any, inputs_embeds: torch.Tensor, position_ids: torch.Tensor,
+                          shared_kv: dict[str, tuple[torch.Tensor, torch.Tensor]],
+                          masks: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``Gemma4AssistantForCausalLM.forward`` with ``masks`` (per layer type, additive [B, 1, Q, S]) in place of the
+    ones it builds: (logits [B, Q, V], projected last hidden state [B, Q, backbone hidden])."""
+    hidden = assistant.pre_projection(inputs_embeds)
+    out = assistant.model(input_ids=None, inputs_embeds=hidden, attention_mask=masks, position_ids=position_ids,
+                          shared_kv_states=shared_kv, use_cache=False,
+                          # not an int: no slicing before the KV-shared layers, which 5.24 cannot do without
+                          # per-layer inputs (an assistant has none) once Q > 1 (a tree level's nodes)
+                          logits_to_keep=None)
+    last = out.last_hidden_state
+    if assistant.config.use_ordered_embeddings:
+        logits = assistant.masked_embedding(last, assistant.lm_head.weight)
+    else:
+        logits = assistant.lm_head(last)
+    return logits, assistant.post_projection(last)

@@ -7,6 +7,7 @@ The loop (:class:`hf_specmm.loop.SpeculativeDecoding`) calls, per ``generate`` c
     with drafter.watch(target):               # around the target's prefill forward
         out = target(prompt, images...)
     drafter.observe_prefill(out)              # read what the prefill produced
+    drafter.observe_target_cache(target_kv)   # the target's cache as the loop keeps it (rolled back each round)
     drafter.prefill(prompt, first_token, new_cache)  # read the prompt + the target's first token
     while rows are unfinished:
         proposal = drafter.propose(budget, select)   # d_1..d_γ (+ q_1..q_γ when sampling)
@@ -42,7 +43,7 @@ from .targets.positions import ROPE_1D, Rope1D
 from .vocab import VocabMap
 
 if TYPE_CHECKING:
-    from .caches import CacheFactory
+    from .caches import CacheFactory, SlottedCache
     from .selector import Selector
 
 
@@ -143,6 +144,11 @@ class Drafter(ABC):
 
     def observe_verification(self, target_outputs: Any) -> None:
         """Called with the outputs of every verification forward, before :meth:`accept`."""
+
+    def observe_target_cache(self, cache: "SlottedCache") -> None:
+        """Called once, after the target's prefill, with the call's target cache (before :meth:`prefill`). The
+        loop alone appends, rolls back and drops its rows; a drafter that reads the target's K/V (a Gemma 4
+        assistant) reads it from here, as each row kept it."""
 
     def draft_inputs(self, prompt: Prompt) -> DraftPrompt:
         """What the draft reads of ``prompt`` (inference and training share it). Drafters that read the

@@ -105,6 +105,7 @@ class SpeculativeDecoding:
         self.drafter.observe_prefill(out)
         self.target_kv = self.backend.wrap_target(target, _compat.output_cache(out), mask, prompt_len, batch,
                                                   self.device, positions)
+        self.drafter.observe_target_cache(self.target_kv)
         # the verification forward: compiled where the backend compiles, except for a drafter that hooks the
         # target's modules (a compiled graph does not run hooks added after it was traced)
         self.target_call = target if self.drafter.observes_verification else self.target_kv.step_call(target)

@@ -18,8 +18,8 @@ torchvision, so neither family is verified there; see ``_compat.GEMMA4_SUPPORTED
   compacted away).
 - Audio (``input_features``) and video (``pixel_values_videos``) are refused before any work: their
   placeholders and encoders are not covered by the prompt checks and fixtures.
-- Draft kinds: text-only, image-adapter (a Gemma 4 text LM's per-layer embeddings are looked up from the
-  token ids, see :meth:`ImageAdapterDraft.per_layer_inputs`) and ``vlm`` drafts, chains and trees, dynamic
+- Draft kinds: the checkpoints' own assistants (``gemma4_assistant``, reading the shared K/V), text-only,
+  image-adapter (a Gemma 4 text LM's per-layer embeddings are looked up from the token ids, see :meth:`ImageAdapterDraft.per_layer_inputs`) and ``vlm`` drafts, chains and trees, dynamic
   and static caches; EAGLE-1 / EAGLE-3 heads (without the per-layer inputs and KV sharing, which need the
   target's full stack; while a head watches, the decoder computes every prompt position, see
   ``feature_head.drafter.keep_every_position``).

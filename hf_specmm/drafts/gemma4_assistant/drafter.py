@@ -1,0 +1,221 @@
+"""Runs a Gemma 4 assistant (``Gemma4AssistantForCausalLM`` / ``Gemma4UnifiedAssistantForCausalLM``) in the
+speculative loop, at any batch size, as chains or trees, on dynamic and static caches.
+
+The assistant has no cache and no prompt of its own: every one of its layers attends to the K/V of the
+target's producer layer of its type (the K/V the target's own KV-sharing layers reuse). Each draft step reads
+``[target embedding of the last token ; a hidden state]`` at ONE fixed position, the last token's, as stock's
+``SinglePositionMultiTokenCandidateGenerator`` does:
+
+- the round's first step reads the last token (the target's first / correction / bonus token, not yet read
+  by the target) with the target's final hidden state at the last accepted position (captured by a hook on
+  the target's decoder during its own prefill and verification forwards: no second target pass);
+- step j + 1 reads d_j with the assistant's own projected hidden state of step j.
+
+The K/V is read from the target's cache after the loop's rollback (:meth:`Drafter.observe_target_cache`):
+exactly the slots each row kept, whatever the batch's per-row lengths, left padding, holes, tree paths or
+cache backend. Each row attends to its valid slots (the slot mask); sliding layers to those within the
+window before its position (as stock's mask: the last ``sliding_window + 1`` positions). The position is
+the row's own (its count of valid slots), not stock's ``input_ids.shape[1] - 1`` for every row.
+
+Where this differs from stock at batch 1: after a rejection stock cuts the target's K/V to
+``input_ids.shape[1]`` slots, one past the accepted ones, so the assistant also sees the K/V of the rejected
+draft (at the position of the token that replaced it); here it sees only what the target accepted.
+
+Sampling: d_j is drawn from q_j (the assistant's processed distribution) and verified against that q_j
+(stock drafts the argmax but verifies against the softmax, which is biased; see docs/draft-kinds.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import replace
+from typing import Any, Iterator
+
+import torch
+
+from ... import _compat
+from ...budget import RoundBudget
+from ...caches import CacheFactory, SlottedCache
+from ...devices import execution_device
+from ...drafter import Drafter, Prompt, Proposal
+from ...errors import IncompatibleDraftError
+from ...selector import Selector
+from ...trees.drafting import TreeDrafting
+from ...trees.expand import expand_tree
+from ...vocab import VocabMap
+from .modeling import check_target, is_gemma4_assistant
+
+
+class Gemma4AssistantDrafter(TreeDrafting, Drafter):
+    observes_prefill = True
+    observes_verification = True
+    selects_rows = True
+    follows_plain_steps = True
+
+    def __init__(self, draft: Any, vocab: VocabMap):
+        super().__init__(draft, vocab)
+        own = draft.config.get_text_config()
+        self.device = execution_device(draft)
+        self.layer_types = set(own.layer_types)
+        self.window = int(own.sliding_window) if "sliding_attention" in self.layer_types else None
+        self.target: Any = None
+        self.target_kv: SlottedCache | None = None
+        self.producers: dict[str, int] = {}
+        self.captured: torch.Tensor | None = None  # [B, L, H] the target decoder's last output
+        self.verified: torch.Tensor | None = None
+        self.hidden: torch.Tensor | None = None  # [B, H] the target's hidden state at each row's last accepted token
+        self.token: torch.Tensor | None = None  # [B] each row's last token (not yet read by the target)
+
+    @classmethod
+    def check(cls, target: Any, draft: Any) -> None:
+        if not is_gemma4_assistant(draft):
+            raise IncompatibleDraftError(
+                f"a gemma4_assistant draft must be a Gemma 4 assistant, got {type(draft).__name__}")
+        check_target(target, draft)
+
+    @classmethod
+    def prompt_lengths(cls, draft: Any, vocab: VocabMap, input_ids: torch.Tensor,
+                       attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """The assistant attends to every prompt slot the target keeps (image positions included)."""
+        if attention_mask is None:
+            return torch.full((input_ids.shape[0],), input_ids.shape[1], device=input_ids.device)
+        return attention_mask.sum(-1)
+
+    # ---- what the target's own forwards hold -----------------------------------------------------------
+    @contextlib.contextmanager
+    def watch(self, target: Any) -> Iterator[None]:
+        """Capture the target decoder's output (its final norm's: stock's ``hidden_states[-1]``)."""
+        self.target = target
+
+        def on_done(module: Any, args: tuple, output: Any) -> None:
+            self.captured = output[0].detach()
+
+        handle = target.get_decoder().register_forward_hook(on_done)
+        try:
+            yield
+        finally:
+            handle.remove()
+
+    def _take(self) -> torch.Tensor:
+        if self.captured is None:
+            raise RuntimeError("the target's last hidden states were not captured for the Gemma 4 assistant")
+        captured, self.captured = self.captured, None
+        return captured
+
+    def observe_prefill(self, target_outputs: Any) -> None:
+        self.hidden = self._take()[:, -1]  # left-padded prompts: every row's last token is the last column
+
+    def observe_verification(self, target_outputs: Any) -> None:
+        self.verified = self._take()
+
+    def observe_target_cache(self, cache: SlottedCache) -> None:
+        self.target_kv = cache
+        self.producers = _compat.shared_kv_producers(self.target.config.get_text_config())
+
+    # ---- the round --------------------------------------------------------------------------------------
+    def prefill(self, prompt: Prompt, first_tokens: torch.Tensor, new_cache: CacheFactory) -> None:
+        """Nothing to read: the target's cache and last hidden state are the assistant's whole context."""
+        if self.target_kv is None:
+            raise RuntimeError("the Gemma 4 assistant needs the target's cache (Drafter.observe_target_cache)")
+        self.token = first_tokens
+
+    def _context(self, queries: int) -> tuple[dict, dict, torch.Tensor]:
+        """The target's shared K/V as each row kept it, the additive masks [B, 1, queries, S] per layer type and
+        each row's position [B, queries] (the last token's)."""
+        kv = self.target_kv
+        dtype = self.model.dtype
+        shared = {name: tuple(t.to(self.device, dtype) for t in _compat.cache_layer_states(kv.cache, index, kv.length))
+                  for name, index in self.producers.items() if name in self.layer_types}
+        valid = torch.ones(kv.batch_size, kv.length, dtype=torch.long, device=kv.device) if kv.mask is None else kv.mask
+        slot_positions = valid.cumsum(-1) - 1
+        position = valid.sum(-1)  # the last token's: the count of valid slots before it
+        low = torch.finfo(dtype).min
+
+        def additive(allowed: torch.Tensor) -> torch.Tensor:
+            mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, low)
+            return mask[:, None, None].expand(-1, 1, queries, -1).to(self.device)
+
+        seen = valid.bool()
+        masks = {"full_attention": additive(seen)}
+        if self.window is not None:
+            masks["sliding_attention"] = additive(seen & (slot_positions >= position[:, None] - 1 - self.window))
+        return shared, masks, position[:, None].expand(-1, queries).to(self.device)
+
+    def _step(self, context: tuple[dict, dict, torch.Tensor], tokens: torch.Tensor,
+              hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One assistant forward over Q queries per row (``tokens`` [B, Q], ``hidden`` [B, Q, H]): target-vocabulary
+        logits [B, Q, V] (float32, loop device) and the assistant's projected hidden states [B, Q, H]."""
+        shared, masks, position = context
+        embed = self.target.get_input_embeddings()
+        embeds = torch.cat([embed(tokens.to(embed.weight.device)).to(hidden.device), hidden], -1)
+        logits, projected = _compat.gemma4_assistant_step(self.model, embeds.to(self.device, self.model.dtype),
+                                                          position, shared, masks)
+        return self.vocab.to_target(logits.to(device=tokens.device, dtype=torch.float32)), projected
+
+    def propose(self, budget: RoundBudget, select: Selector) -> Proposal:
+        assert self.token is not None and self.hidden is not None
+        if budget.drafts_tree:
+            return self.propose_tree(budget, select)
+        context = self._context(1)
+        token, hidden = self.token[:, None], self.hidden[:, None].to(self.device)
+        tokens, probs = [], []
+        for j in range(budget.gamma):
+            logits, hidden = self._step(context, token, hidden)
+            chosen, prob = select(logits[:, 0], j)
+            tokens.append(chosen)
+            probs.append(prob)
+            token = chosen[:, None]
+            if select.stop:  # every row is below the confidence threshold: end the round
+                break
+        return Proposal(torch.stack(tokens, 1), torch.stack(probs, 1) if probs[0] is not None else None)
+
+    def propose_tree(self, budget: RoundBudget, select: Selector) -> Proposal:
+        """Top-k per step: level d's K frontier nodes in ONE forward (K queries at the same position, each reading
+        its token and its parent's hidden state; the queries do not see each other, as a chain's steps do not)."""
+        context = self._context(1)
+        root_logits, root_hidden = self._step(context, self.token[:, None], self.hidden[:, None].to(self.device))
+        shape = replace(budget.tree, tokens=min(budget.tree.tokens, budget.tree.candidates))
+        level_context = self._context(shape.top_k)
+        parent_hidden = [root_hidden]  # the previous step's nodes' projected hidden states [A, K, H]
+        level_paths: list[torch.Tensor] = []
+        levels = [0]
+
+        def step(tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+            levels[0] += 1
+            before = parent_hidden.pop()
+            index = parents.clamp_min(0).to(before.device)[..., None].expand(-1, -1, before.shape[-1])
+            logits, hidden = self._step(level_context, tokens, before.gather(1, index))
+            parent_hidden.append(hidden)
+            paths = tokens[..., None]
+            if level_paths:  # a node's path: its parent's, then its own token
+                previous = level_paths.pop()
+                index = parents.clamp_min(0)[..., None].expand(-1, -1, previous.shape[-1])
+                paths = torch.cat([previous.gather(1, index), paths], -1)
+            level_paths.append(paths)
+            return select.level_scores(logits, levels[0], paths)
+
+        root = select.level_scores(root_logits, 0)[:, 0]
+        cur = torch.zeros(root.shape[0], dtype=torch.long, device=root.device)  # the loop puts its own root
+        tree = expand_tree(cur, root, step, shape)
+        return Proposal(tree.tokens[:, 1:], None, tree=tree, depth=shape.depth)
+
+    def accept(self, proposal: Proposal, n: torch.Tensor, next_tokens: torch.Tensor,
+               path: torch.Tensor | None = None) -> None:
+        """The target's hidden state at each row's last accepted block position (a tree's: its accepted path's
+        last node) and the target's token after it."""
+        assert self.verified is not None
+        verified, self.verified = self.verified.to(n.device), None
+        index = n if path is None else path.to(n.device).gather(1, n[:, None])[:, 0]
+        self.hidden = verified[torch.arange(n.shape[0], device=n.device), index]
+        self.token = next_tokens
+
+    def follow(self, next_tokens: torch.Tensor) -> None:
+        """A plain target step read ``[cur]`` alone: its hidden state and the target's next token."""
+        assert self.verified is not None
+        self.hidden, self.verified = self.verified[:, -1], None
+        self.token = next_tokens
+
+    def select_rows(self, keep: torch.Tensor) -> None:
+        assert self.hidden is not None and self.token is not None
+        super().select_rows(keep)
+        self.hidden, self.token = self.hidden[keep.to(self.hidden.device)], self.token[keep]
