@@ -1,8 +1,8 @@
 """Which kind reads what: ``load_draft(path)`` routes another library's layout (speculators ``dflash``) to the
 kind that imports it, as data; a drafter class no registered kind claims (a base model with no LM head,
 transformers' Gemma 4 assistant, which reads its target's shared KV states) is refused before any forward,
-naming the kinds that exist, as ``assistant_model=`` and through ``load_draft``; a kind registered for such a
-class claims it."""
+naming the kinds that exist, as ``assistant_model=`` and through ``load_draft`` (the Gemma 4 assistant with its own
+kind unregistered); a kind registered for such a class claims it."""
 
 from __future__ import annotations
 
@@ -20,7 +20,22 @@ from conftest import batch_inputs, target
 from test_dflash import dflash
 from test_train import count_forwards
 
-KINDS = "the registered kinds are dflash, eagle3, feature_head, image_adapter, vlm, text_only"
+import contextlib
+
+
+def kinds_line() -> str:
+    return f"the registered kinds are {', '.join(registry.draft_kinds())}"
+
+
+@contextlib.contextmanager
+def without_kind(name: str):
+    """The registry as it was before ``name``'s kind existed (a class nothing claims yet)."""
+    kind = registry.get_kind(name)
+    registry.unregister_draft_kind(name)
+    try:
+        yield
+    finally:
+        hf_specmm.register_draft_kind(kind)
 
 
 def _bert(model):
@@ -45,13 +60,15 @@ def test_an_unclaimed_drafter_is_refused_before_any_forward_naming_the_kinds(mak
     model = target("llava")
     draft = make(model)
     name = type(draft).__name__
-    match = f"{name} is not" if wrap else f"no hf_specmm draft kind takes a {name} as assistant_model; {KINDS}"
     inputs = batch_inputs("llava", 2)
     hf_specmm.enable(model)
     try:
-        with count_forwards() as calls, pytest.raises(IncompatibleDraftError, match=match) as err:
-            model.generate(**inputs, max_new_tokens=4, do_sample=False,
-                           assistant_model=hf_specmm.TextOnly(draft) if wrap else draft)
+        with without_kind("gemma4_assistant"):
+            kinds = kinds_line()
+            match = f"{name} is not" if wrap else f"no hf_specmm draft kind takes a {name} as assistant_model; {kinds}"
+            with count_forwards() as calls, pytest.raises(IncompatibleDraftError, match=match) as err:
+                model.generate(**inputs, max_new_tokens=4, do_sample=False,
+                               assistant_model=hf_specmm.TextOnly(draft) if wrap else draft)
     finally:
         hf_specmm.disable(model)
     assert calls["n"] == 0
@@ -65,20 +82,23 @@ def test_a_kind_registered_for_the_class_claims_it():
                               claims=lambda d: isinstance(d, Gemma4AssistantForCausalLM), priority=30,
                               loads=lambda config: None, training_view=lambda d, vocab, stage: None,
                               param_groups=lambda d, stage, cfg: [])
-    hf_specmm.register_draft_kind(kind)
-    try:
-        assert hf_specmm.kind_of(draft) is kind
-    finally:
-        registry.unregister_draft_kind("assistant_probe")
-    with pytest.raises(IncompatibleDraftError, match="no hf_specmm draft kind takes"):
-        hf_specmm.kind_of(draft)
+    with without_kind("gemma4_assistant"):
+        hf_specmm.register_draft_kind(kind)
+        try:
+            assert hf_specmm.kind_of(draft) is kind
+        finally:
+            registry.unregister_draft_kind("assistant_probe")
+        with pytest.raises(IncompatibleDraftError, match="no hf_specmm draft kind takes"):
+            hf_specmm.kind_of(draft)
+    assert hf_specmm.kind_of(draft).name == "gemma4_assistant"
 
 
 def test_load_draft_refuses_an_unclaimed_class_before_reading_weights(tmp_path):
     model = target("llava")
     _gemma4_assistant(model).save_pretrained(tmp_path / "assistant")
-    with count_forwards() as calls, pytest.raises(DraftLoadError, match=f"no hf_specmm draft kind loads a "
-                                                  f"Gemma4AssistantConfig \\(model_type 'gemma4_assistant'\\); {KINDS}"):
+    with without_kind("gemma4_assistant"), count_forwards() as calls, pytest.raises(
+            DraftLoadError, match=f"no hf_specmm draft kind loads a Gemma4AssistantConfig \\(model_type "
+                                  f"'gemma4_assistant'\\); {kinds_line()}"):
         hf_specmm.load_draft(tmp_path / "assistant", target=model)
     assert calls["n"] == 0
 
