@@ -398,3 +398,20 @@ def test_auto_and_saved_assistant(tmp_path):
     assert type(loaded) is type(draft) and hf_specmm.kind_of(loaded).name == "gemma4_assistant"
     out, _ = _generate(model, inputs, loaded, max_new_tokens=NEW_TOKENS, num_assistant_tokens=3)
     assert torch.equal(out, plain)
+
+
+def test_training_an_assistant_is_refused_before_any_model_loads(tmp_path):
+    """hf_specmm runs Gemma 4 assistants but does not train them: ``--draft-kind gemma4_assistant`` is refused by
+    the config check, and a saved assistant given as ``--draft`` is refused before the trainer is built."""
+    from hf_specmm.train.config import TrainConfig, TrainingInputError
+    from hf_specmm.train.models import make_draft
+
+    with pytest.raises(TrainingInputError, match="draft_kind='gemma4_assistant': hf_specmm runs Gemma 4 assistant "
+                                                 "drafts but does not train them \\(trainable kinds: .*text_only"):
+        TrainConfig(target="t", data="d", output_dir=str(tmp_path), draft_kind="gemma4_assistant").validate()
+    model = target("gemma4")
+    assistant(model).save_pretrained(tmp_path / "assistant")
+    cfg = TrainConfig(target="t", data="d", output_dir=str(tmp_path / "run"), draft=str(tmp_path / "assistant"))
+    with count_forwards() as calls, pytest.raises(TrainingInputError, match="which hf_specmm runs but does not train"):
+        make_draft(cfg, model, None, "t")
+    assert calls["n"] == 0

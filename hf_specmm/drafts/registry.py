@@ -39,8 +39,10 @@ class DraftKind:
         language_model: the causal LM inside the draft (what the card describes).
         card_rows: extra rows for the model card's architecture table (markdown, each ending in a newline).
         stages: training stages this kind has (1 = language, 2 = multimodal); the first is the default.
-        training_view: ``(draft, vocab, stage) -> Drafter`` whose ``model`` is run on training batches.
-        param_groups: ``(draft, stage, cfg) -> [{"params": ..., "lr": ...}]`` trained in that stage.
+        training_view: ``(draft, vocab, stage) -> Drafter`` whose ``model`` is run on training batches; None: a
+            kind hf_specmm runs but does not train (``hf-specmm train`` refuses it before loading any model).
+        param_groups: ``(draft, stage, cfg) -> [{"params": ..., "lr": ...}]`` trained in that stage (None with
+            ``training_view``).
         build: ``(target, language_model, cfg, target_name) -> draft`` makes this kind around a fresh or
             loaded causal LM, or None when the kind cannot be built that way.
         loss: ``(view, batch, target_logits, cfg, columns) -> (summed loss, summed metrics)`` replacing the
@@ -67,8 +69,8 @@ class DraftKind:
     claims: Callable[[Any], bool]
     priority: int
     loads: Callable[[Any], "type | None"]
-    training_view: Callable[[Any, "VocabMap", int], "Drafter"]
-    param_groups: Callable[[Any, int, Any], list[dict]]
+    training_view: Callable[[Any, "VocabMap", int], "Drafter"] | None
+    param_groups: Callable[[Any, int, Any], list[dict]] | None
     stages: tuple[int, ...] = (1,)
     language_model: Callable[[Any], Any] = _itself
     card_rows: Callable[[Any], str] = _no_rows
@@ -99,6 +101,11 @@ def unregister_draft_kind(name: str) -> None:
 def draft_kinds() -> tuple[str, ...]:
     """Names of the registered kinds, highest priority first."""
     return tuple(k.name for k in sorted(_KINDS.values(), key=lambda k: -k.priority))
+
+
+def trainable_kinds() -> tuple[str, ...]:
+    """Names of the registered kinds ``hf-specmm train`` trains (those with a ``training_view``)."""
+    return tuple(name for name in draft_kinds() if _KINDS[name].training_view is not None)
 
 
 def get_kind(name: str) -> DraftKind:

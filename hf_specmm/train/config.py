@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..drafts.registry import draft_kinds, get_kind
+from ..drafts.registry import draft_kinds, get_kind, trainable_kinds
 from ..errors import SpecMMError
 
 
@@ -148,6 +148,9 @@ class TrainConfig:
             problems.append(f"loss={self.loss!r} (choose from {LOSSES})")
         if self.draft_kind is not None and self.draft_kind not in draft_kinds():
             problems.append(f"draft_kind={self.draft_kind!r} (choose from {draft_kinds()})")
+        elif self.draft_kind is not None and get_kind(self.draft_kind).training_view is None:
+            problems.append(f"draft_kind={self.draft_kind!r}: hf_specmm runs {get_kind(self.draft_kind).title} drafts "
+                            f"but does not train them (trainable kinds: {trainable_kinds()})")
         if self.prompt_format not in PROMPT_FORMATS:
             problems.append(f"prompt_format={self.prompt_format!r} (choose from {PROMPT_FORMATS})")
         if self.dtype not in ("fp32", "bf16"):

@@ -17,6 +17,7 @@ from transformers import (AutoConfig, AutoModelForCausalLM, AutoProcessor, AutoT
                           PreTrainedModel)
 
 from ..drafts import get_kind, kind_of
+from ..drafts.registry import trainable_kinds
 from ..errors import UnsupportedTargetError
 from ..hub import load_draft
 from ..targets import SUPPORTED_TARGETS, family_by_model_type, target_spec
@@ -156,6 +157,9 @@ def make_draft(cfg: TrainConfig, target: PreTrainedModel, tokenizer: Any,
         draft = fresh_language_model(target, resolve_draft_config(cfg.draft_config), cfg.seed)
     loaded = kind_of(draft)
     kind = get_kind(cfg.draft_kind or loaded.name)
+    if kind.training_view is None:
+        raise TrainingInputError(f"{cfg.draft or 'the draft'} is a {kind.title} draft, which hf_specmm runs but does "
+                                 f"not train (trainable kinds: {', '.join(trainable_kinds())})")
     if kind != loaded:
         if loaded.name != "text_only" or kind.build is None:
             source = cfg.draft or "the draft built from draft_config"

@@ -11,10 +11,6 @@ from .drafter import Gemma4AssistantDrafter
 from .modeling import ASSISTANT_CLASSES, is_gemma4_assistant, tiny_assistant
 
 
-def _not_trained(*args: Any) -> Any:
-    raise NotImplementedError("hf_specmm does not train Gemma 4 assistants: use the one released with the target")
-
-
 def _loader(config: Any) -> "type | None":
     """Stock's classes load through their own ``AutoModelForCausalLM`` mapping."""
     return next((cls for cls in ASSISTANT_CLASSES if isinstance(config, cls.config_class)), None)
@@ -34,8 +30,8 @@ GEMMA4_ASSISTANT = register_draft_kind(DraftKind(
     claims=is_gemma4_assistant,
     priority=28,
     loads=_loader,
-    training_view=_not_trained,
-    param_groups=_not_trained,
+    training_view=None,  # not trained here: use the assistant released with the target
+    param_groups=None,
     card_rows=_card_rows,
 ))
 
