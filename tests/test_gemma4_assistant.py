@@ -339,14 +339,17 @@ def test_refusals_before_any_forward():
         assert calls["n"] == 0
     wrong = copy.deepcopy(draft)
     wrong.config.backbone_hidden_size = 48
+    flash = copy.deepcopy(draft)
+    flash.config._attn_implementation = "flash_attention_2"  # set as from_pretrained(attn_implementation=...) sets it
     inputs = batch_inputs("gemma4", 1)
     hf_specmm.enable(model)
     try:
-        with count_forwards(model, wrong) as calls, pytest.raises(IncompatibleDraftError, match="backbone_hidden_size"):
-            model.generate(**inputs, max_new_tokens=4, assistant_model=wrong)
+        for bad, match in ((wrong, "backbone_hidden_size"), (flash, "attn_implementation='flash_attention_2'.*sdpa")):
+            with count_forwards(model, bad) as calls, pytest.raises(IncompatibleDraftError, match=match):
+                model.generate(**inputs, max_new_tokens=4, assistant_model=bad)
+            assert calls["n"] == 0
     finally:
         hf_specmm.disable(model)
-    assert calls["n"] == 0
 
 
 def _proposals(model, inputs, draft, **kwargs):

@@ -56,6 +56,11 @@ def check_target(target: Any, draft: Any) -> None:
         raise IncompatibleDraftError(
             f"the Gemma 4 assistant scores {own.vocab_size} ids but {name} has {text.vocab_size}: use the assistant "
             "released with this target.")
+    attention = str(getattr(draft.config, "_attn_implementation", None) or "")
+    if "flash" in attention:  # each row reads its own kept slots of the shared K/V through a 4-D additive mask
+        raise IncompatibleDraftError(
+            f"the Gemma 4 assistant runs with attn_implementation={attention!r}, which takes no per-row 4-D mask (each "
+            "row attends to its own kept slots of the shared K/V): load it with attn_implementation='sdpa' or 'eager'.")
 
 
 def tiny_assistant(target: Any, seed: int = 0, num_layers: int = 2, hidden_size: int = 32) -> Any:
