@@ -16,9 +16,9 @@ from .budget import DraftBudget
 from .caches import backend_for
 from .prompt_checks import check_placeholders
 from .targets import target_spec
-from .trees.drafting import TreeDrafting
+from .drafts.tree_drafting import TreeDrafting
+from .drafts.wrapper import Tree
 from .trees.expand import TreeShape
-from .trees.wrapper import Tree
 from .auto.wrapper import Auto
 from .vocab import VocabMap, check_vocab_compatible, draft_vocab_size
 
@@ -190,7 +190,7 @@ def _check_tree(shape: TreeShape, kind: DraftKind, config: Any, budget: DraftBud
     """Options with no meaning for a draft tree (see :class:`hf_specmm.Tree`): refused, naming the option."""
     if not issubclass(kind.drafter, TreeDrafting):
         _fail(IncompatibleDraftError, f"hf_specmm.Tree: the {kind.name!r} draft kind's drafter "
-              f"({kind.drafter.__name__}) does not draft trees (no hf_specmm.trees.drafting.TreeDrafting); pass the "
+              f"({kind.drafter.__name__}) does not draft trees (no hf_specmm.drafts.tree_drafting.TreeDrafting); pass the "
               "draft itself to draft a chain")
     bad = None
     if budget.schedule != "constant":

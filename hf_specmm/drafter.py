@@ -15,7 +15,7 @@ The loop (:class:`hf_specmm.loop.SpeculativeDecoding`) calls, per ``generate`` c
         drafter.observe_verification(out)
         drafter.accept(proposal, n, next_token)   # keep n drafts per row, queue the target's token
                                                   # (a tree: accept(proposal, n, next_token, path), the
-                                                  # accepted root path; see hf_specmm.trees.drafting)
+                                                  # accepted root path; see hf_specmm.drafts.tree_drafting)
         drafter.select_rows(keep)                 # rows finished: drop them (only if selects_rows)
 
 ``new_cache`` is the call's cache factory (:data:`~hf_specmm.caches.CacheFactory`): a drafter never builds

@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 import torch
 
+from .. import _compat
 from ..targets.positions import ROPE_1D, Rope1D
 from .linear import LinearStates
 
@@ -76,8 +77,6 @@ class SlottedCache(ABC):
         where linear-attention states are captured (a compiled graph does not run hooks added after tracing)."""
         if self.compile_config is None or self.linear is not None:
             return model
-        from .. import _compat
-
         return _compat.compiled_call(model, self.compile_config)
 
     # ---- storage operations, one per backend ---------------------------------------------------------

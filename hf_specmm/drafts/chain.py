@@ -20,7 +20,7 @@ from ..caches import SlottedCache, mask_to
 from ..devices import execution_device
 from ..drafter import Drafter, DraftPrompt, Prompt, Proposal
 from ..targets.positions import ROPE_1D, Rope1D
-from ..trees.drafting import TreeDrafting
+from .tree_drafting import TreeDrafting
 from ..vocab import VocabMap
 
 if TYPE_CHECKING:

@@ -42,7 +42,7 @@ drafter to the draft's (``DraftSelector.level_scores``) at every node; a process
 sees the row's history plus the node's root path (``DraftTree.root_paths``), never another branch's tokens.
 
 In ``generate``: ``assistant_model=hf_specmm.Tree(draft, top_k=K, depth=D, tokens=N)`` (:class:`Tree`). The
-drafters draft through :class:`~hf_specmm.trees.drafting.TreeDrafting` (one forward per level on their own
+drafters draft through :class:`~hf_specmm.drafts.tree_drafting.TreeDrafting` (one forward per level on their own
 cache), the loop verifies a :class:`~hf_specmm.block.TreeBlock` (one target forward) with the verifier's
 ``tree`` rule, and both caches keep the accepted path in place (``SlottedCache.rollback`` with a path).
 """
@@ -50,7 +50,6 @@ cache), the loop verifies a :class:`~hf_specmm.block.TreeBlock` (one target forw
 from .expand import StepFn, TreeShape, expand_tree, top_k_first_index
 from .tree import DraftTree, LevelAncestry, tree_attention_mask
 from .verify import TreeAcceptance, greedy_verify_tree, sample_verify_tree
-from .wrapper import Tree
 
-__all__ = ["DraftTree", "LevelAncestry", "StepFn", "Tree", "TreeAcceptance", "TreeShape", "expand_tree",
+__all__ = ["DraftTree", "LevelAncestry", "StepFn", "TreeAcceptance", "TreeShape", "expand_tree",
            "greedy_verify_tree", "sample_verify_tree", "top_k_first_index", "tree_attention_mask"]

@@ -37,7 +37,7 @@ from ...devices import execution_device
 from ...drafter import Drafter, Prompt, Proposal
 from ...errors import IncompatibleDraftError
 from ...selector import Selector
-from ...trees.drafting import TreeDrafting
+from ..tree_drafting import TreeDrafting
 from ...trees.expand import expand_tree
 from ...vocab import VocabMap
 from .context import ContextCache, block_masks

@@ -35,7 +35,8 @@ from ...errors import IncompatibleDraftError
 from ...targets import target_family
 from ...selector import Selector
 from ...targets.positions import ROPE_1D, Rope1D
-from ...trees.drafting import TreeDrafting
+from ..tree_drafting import TreeDrafting
+from .modeling import FeatureHeadDraft
 from ...vocab import VocabMap
 
 
@@ -56,8 +57,6 @@ class FeatureHeadDrafter(TreeDrafting, Drafter):
 
     @classmethod
     def check(cls, target: Any, draft: Any) -> None:
-        from .modeling import FeatureHeadDraft
-
         if not isinstance(draft, FeatureHeadDraft):
             raise IncompatibleDraftError(f"a feature_head draft must be a FeatureHeadDraft, got {type(draft).__name__}")
         draft.check_target(target)

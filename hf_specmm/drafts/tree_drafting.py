@@ -18,8 +18,7 @@ import torch
 from .. import _compat
 from ..budget import RoundBudget
 from ..drafter import Proposal
-from .expand import expand_tree
-from .tree import LevelAncestry
+from ..trees import LevelAncestry, expand_tree
 
 if TYPE_CHECKING:
     from ..selector import DraftSelector
