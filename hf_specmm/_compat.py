@@ -337,7 +337,7 @@ def compiled_call(model: Any, compile_config: Any = None) -> Callable[..., Any]:
 # per type and take a dict {layer type: mask} as-is instead (``isinstance(attention_mask, dict)``).
 
 
-def tree_attention_argument(config: Any, make_mask: Callable[[int | None], torch.Tensor]) -> Any:
+def mask_argument(config: Any, make_mask: Callable[[int | None], torch.Tensor]) -> Any:
     """The ``attention_mask`` argument that makes a model attend through a custom 4-D mask. ``make_mask(window)``
     builds it, with sliding window ``window`` applied (None: none). A model with both full and sliding layers
     (Gemma 3) gets ``{"full_attention": make_mask(None), "sliding_attention": make_mask(window)}``; one whose

@@ -12,7 +12,7 @@ The seams, each an object of its own:
 - the **selector** (:mod:`hf_specmm.selector`): how a drafter picks a token (processors, choice, history);
 - the **block** (:mod:`hf_specmm.block`): what the target verifies, writing its own mask and positions into
   the target's cache. A draft tree is one more block shape (ancestor mask, positions by depth);
-- the **verifier** and its **acceptance** (:mod:`hf_specmm.verify`): per row, which block positions are kept
+- the **verifier** and its **acceptance** (:mod:`hf_specmm.verifier`, :class:`~hf_specmm.trees.Acceptance`): per row, which block positions are kept
   (a tree's accepted root path: ``Acceptance.path``) and the next token;
 - the **cache backend** (:mod:`hf_specmm.caches`): the target's and every drafter's caches come from one
   backend (dynamic today; a static backend keeps fixed shapes, so the round can be compiled);
@@ -38,7 +38,7 @@ from .rows import Rows
 from .selector import DraftSelector, choose
 from .stats import SpecStats
 from .targets import target_family
-from .verify import verifier_for
+from .verifier import verifier_for
 
 
 class SpeculativeDecoding:
@@ -90,7 +90,7 @@ class SpeculativeDecoding:
         self.rows = Rows(input_ids, generation_config.max_length, int(pad) if pad is not None else 0,
                          stopping_criteria, self.streamer)
         self.select = DraftSelector(logits_processor, self.rows, self.do_sample, self.budget.confidence)
-        self.verify = verifier_for(self.do_sample)
+        self.verifier = verifier_for(self.do_sample)
         self.stats.batch_size, self.stats.gamma = batch, self.budget.gamma
 
         mask = model_kwargs.get("attention_mask")
@@ -149,7 +149,7 @@ class SpeculativeDecoding:
         scores = block.scores(self.processors, rows.history, logits, rows.cache_index)  # p_0..p_γ
 
         # 3. accept n drafts + one target token per row; a row keeps what plain generate would (EOS, max_length)
-        accepted = block.verify(self.verify, proposal, scores, lengths)
+        accepted = block.verify(self.verifier, proposal, scores, lengths)
         offered = accepted.offered(rows.unfinished_in_cache(self.device))
         kept = rows.emit(rows.to_batch(accepted.emitted), rows.to_batch(offered))  # [B] host ints
         self.outputs.record(out, kept, block.along_path(scores, accepted), block.along_path(logits, accepted),
@@ -157,17 +157,17 @@ class SpeculativeDecoding:
         del out
         proposed = rows.to_batch(block.drafted(proposal, lengths, rows.to_cache([r - 1 for r in remaining]))).tolist()
         self.stats.record_round(gamma, kept, rows.to_batch(accepted.n).tolist(), proposed, remaining, unfinished,
-                                tree=proposal.tree is not None)
+                                tree=block.is_tree)
         self.budget.observe(proposal, accepted, rows.to_cache(unfinished))
         self.budget.update(kept, gamma)
 
-        # 4. roll back both caches: each row keeps [cur, d_1..d_m], m = kept - 1; emitted[m] is the new cur
+        # 4. roll back both caches: each row keeps [cur, d_1..d_keep], keep = kept - 1; emitted[keep] is the new cur
         kept_in_cache = accepted.n.new_tensor(rows.to_cache(kept))  # 0 for a finished row: it keeps no slot
-        m = (kept_in_cache - 1).clamp_min(0)
+        keep = (kept_in_cache - 1).clamp_min(0)
         target_kv.rollback(start, kept_in_cache, accepted.path)
-        self.cur = accepted.token_at(m)
+        self.cur = accepted.token_at(keep)
         if gamma > 0:
-            block.accept(drafter, proposal, m, self.cur, accepted)
+            block.accept(drafter, proposal, keep, self.cur, accepted)
         elif rows.any_unfinished():  # a plain step mid-call (hf_specmm.Auto): the draft reads the token later
             drafter.follow(self.cur)
 

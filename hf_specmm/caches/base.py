@@ -34,7 +34,7 @@ from typing import Any, Callable
 import torch
 
 from .. import _compat
-from ..targets.positions import ROPE_1D, Rope1D
+from ..targets.positions import ROPE_1D, PositionRule
 from .linear import LinearStates
 
 
@@ -52,7 +52,7 @@ class SlottedCache(ABC):
         linear: the states of the model's linear-attention layers (None: it has none).
     """
 
-    def __init__(self, cache: Any, batch_size: int, device: torch.device, positions: Rope1D = ROPE_1D,
+    def __init__(self, cache: Any, batch_size: int, device: torch.device, positions: PositionRule = ROPE_1D,
                  compact: bool = False, length: int = 0, mask: torch.Tensor | None = None,
                  linear: LinearStates | None = None):
         self.cache = cache
@@ -224,4 +224,4 @@ def mask_to(mask: Any, device: torch.device) -> Any:
 
 
 #: makes a draft's empty cache: ``(model, batch_size, device, positions) -> SlottedCache``
-CacheFactory = Callable[[Any, int, torch.device, Rope1D], SlottedCache]
+CacheFactory = Callable[[Any, int, torch.device, PositionRule], SlottedCache]
