@@ -15,7 +15,7 @@ from .drafts import (DraftKind, FeatureHeadDraft, FeatureHeadDraftConfig, ImageA
 from .errors import IncompatibleDraftError, SpecMMError, UnsupportedGenerationError, UnsupportedTargetError
 from .hub import annotate_draft, draft_metadata, load_draft, push_draft_to_hub, render_model_card, save_draft
 from .stats import SpecStats
-from .trees import Tree
+from .drafts.wrapper import Tree
 from .auto import Auto
 from .targets import SUPPORTED_TARGETS, TargetFamily, register_target_family
 

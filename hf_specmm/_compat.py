@@ -330,14 +330,14 @@ def compiled_call(model: Any, compile_config: Any = None) -> Callable[..., Any]:
     return cached[1]
 
 
-# ---- draft trees (issue 19) ----------------------------------------------------------------------------
+# ---- custom 4-D masks: draft trees (issue 19), the static cache's windows ------------------------------------
 # Read in transformers 5.17 and 5.24 (masking_utils._preprocess_mask_arguments): an attention mask that is
 # already 4-D is returned as-is by create_causal_mask / create_sliding_window_causal_mask, so neither the
 # causal pattern nor a sliding window is applied to it. Models that mix layer types (Gemma 3) build one mask
 # per type and take a dict {layer type: mask} as-is instead (``isinstance(attention_mask, dict)``).
 
 
-def tree_attention_argument(config: Any, make_mask: Callable[[int | None], torch.Tensor]) -> Any:
+def mask_argument(config: Any, make_mask: Callable[[int | None], torch.Tensor]) -> Any:
     """The ``attention_mask`` argument that makes a model attend through a custom 4-D mask. ``make_mask(window)``
     builds it, with sliding window ``window`` applied (None: none). A model with both full and sliding layers
     (Gemma 3) gets ``{"full_attention": make_mask(None), "sliding_attention": make_mask(window)}``; one whose

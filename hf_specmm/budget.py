@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from .trees.expand import TreeShape
@@ -15,10 +15,6 @@ class RoundBudget:
 
     gamma: int
     tree: TreeShape | None = None
-
-    @property
-    def drafts_tree(self) -> bool:
-        return self.tree is not None
 
 
 @dataclass
@@ -59,8 +55,7 @@ class DraftBudget:
         """The tree cut to ``depth`` levels (near ``max_length``), with no more nodes than it can hold."""
         if self.tree is None or depth < 1:
             return None
-        shallow = replace(self.tree, depth=depth, tokens=1)
-        return replace(shallow, tokens=min(self.tree.tokens, shallow.candidates))
+        return self.tree.cut(depth)
 
     def update(self, kept: list[int], gamma_used: int) -> None:
         """After a round where the rows still running kept ``kept`` tokens each (drafts + the target's)."""

@@ -16,9 +16,8 @@ from .budget import DraftBudget
 from .caches import backend_for
 from .prompt_checks import check_placeholders
 from .targets import target_spec
-from .trees.drafting import TreeDrafting
+from .drafts.wrapper import Tree
 from .trees.expand import TreeShape
-from .trees.wrapper import Tree
 from .auto.wrapper import Auto
 from .vocab import VocabMap, check_vocab_compatible, draft_vocab_size
 
@@ -188,9 +187,9 @@ def _gamma_source(kwargs: dict, generation_config: Any, target: Any, draft: Any)
 def _check_tree(shape: TreeShape, kind: DraftKind, config: Any, budget: DraftBudget, gamma_source: str | None,
                 vocab: VocabMap, stateful: str | None = None) -> None:
     """Options with no meaning for a draft tree (see :class:`hf_specmm.Tree`): refused, naming the option."""
-    if not issubclass(kind.drafter, TreeDrafting):
+    if not kind.drafter.drafts_trees:
         _fail(IncompatibleDraftError, f"hf_specmm.Tree: the {kind.name!r} draft kind's drafter "
-              f"({kind.drafter.__name__}) does not draft trees (no hf_specmm.trees.drafting.TreeDrafting); pass the "
+              f"({kind.drafter.__name__}) does not draft trees (its Drafter.drafts_trees is False); pass the "
               "draft itself to draft a chain")
     bad = None
     if budget.schedule != "constant":
@@ -237,12 +236,12 @@ def _check_auto(auto: Auto, kind: DraftKind, config: Any, budget: DraftBudget, g
     if bad is not None:
         _fail(UnsupportedGenerationError, f"generate(assistant_model=hf_specmm.Auto(...)) cannot be used with {bad}.")
     per_node_outputs = config.return_dict_in_generate and (config.output_attentions or config.output_hidden_states)
-    trees = issubclass(kind.drafter, TreeDrafting) and not per_node_outputs and stateful is None
+    trees = kind.drafter.drafts_trees and not per_node_outputs and stateful is None
     plain = bool(kind.drafter.follows_plain_steps) and stateful is None
     why = auto.uses(trees, plain)
     if why is not None:
         reason = ("output_attentions / output_hidden_states need chain rounds" if per_node_outputs and
-                  issubclass(kind.drafter, TreeDrafting) else f"the {kind.name!r} draft kind's drafter cannot draft it")
+                  kind.drafter.drafts_trees else f"the {kind.name!r} draft kind's drafter cannot draft it")
         _fail(UnsupportedGenerationError, f"hf_specmm.Auto(shapes=...): {why}, and {reason}.")
     return trees, plain
 

@@ -14,9 +14,8 @@ The loop (:class:`hf_specmm.loop.SpeculativeDecoding`) calls, per ``generate`` c
         with drafter.watch(target):               # only when observes_verification
             out = target([cur, d_1..d_γ])
         drafter.observe_verification(out)
-        drafter.accept(proposal, n, next_token)   # keep n drafts per row, queue the target's token
-                                                  # (a tree: accept(proposal, n, next_token, path), the
-                                                  # accepted root path; see hf_specmm.trees.drafting)
+        drafter.accept(proposal, keep, next_token, path)  # keep `keep` drafts per row (a tree: along its
+                                                  # kept root path; a chain: path None), queue the target's token
         drafter.select_rows(keep)                 # rows finished: drop them (only if selects_rows)
 
 ``new_cache`` is the call's cache factory (:data:`~hf_specmm.caches.CacheFactory`): a drafter never builds
@@ -34,12 +33,13 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ContextManager
+from typing import TYPE_CHECKING, Any, ContextManager, NamedTuple
 
 import torch
 
 from .budget import RoundBudget
-from .targets.positions import ROPE_1D, Rope1D
+from .targets.positions import ROPE_1D, PositionRule
+from .trees import DraftTree
 from .vocab import VocabMap
 
 if TYPE_CHECKING:
@@ -68,32 +68,52 @@ class DraftPrompt:
 
     ids: torch.Tensor
     valid: torch.Tensor
-    positions: Rope1D = ROPE_1D
+    positions: PositionRule = ROPE_1D
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+class RoundStart(NamedTuple):
+    """Where a KV-cached drafter's round began: its cache's ``length`` and the ``pending`` slots it read first
+    (:meth:`Drafter.accept` rolls back to ``length + pending`` plus the kept drafts it read)."""
+
+    length: int
+    pending: int
 
 
 @dataclass
 class Proposal:
     """What :meth:`Drafter.propose` returns: ``tokens`` [B, γ] target ids d_1..d_γ, ``probs`` [B, γ, V]
-    their (processed) draft distributions q_1..q_γ when sampling, else None, and ``restore``: whatever
-    the drafter needs in :meth:`Drafter.accept` to roll back to this round's start (its own business).
-    ``tree``: a :class:`~hf_specmm.trees.DraftTree` when the round drafted a tree (``tokens`` its N nodes;
-    ``gamma`` its ``depth``)."""
+    their (processed) draft distributions q_1..q_γ when sampling, else None, and ``start``: where the drafter's
+    round began (a drafter without a cache of its own: None). ``tree``: a :class:`~hf_specmm.trees.DraftTree`
+    rooted at the row's current token when the round drafted a tree (``tokens`` its N draft nodes; ``gamma``
+    its ``depth``)."""
 
     tokens: torch.Tensor
     probs: torch.Tensor | None
-    restore: Any = None
-    tree: Any = None
+    start: RoundStart | None = None
+    tree: DraftTree | None = None
     depth: int = 0  # a tree's depth (its γ: the draft forwards of its round)
 
     @property
     def gamma(self) -> int:
         return self.tokens.shape[1] if self.tree is None else self.depth
 
+    def drafts_on_path(self, path: torch.Tensor | None) -> torch.Tensor:
+        """[B, D] the drafts along each row's kept ``path`` (a tree's root path, root left out; None: the chain)."""
+        return self.tokens if path is None else self.tree.tokens.gather(1, path)[:, 1:]
+
     @classmethod
     def empty(cls, rows: int, vocab_size: int, like: torch.Tensor) -> "Proposal":
         """No drafts this round (one token left: a plain target step), shaped like a real proposal."""
         return cls(like.new_zeros(rows, 0, dtype=torch.long), like.new_zeros(rows, 0, vocab_size, dtype=torch.float32))
+
+
+def every_prompt_position(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """[B] every valid prompt position (image positions included): the prompt length of a drafter whose cache
+    holds a slot per target position (a feature head, a DFlash context)."""
+    if attention_mask is None:
+        return torch.full((input_ids.shape[0],), input_ids.shape[1], device=input_ids.device)
+    return attention_mask.sum(-1)
 
 
 class Drafter(ABC):
@@ -116,7 +136,7 @@ class Drafter(ABC):
     #: only the unfinished rows. False: every row stays in both batches until the call ends.
     selects_rows: bool = False
 
-    def __init__(self, draft: Any, vocab: VocabMap, model: Any = None, positions: Rope1D = ROPE_1D):
+    def __init__(self, draft: Any, vocab: VocabMap, model: Any = None, positions: PositionRule = ROPE_1D):
         self.draft = draft
         self.vocab = vocab
         #: the module run each step and trained by the training view (``draft`` unwrapped)
@@ -166,9 +186,14 @@ class Drafter(ABC):
         turns the logits of step j into d_{j+1}."""
 
     @abstractmethod
-    def accept(self, proposal: Proposal, n: torch.Tensor, next_tokens: torch.Tensor) -> None:
-        """Keep the first ``n`` [B] drafts of ``proposal`` per row and queue ``next_tokens`` [B] (the
-        target's correction or bonus token), so the next :meth:`propose` continues from there."""
+    def accept(self, proposal: Proposal, keep: torch.Tensor, next_tokens: torch.Tensor,
+               path: torch.Tensor | None = None) -> None:
+        """Keep the first ``keep`` [B] drafts of ``proposal`` per row (a tree: along its kept root ``path``
+        [B, D+1], node indices root first; None for a chain) and queue ``next_tokens`` [B] (the target's bonus
+        token), so the next :meth:`propose` continues from there."""
+
+    #: True when :meth:`propose` drafts a tree for a budget with a tree shape (``hf_specmm.Tree``, ``Auto``)
+    drafts_trees: bool = False
 
     #: True when :meth:`follow` is implemented: rounds may then be plain target steps (``hf_specmm.Auto``)
     follows_plain_steps: bool = False

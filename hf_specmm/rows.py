@@ -6,16 +6,46 @@ Two numberings meet in the loop: *batch rows* (the call's B rows, what the user 
 processors index) and *cache rows* (the A ≤ B rows still in the target's and the draft's caches, in cache
 order: finished rows leave the caches in groups). :class:`Rows` maps between them both ways:
 ``in_cache[a]`` is the batch row of cache row a, :meth:`Rows.to_batch` scatters a per-cache-row tensor to
-the batch, :meth:`Rows.to_cache` gathers a per-batch-row list for the cache rows.
+the batch, :meth:`Rows.to_cache` gathers a per-batch-row list for the cache rows. A round converts in two
+calls: :meth:`Rows.start_round` (what the rows may do, both numberings) and :meth:`Rows.keep` (what they
+kept of the verifier's acceptance, both numberings).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .history import RowHistory, stop_counts, to_batch
+
+if TYPE_CHECKING:
+    from .trees import Acceptance
+
+
+@dataclass(frozen=True)
+class RoundRows:
+    """The rows at a round's start (host lists): per batch row, the tokens it may still add (``remaining``) and
+    whether it is ``unfinished``; per cache row, the drafts it could keep (``room``: its remaining less the
+    target's own token) and ``unfinished_in_cache``."""
+
+    remaining: list[int]
+    unfinished: list[bool]
+    room: list[int]
+    unfinished_in_cache: list[bool]
+
+
+@dataclass(frozen=True)
+class KeptRows:
+    """What the rows kept of a round: per batch row (host ints) the tokens ``kept`` (0 once finished), the drafts
+    the verifier ``accepted`` and the drafts ``drafted``; ``in_cache`` [A]: ``kept`` per cache row (a tensor on
+    the acceptance's device, for the caches' rollback)."""
+
+    kept: list[int]
+    accepted: list[int]
+    drafted: list[int]
+    in_cache: torch.Tensor
 
 
 class Rows:
@@ -43,10 +73,6 @@ class Rows:
         """A per-batch-row list, for the cache rows."""
         return [values[r] for r in self.in_cache]
 
-    def unfinished_in_cache(self, device: torch.device) -> torch.Tensor:
-        """[A] bool: which cache rows are still generating."""
-        return torch.tensor(self.to_cache(self.unfinished), device=device)
-
     def leaving(self) -> list[int] | None:
         """Cache rows to keep if finished rows should leave the caches now, else None. Leaving copies
         every cache once, so rows leave in groups of at least a quarter of the rows still in them."""
@@ -62,9 +88,21 @@ class Rows:
         self.cache_index = torch.tensor(self.in_cache, device=device)
         return torch.tensor(keep, device=device)
 
-    def budget(self) -> list[int]:
+    def remaining(self) -> list[int]:
         """Tokens each row may still add before ``max_length``."""
         return [self.max_length - length for length in self.history.lengths]
+
+    def start_round(self) -> RoundRows:
+        remaining, unfinished = self.remaining(), list(self.unfinished)
+        return RoundRows(remaining, unfinished, self.to_cache([r - 1 for r in remaining]), self.to_cache(unfinished))
+
+    def keep(self, accepted: "Acceptance", drafted: torch.Tensor, start: RoundRows) -> KeptRows:
+        """Offer each cache row's emitted tokens (none for a finished row) to the stopping criteria, as the batch
+        rows they are (:meth:`emit`); ``drafted`` [A]: drafts each cache row proposed (the statistics' count)."""
+        unfinished = torch.tensor(start.unfinished_in_cache, device=accepted.n.device)
+        kept = self.emit(self.to_batch(accepted.emitted), self.to_batch(accepted.offered(unfinished)))
+        return KeptRows(kept, self.to_batch(accepted.n).tolist(), self.to_batch(drafted).tolist(),
+                        accepted.n.new_tensor(self.to_cache(kept)))
 
     def emit(self, block: torch.Tensor, counts: torch.Tensor) -> list[int]:
         """Offer ``counts`` [B] tokens of ``block`` [B, m] per row; returns how many each row kept."""

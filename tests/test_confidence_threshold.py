@@ -9,7 +9,7 @@ import torch
 
 import hf_specmm
 from hf_specmm import testing
-from hf_specmm.verify import greedy_verify, rejection_sample
+from hf_specmm.verifier import greedy_verify, rejection_sample
 from conftest import batch_inputs, target
 
 

@@ -1,6 +1,7 @@
-"""The package's import structure: the test fixtures (``hf_specmm.testing``) stay out of the core, and no
-module imports itself back through a circle of imports. Imports are read from the source with ``ast``,
-so a lazy import inside a function counts where noted."""
+"""The package's import structure: the test fixtures (``hf_specmm.testing``) stay out of the core, no module
+imports itself back through a circle of imports (lazy imports inside functions included: a circle is not
+dodged by hiding one of its imports in a function), no folder does either, and ``trees/`` stays the tensors-only
+layer it promises to be. Imports are read from the source with ``ast``."""
 
 from __future__ import annotations
 
@@ -20,15 +21,18 @@ def _module_name(path: Path) -> str:
 MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
-def _imports(module: str, module_level_only: bool) -> set[str]:
+def _imports(module: str, module_level_only: bool, type_checking: bool = True) -> set[str]:
     """The hf_specmm modules ``module`` imports (``from pkg import name`` counts as ``pkg.name`` when that is
-    a module). ``module_level_only``: leave out imports inside functions and ``if TYPE_CHECKING:`` blocks."""
+    a module). ``module_level_only``: leave out imports inside functions and ``if TYPE_CHECKING:`` blocks;
+    ``type_checking=False``: leave out the ``if TYPE_CHECKING:`` blocks only (they never run)."""
     path = MODULES[module]
     tree = ast.parse(path.read_text())
     package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
-    nodes: list[ast.AST] = [n for n in tree.body if not (isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test))]
+    checking = [n for n in ast.walk(tree) if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test)]
+    nodes: list[ast.AST] = [n for n in tree.body if n not in checking]
     if not module_level_only:
-        nodes = list(ast.walk(tree))
+        hidden = set() if type_checking else {id(m) for n in checking for b in n.body for m in ast.walk(b)}
+        nodes = [n for n in ast.walk(tree) if id(n) not in hidden]
     found = set()
     for node in nodes:
         if isinstance(node, ast.Import):
@@ -91,14 +95,37 @@ def test_the_core_never_imports_the_fixtures():
     assert {m: i for m, i in offenders.items() if i} == {}
 
 
+RUNTIME = {m: _imports(m, module_level_only=False, type_checking=False) for m in MODULES}
+
+
+def _folder(module: str) -> str:
+    """The part of the package ``module`` belongs to: a top-level module, or a top-level folder with all below it."""
+    return ".".join(module.split(".")[:2])
+
+
 def test_no_import_cycle_in_the_package():
-    """Module-level imports form no circle anywhere; inside the fixtures not even lazy imports do."""
-    graph = {m: _imports(m, module_level_only=True) for m in MODULES}
-    assert _cycles(graph) == []
-    fixtures = {m: {i for i in _imports(m, module_level_only=False) if i.startswith("hf_specmm.testing")}
-                for m in MODULES if m.startswith("hf_specmm.testing")}
-    assert _cycles(fixtures) == []
+    """Imports, module-level and inside functions alike, form no circle of files anywhere."""
+    assert _cycles(RUNTIME) == []
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the check can fail
+
+
+def test_no_import_cycle_between_folders():
+    """Folders (and the top-level modules) import each other one way: no ``trees/`` <-> ``drafts/``,
+    ``trees/`` <-> ``budget.py`` or ``drafts/`` <-> ``hub.py`` through any of their files."""
+    folders: dict[str, set[str]] = {}
+    for module, imported in RUNTIME.items():
+        folders.setdefault(_folder(module), set()).update(_folder(i) for i in imported if _folder(i) != _folder(module))
+    assert _cycles(folders) == []
+    assert _folder("hf_specmm.drafts.feature_head.eagle3") == "hf_specmm.drafts" and _folder("hf_specmm.loop") == "hf_specmm.loop"
+
+
+def test_trees_import_nothing_of_the_package_but_compat():
+    """``hf_specmm.trees`` is tree structure, expansion, masks and verification math: it imports no drafter,
+    budget or loop module (tree drafting lives beside the drafters, ``hf_specmm.Tree`` beside ``DraftWrapper``)."""
+    outside = {m: sorted(i for i in imported if not i.startswith("hf_specmm.trees") and i != "hf_specmm._compat")
+               for m, imported in RUNTIME.items() if m.startswith("hf_specmm.trees")}
+    assert {m: i for m, i in outside.items() if i} == {}
+    assert len(outside) >= 4  # trees/__init__, tree, expand, verify
 
 
 def test_fixtures_are_registered_by_name_without_family_lists():

@@ -57,9 +57,9 @@ def test_right_padding_gives_plain_generates_output(family):
 
 
 def test_right_padding_is_refused_where_stocks_positions_are_unknown(monkeypatch):
-    from hf_specmm.targets.positions import Rope1D
+    from hf_specmm.targets.positions import PositionRule
 
-    monkeypatch.setattr(Rope1D, "bind", lambda self, *args, **kwargs: self)  # as if stock gave no position_ids
+    monkeypatch.setattr(PositionRule, "bind", lambda self, *args, **kwargs: self)  # as if stock gave no position_ids
     inputs = testing.make_inputs("llava", processor("llava"), PROMPTS, [testing.tiny_image(0), None, None],
                                  padding_side="right")
     processor("llava").tokenizer.padding_side = "left"

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import hf_specmm
-import hf_specmm.verify as verify
+import hf_specmm.verifier as verify
 from hf_specmm import testing
 
 ALPHA = 1e-3

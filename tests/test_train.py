@@ -411,7 +411,7 @@ def test_resume_from_another_config_names_the_differing_fields(target_dir, mixed
 
 def test_losses_compare_distributions_on_the_proposable_ids():
     from hf_specmm.targets import target_spec
-    from hf_specmm.train.losses import distill_loss, proposable_columns
+    from hf_specmm.drafts.distill import distill_loss, proposable_columns
     from hf_specmm.vocab import VocabMap
 
     target = testing.tiny_target("llava")

@@ -10,7 +10,7 @@ import torch
 
 from hf_specmm.trees import (DraftTree, LevelAncestry, TreeShape, expand_tree, greedy_verify_tree,
                              sample_verify_tree, top_k_first_index, tree_attention_mask)
-from hf_specmm.verify import greedy_verify
+from hf_specmm.verifier import greedy_verify
 
 VOCAB = 11
 

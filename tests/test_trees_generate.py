@@ -217,7 +217,7 @@ def test_tree_sampling_matches_plain_sampling(family, kind):
 
 def test_tree_chi2_has_power_against_a_verifier_that_keeps_the_draft_path(monkeypatch):
     """The χ² test above flags a tree verifier that is not lossless (greedy acceptance under sampling)."""
-    from hf_specmm import verify
+    from hf_specmm import verifier as verify
 
     monkeypatch.setattr(verify.SamplingVerifier, "tree", verify.GreedyVerifier.tree)
     with pytest.raises(AssertionError, match="χ²"):

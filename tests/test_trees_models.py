@@ -54,7 +54,7 @@ def chain_logits(model, cache, slot_mask, rule, row: int, tokens: list[int]) -> 
 
 def tree_forward(model, cache, slot_mask, rule, tree: DraftTree, mask_dtype=torch.float32) -> torch.Tensor:
     chain = rule.block_positions(slot_mask.sum(-1), None, tree.max_depth + 1)
-    mask = _compat.tree_attention_argument(model.config, lambda w: tree.attention_mask(slot_mask, mask_dtype, w))
+    mask = _compat.mask_argument(model.config, lambda w: tree.attention_mask(slot_mask, mask_dtype, w))
     return forward(model, cache, tree.tokens, mask, tree.positions(chain))
 
 
@@ -173,7 +173,7 @@ def test_text_draft_reads_the_expansion_level_by_level(family):
     def step(tokens, parents):
         ancestry.add(parents)
         depth = int(ancestry.depths[0, -1])
-        level_mask = _compat.tree_attention_argument(
+        level_mask = _compat.mask_argument(
             draft.config, lambda w: ancestry.attention_mask(mask, torch.float32, w))
         logits = forward(draft, cache, tokens, level_mask, chain[:, depth - 1 : depth].expand(-1, tokens.shape[1]))
         fed.append((tokens, parents, logits))
@@ -213,7 +213,7 @@ def test_feature_head_body_takes_the_tree_mask(family):
     tree = DraftTree.from_parents(text_ids(model, 16, gen).view(2, 8), torch.tensor([PARENTS] * 2))
     features = torch.randn(2, 8, hidden, generator=gen)  # each node's input feature (its parent's prediction)
     chain = rule.block_positions(mask.sum(-1), None, tree.max_depth + 1)
-    tree_mask = _compat.tree_attention_argument(head.config.text_config,
+    tree_mask = _compat.mask_argument(head.config.text_config,
                                                 lambda w: tree.attention_mask(mask, torch.float32, w))
     out = run(copy.deepcopy(prefix), features, tree.tokens, tree_mask, tree.positions(chain))
     for row in range(2):

@@ -5,7 +5,6 @@ feeds the verification's outcome to the acceptance table; :meth:`report` is ``la
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from typing import Any, Callable
 
 import torch
@@ -231,5 +230,4 @@ def _fit(shape: Shape, room: int) -> Shape:
         return PLAIN
     if shape.tree is None:
         return Shape(room)
-    shallow = replace(shape.tree, depth=room, tokens=1)
-    return Shape(room, replace(shallow, tokens=min(shape.tree.tokens, shallow.candidates)))
+    return Shape(room, shape.tree.cut(room))

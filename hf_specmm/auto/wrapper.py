@@ -10,9 +10,8 @@ from typing import Any, Sequence
 import torch
 
 from ..devices import execution_device
-from ..drafts.wrapper import DraftWrapper
+from ..drafts.wrapper import DraftWrapper, Tree
 from ..trees.expand import TreeShape
-from ..trees.wrapper import Tree
 from .acceptance import AcceptanceTable
 from .budget import AutoBudget
 from .costs import COSTS, cost_key

@@ -28,8 +28,9 @@ from typing import Any
 
 import torch
 
-EMBED_RATIO = 8.0  # token embedding norm / norm of everything the layers add to the residual stream
-TOP_LOGIT = 20.0  # about the winning logit; the runner-up trails by ~9 logits at hidden 64, ~16-18 at 1024-4096
+from .margin_rule import EMBED_RATIO, TOP_LOGIT, apply_margin_rule  # noqa: F401  (the rule, checked here)
+from .presets import PRESETS, build_preset, synthetic_inputs
+
 MIN_MARGIN_ULPS = 32  # "well above rounding": top-1 minus top-2 of at least 32 bf16 spacings (1/8 to 1/4 of top-1)
 BF16_MANTISSA_BITS = 7  # stored bits: bf16 values in [2^e, 2^(e+1)) are 2^(e-7) apart
 
@@ -38,61 +39,6 @@ def bf16_spacing(values: torch.Tensor) -> torch.Tensor:
     """The gap between adjacent bf16 numbers at ``|values|``: ``2^(floor(log2|v|) - 7)``."""
     exponent = torch.floor(torch.log2(values.abs().float().clamp_min(torch.finfo(torch.float32).tiny)))
     return torch.exp2(exponent - BF16_MANTISSA_BITS)
-
-
-@torch.no_grad()
-def _layer_sum_norm(decoder: Any, probe: torch.Tensor) -> float:
-    """The largest norm of what the layers add to the residual stream (final-norm input minus embedding)."""
-    seen: dict[str, torch.Tensor] = {}
-    hook = decoder.norm.register_forward_hook(lambda mod, args, out: seen.update(x=args[0]))
-    try:
-        decoder(input_ids=probe, use_cache=False)
-    finally:
-        hook.remove()
-    rest = seen["x"].float() - decoder.embed_tokens(probe).float()
-    return rest.norm(dim=-1).max().item()
-
-
-@torch.no_grad()
-def apply_margin_rule(model: Any, text_vocab: int, seed: int = 0, first_text_id: int = 3) -> Any:
-    """Give ``model`` (a VLM or causal LM with an untied LM head) greedy margins far above bf16 rounding,
-    in place; returns ``model``.
-
-    Every id ``x`` gets a successor ``next(x)`` among the ordinary text ids ``[first_text_id, text_vocab)``
-    (a random permutation of them; other ids, e.g. ``<image>`` or pads, map to a random text id), so greedy
-    runs never emit a special, reserved or end-of-sequence id. Embeddings become random directions of
-    norm ``EMBED_RATIO`` times the layers' contribution; ``lm_head[r]`` is the sum of the unit embeddings
-    of ``r``'s predecessors, scaled so the winner's logit is about :data:`TOP_LOGIT`.
-    """
-    from ..testing.shaping import language_model
-
-    decoder = language_model(model)
-    embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
-    if embed.data_ptr() == head.data_ptr():
-        raise ValueError("apply_margin_rule needs an untied LM head (tie_word_embeddings=False)")
-    vocab, hidden = head.shape
-    if not 0 <= first_text_id < text_vocab <= vocab:
-        raise ValueError(f"text ids [{first_text_id}, {text_vocab}) must lie inside the {vocab}-row LM head")
-    gen = torch.Generator(device=embed.device).manual_seed(seed)
-    directions = torch.randn(embed.shape[0], hidden, generator=gen, device=embed.device)
-    directions /= directions.norm(dim=-1, keepdim=True)
-    probe = torch.randint(first_text_id, text_vocab, (2, 16), generator=gen, device=embed.device)
-    scale = 0.0
-    for _ in range(4):  # the layers' contribution barely depends on the embedding's scale (every layer normalises)
-        needed = EMBED_RATIO * _layer_sum_norm(decoder, probe)
-        if needed <= scale:
-            break
-        scale = 1.05 * needed
-        embed.copy_(directions * scale)
-    cpu = torch.Generator().manual_seed(seed + 1)
-    text = torch.arange(first_text_id, text_vocab)
-    successor = torch.randint(first_text_id, text_vocab, (embed.shape[0],), generator=cpu)
-    successor[text] = text[torch.randperm(len(text), generator=cpu)]
-    rows = torch.zeros(vocab, hidden, device=head.device)
-    # after the final RMSNorm the hidden state has norm ~sqrt(hidden) and points along the last token's embedding
-    rows.index_add_(0, successor[: embed.shape[0]].to(head.device), directions * (TOP_LOGIT / hidden ** 0.5))
-    head.copy_(rows)
-    return model
 
 
 @torch.no_grad()
@@ -127,8 +73,6 @@ def format_margins(name: str, report: dict[str, Any]) -> str:
 def preset_margins(name: str, device: str = "cpu", dtype: str | None = None, batch: int = 1, prompt_tokens: int = 32,
                    max_new_tokens: int = 128, seed: int = 0) -> dict[str, Any]:
     """:func:`greedy_margins` of bench preset ``name`` on the inputs ``hf-specmm bench`` gives it (same seed)."""
-    from .presets import build_preset, synthetic_inputs
-
     preset = build_preset(name, device, dtype, seed)
     return greedy_margins(preset.target, synthetic_inputs(preset, batch, prompt_tokens, seed), max_new_tokens)
 
@@ -137,8 +81,6 @@ def main(argv: list[str] | None = None) -> int:
     """Prints one line for a preset (``main(["cpu-proxy", "--dtype", "bfloat16"])``, as ``benchmarks/gpu_bench.sh``
     calls it); returns 1 when the margins are not well above bf16 rounding (min < MIN_MARGIN_ULPS spacings)."""
     import argparse
-
-    from .presets import PRESETS
 
     parser = argparse.ArgumentParser(prog="hf_specmm.bench.margins", description="greedy margins of a bench preset")
     parser.add_argument("preset", choices=PRESETS)

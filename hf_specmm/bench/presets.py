@@ -7,7 +7,7 @@
   image tokens), bf16, with a llama-68m-shaped draft (32000 ids, as double7/vicuna-68m).
 - ``tiny``: the test fixtures' tiny LLaVA with a same-vocabulary random draft, for smoke tests.
 
-Every preset's target follows the margin rule (:func:`~hf_specmm.bench.margins.apply_margin_rule`): its
+Every preset's target follows the margin rule (:func:`~hf_specmm.bench.margin_rule.apply_margin_rule`): its
 greedy pick wins by far more than bf16 rounding, so controlled acceptance is valid in bf16/fp16 too.
 
 ``device_map="auto"`` spreads the target's layers as ``from_pretrained(..., device_map="auto")`` does
@@ -30,7 +30,7 @@ import torch
 from transformers import CLIPVisionConfig, LlamaConfig, LlamaForCausalLM, LlavaConfig, LlavaForConditionalGeneration
 
 from ..devices import execution_device
-from .margins import apply_margin_rule
+from .margin_rule import apply_margin_rule
 from .presets_gemma4 import GEMMA4_PRESETS, build_gemma4_preset
 from .presets_qwen import QWEN_PRESETS, build_qwen_preset
 from .presets_qwen3_5 import QWEN3_5_PRESETS, build_qwen3_5_preset

@@ -24,7 +24,8 @@ from tqdm.auto import tqdm
 
 from .. import api
 from ..auto import Auto, chain_lengths, check_profile
-from ..trees import Tree, TreeShape
+from ..drafts.wrapper import Tree
+from ..trees import TreeShape
 from ..drafts.dflash import dflash_draft_for
 from ..drafts.registry import kind_of
 from ..targets import target_spec

@@ -33,7 +33,8 @@ from typing import Any, Callable
 
 import torch
 
-from ..targets.positions import ROPE_1D, Rope1D
+from .. import _compat
+from ..targets.positions import ROPE_1D, PositionRule
 from .linear import LinearStates
 
 
@@ -51,7 +52,7 @@ class SlottedCache(ABC):
         linear: the states of the model's linear-attention layers (None: it has none).
     """
 
-    def __init__(self, cache: Any, batch_size: int, device: torch.device, positions: Rope1D = ROPE_1D,
+    def __init__(self, cache: Any, batch_size: int, device: torch.device, positions: PositionRule = ROPE_1D,
                  compact: bool = False, length: int = 0, mask: torch.Tensor | None = None,
                  linear: LinearStates | None = None):
         self.cache = cache
@@ -76,8 +77,6 @@ class SlottedCache(ABC):
         where linear-attention states are captured (a compiled graph does not run hooks added after tracing)."""
         if self.compile_config is None or self.linear is not None:
             return model
-        from .. import _compat
-
         return _compat.compiled_call(model, self.compile_config)
 
     # ---- storage operations, one per backend ---------------------------------------------------------
@@ -225,4 +224,4 @@ def mask_to(mask: Any, device: torch.device) -> Any:
 
 
 #: makes a draft's empty cache: ``(model, batch_size, device, positions) -> SlottedCache``
-CacheFactory = Callable[[Any, int, torch.device, Rope1D], SlottedCache]
+CacheFactory = Callable[[Any, int, torch.device, PositionRule], SlottedCache]

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from .. import _compat
-from ..targets.positions import ROPE_1D, Rope1D
+from ..targets.positions import ROPE_1D, PositionRule
 from .base import Backend, SlottedCache
 from .linear import linear_states
 
@@ -51,13 +51,13 @@ class DynamicBackend(Backend):
             model_kwargs[_compat.CACHE_KWARG] = _compat.new_dynamic_cache()
 
     def wrap_target(self, target: Any, cache: Any, mask: torch.Tensor | None, length: int, batch_size: int,
-                    device: torch.device, positions: Rope1D) -> SlottedCache:
+                    device: torch.device, positions: PositionRule) -> SlottedCache:
         """The target's cache as its prefill left it (``length`` slots, ``mask`` [B, length] or None)."""
         return self._opened(DynamicSlottedCache(cache, batch_size, device, positions, compact=self.compacts(target),
                                                 length=length, mask=None if mask is None else mask.long(),
                                                 linear=linear_states(target, cache, batch_size)))
 
-    def new(self, model: Any, batch_size: int, device: torch.device, positions: Rope1D = ROPE_1D) -> SlottedCache:
+    def new(self, model: Any, batch_size: int, device: torch.device, positions: PositionRule = ROPE_1D) -> SlottedCache:
         """An empty cache for a draft model (the drafters' :data:`~hf_specmm.caches.CacheFactory`)."""
         cache = _compat.new_dynamic_cache(model)
         return self._opened(DynamicSlottedCache(cache, batch_size, device, positions, compact=self.compacts(model),

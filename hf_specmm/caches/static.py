@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from .. import _compat
-from ..targets.positions import ROPE_1D, Rope1D
+from ..targets.positions import ROPE_1D, PositionRule
 from .base import Backend, SlottedCache
 from .linear import LinearStates, linear_states
 
@@ -40,7 +40,7 @@ from .linear import LinearStates, linear_states
 class WindowMasks:
     """4-D masks for a full-layer cache of a sliding-window model, the window counted in positions (``cumsum``
     of the slot mask): one per layer type where layers differ (Gemma 3), through the same argument layout as
-    draft trees (``_compat.tree_attention_argument``). Built for the ``sdpa`` (bool masks) and ``eager``
+    draft trees (``_compat.mask_argument``). Built for the ``sdpa`` (bool masks) and ``eager``
     (additive float masks) attention implementations, the two that take a materialised 4-D mask as is."""
 
     IMPLEMENTATIONS = ("sdpa", "eager")
@@ -69,7 +69,7 @@ class WindowMasks:
                 return torch.zeros((), dtype=self.dtype, device=buffer.device).masked_fill(~mask, low)
             return mask
 
-        return _compat.tree_attention_argument(self.config, make_mask)
+        return _compat.mask_argument(self.config, make_mask)
 
 
 def needs_4d_masks(model: Any) -> bool:
@@ -95,7 +95,7 @@ class StaticSlottedCache(SlottedCache):
         (3, torch.Size([1, 16]))
     """
 
-    def __init__(self, cache: Any, batch_size: int, device: torch.device, positions: Rope1D = ROPE_1D,
+    def __init__(self, cache: Any, batch_size: int, device: torch.device, positions: PositionRule = ROPE_1D,
                  length: int = 0, mask: torch.Tensor | None = None, window_masks: WindowMasks | None = None,
                  linear: LinearStates | None = None):
         super().__init__(cache, batch_size, device, positions, compact=False, length=length, linear=linear)
@@ -110,7 +110,7 @@ class StaticSlottedCache(SlottedCache):
 
     @classmethod
     def for_model(cls, model: Any, batch_size: int, capacity: int, device: torch.device,
-                  positions: Rope1D = ROPE_1D) -> "StaticSlottedCache":
+                  positions: PositionRule = ROPE_1D) -> "StaticSlottedCache":
         """An empty cache of ``capacity`` slots for ``model`` (sliding layers as full layers + window masks)."""
         sliding = _compat.has_sliding_layers(model.config)
         cache = _compat.new_static_cache(model, capacity, full_layers=sliding)
@@ -119,7 +119,7 @@ class StaticSlottedCache(SlottedCache):
                    linear=linear_states(model, cache, batch_size))
 
     @classmethod
-    def prefill(cls, model: Any, inputs: dict[str, Any], capacity: int, positions: Rope1D) -> "StaticSlottedCache":
+    def prefill(cls, model: Any, inputs: dict[str, Any], capacity: int, positions: PositionRule) -> "StaticSlottedCache":
         """Run the prompt ``inputs`` (images included) through ``model`` into a new cache of ``capacity`` slots,
         with the positions plain ``generate`` gives a left-padded prompt (``positions`` bound to it)."""
         ids, mask = inputs["input_ids"], inputs.get("attention_mask")
@@ -221,14 +221,14 @@ class StaticBackend(Backend):
             self.compile_config = generation_config.compile_config
 
     def wrap_target(self, target: Any, cache: Any, mask: torch.Tensor | None, length: int, batch_size: int,
-                    device: torch.device, positions: Rope1D) -> SlottedCache:
+                    device: torch.device, positions: PositionRule) -> SlottedCache:
         windows = WindowMasks(target.config, target.dtype) if needs_4d_masks(target) else None
         kv = StaticSlottedCache(cache, batch_size, device, positions, length, mask, windows,
                                 linear_states(target, cache, batch_size))
         kv.compile_config = self.compile_config
         return self._opened(kv)
 
-    def new(self, model: Any, batch_size: int, device: torch.device, positions: Rope1D = ROPE_1D) -> SlottedCache:
+    def new(self, model: Any, batch_size: int, device: torch.device, positions: PositionRule = ROPE_1D) -> SlottedCache:
         kv = StaticSlottedCache.for_model(model, batch_size, self.draft_capacity, device, positions)
         kv.compile_config = self.compile_config
         return self._opened(kv)

@@ -1,10 +1,10 @@
-"""``ChainDrafter``: a causal LM drafting one token per forward on its own KV cache.
+"""``LMDrafter``: a causal LM drafting one token per forward on its own KV cache (chains and trees).
 
-No ``draft.generate()`` call per round: the drafter owns the draft's cache and the target tokens it
-has not read yet. Each round it reads those pending tokens, proposes γ tokens, and after verification
-crops its cache back to the accepted prefix (never a re-prefill). Draft kinds built on a causal LM
-(text-only, image-adapter, same-family VLM) differ only in :meth:`ChainDrafter.draft_inputs`: what
-the draft reads of the prompt.
+No ``draft.generate()`` call per round: the drafter owns the draft's cache and the target tokens it has not
+read yet; :class:`~hf_specmm.drafts.cached.CachedDrafter` runs the round (read those pending tokens, propose
+γ tokens or a tree, crop back to the accepted prefix after verification: never a re-prefill). Draft kinds
+built on a causal LM (text-only, image-adapter, same-family VLM) differ only in :meth:`LMDrafter.draft_inputs`:
+what the draft reads of the prompt.
 """
 
 from __future__ import annotations
@@ -15,29 +15,25 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..budget import RoundBudget
-from ..caches import SlottedCache, mask_to
+from ..caches import mask_to
 from ..devices import execution_device
-from ..drafter import Drafter, DraftPrompt, Prompt, Proposal
-from ..targets.positions import ROPE_1D, Rope1D
-from ..trees.drafting import TreeDrafting
+from ..drafter import DraftPrompt, Prompt, Proposal
+from ..targets.positions import ROPE_1D, PositionRule
 from ..vocab import VocabMap
+from .cached import CachedDrafter
 
 if TYPE_CHECKING:
     from ..caches import CacheFactory
-    from ..selector import Selector
 
 
-class ChainDrafter(TreeDrafting, Drafter):
-    """Base of the KV-cached LM drafters. ``model`` is the module run each step (``draft`` unwrapped)."""
+class LMDrafter(CachedDrafter):
+    """Base of the KV-cached LM drafters. ``model`` is the module run each step (``draft`` unwrapped). Its
+    ``pending`` slots are ``(ids [A, k], valid [A, k])``: target ids mapped to what the draft reads."""
 
-    def __init__(self, draft: Any, vocab: VocabMap, model: Any = None, positions: Rope1D = ROPE_1D):
+    def __init__(self, draft: Any, vocab: VocabMap, model: Any = None, positions: PositionRule = ROPE_1D):
         super().__init__(draft, vocab, model, positions)
         self.device = execution_device(self.model)  # a dispatched draft's weights may sit on meta (offloaded)
         self._keeps_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
-        self.state: SlottedCache | None = None
-        self.pending: torch.Tensor | None = None  # [B, k] target ids the draft has not read yet
-        self.pending_valid: torch.Tensor | None = None  # [B, k] which of them it reads
 
     @abstractmethod
     def draft_inputs(self, prompt: Prompt) -> DraftPrompt:
@@ -78,75 +74,42 @@ class ChainDrafter(TreeDrafting, Drafter):
 
     def _queue(self, tokens: torch.Tensor) -> None:
         """One new target token per row, read at the start of the next proposal (as the stand-in if unreadable)."""
-        tokens = self.vocab.readable(tokens[:, None])
-        self.pending, self.pending_valid = tokens, torch.ones_like(tokens, dtype=torch.bool)
-
-    follows_plain_steps = True
+        self.root = tokens
+        ids = self.vocab.readable(tokens[:, None])
+        self.pending = (ids, torch.ones_like(ids, dtype=torch.bool))
 
     def follow(self, next_tokens: torch.Tensor) -> None:
-        assert self.pending is not None and self.pending_valid is not None
+        assert self.pending is not None
+        ids, valid = self.pending
+        self.root = next_tokens
         tokens = self.vocab.readable(next_tokens[:, None])
-        self.pending = torch.cat([self.pending, tokens], dim=1)
-        self.pending_valid = torch.cat([self.pending_valid, torch.ones_like(tokens, dtype=torch.bool)], dim=1)
+        self.pending = (torch.cat([ids, tokens], dim=1), torch.cat([valid, torch.ones_like(tokens, dtype=torch.bool)], 1))
 
-    selects_rows = True  # a subclass with more per-row state than the cache and the pending tokens extends select_rows
+    @property
+    def reads_last_draft(self) -> bool:
+        # a draft with linear-attention layers reads d_γ in its own round: next round's pending block would
+        # otherwise hold a hole in the rows that rejected it, and a hole advances such a draft's states (see
+        # hf_specmm.caches.linear)
+        return self.state is not None and self.state.linear is not None
 
-    def select_rows(self, keep: torch.Tensor) -> None:
-        assert self.state is not None and self.pending is not None and self.pending_valid is not None
-        super().select_rows(keep)
-        self.state.select_rows(keep)
-        keep = keep.to(self.pending.device)
-        self.pending, self.pending_valid = self.pending[keep], self.pending_valid[keep]
+    def read_pending(self) -> torch.Tensor:
+        assert self.pending is not None
+        ids, valid = self.pending
+        return self.forward(ids, None if bool(valid.all()) else valid)
 
-    def _read_pending(self) -> tuple[torch.Tensor, tuple[int, int]]:
-        assert self.pending is not None and self.state is not None and self.pending_valid is not None
-        restore = (self.state.length, self.pending.shape[1])  # cache length at round start, pending width
-        return self.forward(self.pending, None if bool(self.pending_valid.all()) else self.pending_valid), restore
+    def read_draft(self, token: torch.Tensor) -> torch.Tensor:
+        return self.forward(token[:, None], None)
 
-    def _read_level(self, tokens: torch.Tensor, parents: torch.Tensor, attention_mask: Any,
-                    position_ids: torch.Tensor) -> torch.Tensor:
+    def read_level(self, tokens: torch.Tensor, parents: torch.Tensor, attention_mask: Any,
+                   position_ids: torch.Tensor) -> torch.Tensor:
         return self.forward(self.vocab.readable(tokens), None, position_ids, mask=attention_mask, keep=tokens.shape[1])
 
-    def propose(self, budget: RoundBudget, select: "Selector") -> Proposal:
-        if budget.drafts_tree:
-            return self.propose_tree(budget, select)
-        gamma = budget.gamma
-        assert self.pending is not None and self.state is not None and gamma >= 1
-        self.state.reserve(self.pending.shape[1] + gamma)  # room for the round: slot indices stay put
-        logits, restore = self._read_pending()
-        tokens, probs = [], []
-        reads_all = self.state.linear is not None
-        for j in range(gamma):
-            token, prob = select(logits, j)
-            tokens.append(token)
-            probs.append(prob)
-            if select.stop:  # every row is below the confidence threshold: end the round
-                if reads_all:
-                    self.forward(token[:, None], None)
-                break
-            # d_γ is read next round, only if accepted; a draft with linear-attention layers reads it now: next
-            # round's pending block would otherwise hold a hole in the rows that rejected it, and a hole
-            # advances such a draft's states (see hf_specmm.caches.linear)
-            if j + 1 < gamma or reads_all:
-                logits = self.forward(token[:, None], None)
-        return Proposal(torch.stack(tokens, 1), torch.stack(probs, 1) if probs[0] is not None else None, restore)
-
-    def accept(self, proposal: Proposal, n: torch.Tensor, next_tokens: torch.Tensor,
-               path: torch.Tensor | None = None) -> None:
-        assert self.state is not None
-        if proposal.tree is not None:  # keep the accepted path's read slots; its last node may be unread
-            unread = self.accept_tree(proposal, n, next_tokens, path)
-            last = proposal.tree.tokens.gather(1, path.gather(1, n[:, None]))
-        else:
-            start, width = proposal.restore
-            # keep the pending slots (as valid as they were) and the accepted drafts that were read (d_1..d_{γ-1};
-            # every one for a draft with linear-attention layers)
-            read = proposal.gamma if self.state.linear is not None else proposal.gamma - 1
-            self.state.rollback(start, width + n.clamp_max(read))
-            unread, last = n > read, proposal.tokens[:, -1:]  # d_γ was accepted but never read
+    def queue(self, proposal: Proposal, keep: torch.Tensor, next_tokens: torch.Tensor, path: torch.Tensor | None,
+              unread: torch.Tensor) -> None:
+        """``next_tokens``, after the last kept draft where it was kept unread (a chain's d_γ, a tree's leaf)."""
         self._queue(next_tokens)
         if bool(unread.any()):  # read it first next round
-            full = unread
-            last = self.vocab.readable(last).masked_fill(~full[:, None], 0)
-            self.pending = torch.cat([last, self.pending], dim=1)
-            self.pending_valid = torch.cat([full[:, None], self.pending_valid], dim=1)
+            ids, valid = self.pending
+            last = proposal.drafts_on_path(path).gather(1, (keep - 1).clamp_min(0)[:, None])
+            last = self.vocab.readable(last).masked_fill(~unread[:, None], 0)
+            self.pending = (torch.cat([last, ids], dim=1), torch.cat([unread[:, None], valid], dim=1))

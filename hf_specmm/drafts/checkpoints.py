@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DraftLoadError, check_strict_load
+from .cards import push_draft_to_hub, render_model_card
 
 
 def read_config_json(path: str | Path) -> dict[str, Any]:
@@ -59,8 +60,6 @@ class DraftCheckpointMixin:
     def save_pretrained(self, save_directory: Any, *args: Any, format: str = "hf_specmm", **kwargs: Any) -> None:
         """Safetensors weights + config + the hf_specmm model card (README.md). ``format``: one of
         :attr:`save_formats` (others are refused, not ignored)."""
-        from ..hub import render_model_card
-
         self.check_save_format(format)
         super().save_pretrained(save_directory, *args, **kwargs)  # type: ignore[misc]
         if kwargs.get("is_main_process", True):
@@ -68,8 +67,6 @@ class DraftCheckpointMixin:
 
     def push_to_hub(self, repo_id: str, **kwargs: Any) -> Any:
         """Upload weights, config and the hf_specmm model card (stock push_to_hub writes a generic card)."""
-        from ..hub import push_draft_to_hub
-
         return push_draft_to_hub(self, repo_id, **kwargs)
 
     def check_save_format(self, format: str) -> None:

@@ -1,10 +1,13 @@
-"""A draft wrapped to change how hf_specmm drafts with it (``TextOnly``, ``Tree``), still reading as the draft."""
+"""A draft wrapped to change how hf_specmm drafts with it (``TextOnly``, :class:`Tree`), still reading as the draft."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import torch
+
+from ..errors import UnsupportedGenerationError
+from ..trees.expand import TreeShape
 
 
 class DraftWrapper(torch.nn.Module):
@@ -21,3 +24,54 @@ class DraftWrapper(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self._modules[self.wrapped_name](*args, **kwargs)
+
+
+class Tree(DraftWrapper):
+    """Wraps any draft (text-only, image-adapter, vlm, feature head, ``TextOnly(...)``) so that every round
+    drafts a tree: level by level up to ``depth``, the ``top_k`` children of the ``top_k`` best frontier nodes
+    (one draft forward per level), the ``tokens`` best nodes by cumulative draft probability kept; the target
+    verifies all of them in one forward (tree attention mask, positions by depth) and keeps the longest
+    accepted root path plus its own next token. ``Tree(draft, top_k=1, depth=γ, tokens=γ)`` is the chain
+    under greedy decoding (the same outputs, forwards and statistics); under sampling both are exact, but the
+    tree draws from the random stream in another order, so a seed gives other samples than the chain's.
+
+    Options with no tree meaning are refused before any forward, naming the option:
+    ``assistant_confidence_threshold`` (the tree's shape is static; a value transformers filled into an unset
+    field, as 5.17's pipelines pass, is not the caller's choice and is dropped), ``num_assistant_tokens_schedule`` other
+    than ``'constant'`` (the depth is fixed), ``num_assistant_tokens`` other than ``depth`` (the depth is the
+    tree's γ), ``cache_implementation='static'``, ``output_attentions`` / ``output_hidden_states`` with
+    ``return_dict_in_generate`` (a tree forward's per-node tensors have no plain-generate layout; scores and
+    logits are returned along the accepted path). Logits processors are honoured at every node, draft side and
+    target side: those that read the token history (repetition penalty, n-gram bans, min length, ...) see the
+    row's history plus the node's own root path (one processor call per node and depth: slower than a chain
+    with such processors, the same output as plain ``generate``).
+
+    Example::
+
+        >>> import hf_specmm
+        >>> from hf_specmm import testing
+        >>> tree = hf_specmm.Tree(testing.text_draft_from_target(testing.tiny_target("llava")), top_k=2, depth=3, tokens=6)
+        >>> tree.shape
+        TreeShape(top_k=2, depth=3, tokens=6)
+    """
+
+    wrapped_name = "draft"
+
+    def __init__(self, draft: torch.nn.Module, top_k: int = 4, depth: int = 5, tokens: int = 24):
+        super().__init__()
+        if isinstance(draft, Tree):
+            raise ValueError("Tree(draft): draft is already a Tree; wrap the draft itself once")
+        if not isinstance(draft, torch.nn.Module):
+            raise TypeError(f"Tree(draft): draft must be a draft model (torch.nn.Module), got {type(draft).__name__}")
+        self.shape = TreeShape(top_k=top_k, depth=depth, tokens=tokens)  # checked: clear errors on bad shapes
+        self.draft = draft
+
+    @property
+    def generation_config(self) -> None:
+        """Refused: only hf_specmm drafts trees. Stock transformers' assisted generation (on a model without
+        ``hf_specmm.enable``) reads the assistant's generation config first, and would draft a chain with the
+        inner draft, ignoring the tree: it fails here instead, before any forward."""
+        raise UnsupportedGenerationError(
+            "generate(assistant_model=hf_specmm.Tree(...)) on a model without hf_specmm: stock transformers would "
+            "draft a chain and ignore the tree. Call hf_specmm.enable(model) first (or pass tree.draft for stock's "
+            "chain).")

@@ -6,7 +6,7 @@ cannot drift apart. Slots marked invalid (left padding, holes left by a rollback
 the next valid token; they are masked out of attention, so their own position is never read.
 
 Some rules need per-call state (Qwen-VL's 3-D M-RoPE: where text resumes after each image depends on
-the images' grids). :meth:`Rope1D.bind` turns a rule into the rule of one call's prompt: stateless
+the images' grids). :meth:`PositionRule.bind` turns a rule into the rule of one call's prompt: stateless
 rules return themselves, :class:`MRope` returns a :class:`BoundMRope` holding that prompt's positions.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 
-class Rope1D:
+class PositionRule:
     """1-D rotary positions (LLaVA's Llama/Qwen2/Mistral LMs): a token's position is the number of valid
     slots before it, which is how plain ``generate`` numbers left-padded prompts (``cumsum(mask) - 1``)."""
 
@@ -28,14 +28,14 @@ class Rope1D:
     offset: torch.Tensor | None = None
 
     def bind(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-             inputs: dict[str, Any] | None = None) -> "Rope1D":
+             inputs: dict[str, Any] | None = None) -> "PositionRule":
         """The rule for one call whose prompt is ``input_ids`` (with ``inputs``: the call's prepared kwargs).
         1-D positions need per-call state only where the prompt does not end on a valid token: then new
         tokens continue from the ``position_ids`` stock ``generate`` gave the prompt's last column."""
         given = (inputs or {}).get("position_ids")
         if attention_mask is None or not isinstance(given, torch.Tensor) or given.shape != input_ids.shape:
             return self
-        bound = Rope1D()  # zeros for a left-padded prompt; set, so the loop knows stock's positions are known
+        bound = PositionRule()  # zeros for a left-padded prompt; set, so the loop knows stock's positions are known
         bound.offset = given[:, -1].to(attention_mask.device) + 1 - attention_mask.long().sum(-1)
         return bound
 
@@ -52,25 +52,25 @@ class Rope1D:
         """Positions [B, L] of a left-padded prompt (or ``[prompt | answer]`` training row) with ``mask`` [B, L]."""
         return self.block_positions(mask.new_zeros(mask.shape[0]), mask, mask.shape[1])
 
-    def select(self, keep: torch.Tensor) -> "Rope1D":
+    def select(self, keep: torch.Tensor) -> "PositionRule":
         """The rule for the rows ``keep`` [k] of the batch it was bound to (finished rows dropped)."""
         if self.offset is None:
             return self
-        bound = Rope1D()
+        bound = PositionRule()
         bound.offset = self.offset[keep.to(self.offset.device)]
         return bound
 
 
-ROPE_1D = Rope1D()
+ROPE_1D = PositionRule()
 
 
-class MRope(Rope1D):
+class MRope(PositionRule):
     """Qwen-VL's multimodal RoPE: position ids [4, B, k], a text row (1-D, what the attention mask is built
     from) and the temporal / height / width rows. Image and video tokens get grid positions; text after
     them resumes at the image's largest position + 1, so each row's rows 1-3 run ahead of (or behind) its
     text row by a per-row, per-dimension delta fixed by its prompt. Generated tokens keep that delta
     (plain ``generate`` adds 1 per token to every row of the last prompt position), and holes (rejected
-    slots of shorter rows) do not count, exactly as for :class:`Rope1D`.
+    slots of shorter rows) do not count, exactly as for :class:`PositionRule`.
     """
 
     name = "mrope"
@@ -100,7 +100,7 @@ class MRope(Rope1D):
         return BoundMRope(torch.cat([text[None], rope], dim=0), attention_mask)
 
 
-class BoundMRope(Rope1D):
+class BoundMRope(PositionRule):
     """:class:`MRope` bound to one prompt: ``prompt`` [4, B, L] its position ids."""
 
     name = "mrope"
@@ -109,7 +109,7 @@ class BoundMRope(Rope1D):
         self.prompt = prompt
         # per row and rope dimension: how far rows 1-3 run ahead of the text row after the prompt
         self.deltas = prompt[1:, :, -1] - prompt[0:1, :, -1]  # [3, B]
-        if attention_mask is not None:  # a prompt not ending on a valid token (right padding), as Rope1D.bind
+        if attention_mask is not None:  # a prompt not ending on a valid token (right padding), as PositionRule.bind
             self.offset = prompt[0, :, -1].to(attention_mask.device) + 1 - attention_mask.long().sum(-1)
 
     def bind(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from ..errors import UnsupportedTargetError
-from .positions import ROPE_1D, Rope1D
+from .positions import ROPE_1D, PositionRule
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class TargetFamily:
     per_call_inputs: tuple[str, ...] = ("pixel_values",)
     image_layout_attrs: tuple[str, ...] = ()
     span_attrs: tuple[tuple[str, ...], ...] = ()  # vision start/end markers (dropped from a text-only view)
-    positions: Rope1D = field(default=ROPE_1D)
+    positions: PositionRule = field(default=ROPE_1D)
     # config attribute giving the placeholders of every image when that number is fixed (LLaVA-1.5:
     # image_seq_length); None where it depends on the image (anyres tiling)
     tokens_per_image_attr: str | None = None

@@ -39,7 +39,7 @@ from .checkpoint import checkpoint_path, load_checkpoint, load_rng, save_checkpo
 from .config import TrainConfig
 from .data import Batch, Example, Sampler, make_batch
 from .distributed import Processes
-from .losses import distill_loss, proposable_columns
+from ..drafts.distill import distill_loss, proposable_columns
 
 
 class Trainer:

@@ -25,12 +25,12 @@ Contracts the loop uses, one round per call (P = the target cache's slots before
     chain = positions.block_positions(next_start, None, D + 1)  # [B, D+1] or M-RoPE [4, B, D+1]
     mask = tree.attention_mask(slot_mask_or_P, dtype=target.dtype, sliding_window=window)  # [B,1,N+1,P+N+1]
     out = target(input_ids=tree.tokens, position_ids=tree.positions(chain),
-                 attention_mask=_compat.tree_attention_argument(target.config, make_mask), cache=...)
-        # _compat.tree_attention_argument: one tensor, or Gemma 3's {layer type: mask} (window on sliding
+                 attention_mask=_compat.mask_argument(target.config, make_mask), cache=...)
+        # _compat.mask_argument: one tensor, or Gemma 3's {layer type: mask} (window on sliding
         # layers only); make_mask(window) is the line above
     acc = greedy_verify_tree(tree, scores)      # scores [B, N+1, V] processed target scores at the nodes
     acc = sample_verify_tree(tree, probs, gen)  # probs  [B, N+1, V]; lossless, needs no draft probabilities
-        # acc.n [B] accepted nodes, acc.emitted [B, D+1] (first n+1 = new tokens, as verify.greedy_verify's),
+        # acc.n [B] accepted nodes, acc.emitted [B, D+1] (first n+1 = new tokens, as verifier.greedy_verify's),
         # acc.next_tokens [B] (the next cur), acc.path [B, D+1] / acc.path_valid: the kept root path
     _compat.gather_cache_slots(cache, P, acc.path[:, :m + 1]); crop to P + m + 1; slot mask
         cat(slot_mask, acc.path_valid[:, :m + 1]) where m = max kept; sliding-window caches then move holes
@@ -42,15 +42,14 @@ drafter to the draft's (``DraftSelector.level_scores``) at every node; a process
 sees the row's history plus the node's root path (``DraftTree.root_paths``), never another branch's tokens.
 
 In ``generate``: ``assistant_model=hf_specmm.Tree(draft, top_k=K, depth=D, tokens=N)`` (:class:`Tree`). The
-drafters draft through :class:`~hf_specmm.trees.drafting.TreeDrafting` (one forward per level on their own
+drafters draft through :class:`~hf_specmm.drafts.cached.CachedDrafter` (one forward per level on their own
 cache), the loop verifies a :class:`~hf_specmm.block.TreeBlock` (one target forward) with the verifier's
 ``tree`` rule, and both caches keep the accepted path in place (``SlottedCache.rollback`` with a path).
 """
 
 from .expand import StepFn, TreeShape, expand_tree, top_k_first_index
 from .tree import DraftTree, LevelAncestry, tree_attention_mask
-from .verify import TreeAcceptance, greedy_verify_tree, sample_verify_tree
-from .wrapper import Tree
+from .verify import Acceptance, greedy_verify_tree, sample_verify_tree
 
-__all__ = ["DraftTree", "LevelAncestry", "StepFn", "Tree", "TreeAcceptance", "TreeShape", "expand_tree",
+__all__ = ["Acceptance", "DraftTree", "LevelAncestry", "StepFn", "TreeShape", "expand_tree",
            "greedy_verify_tree", "sample_verify_tree", "top_k_first_index", "tree_attention_mask"]

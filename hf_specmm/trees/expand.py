@@ -9,7 +9,7 @@ never exceeds its parent's and ties go to the earlier candidate, so every kept n
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -49,6 +49,16 @@ class TreeShape:
     @property
     def candidates(self) -> int:
         return self.top_k + (self.depth - 1) * self.top_k ** 2
+
+    def cut(self, depth: int) -> "TreeShape":
+        """The shape ``depth`` levels deep, with no more nodes than those levels can hold (near ``max_length``,
+        a block drafter's block).
+
+            >>> TreeShape(top_k=2, depth=4, tokens=12).cut(2)
+            TreeShape(top_k=2, depth=2, tokens=6)
+        """
+        shallow = replace(self, depth=depth, tokens=1)
+        return replace(shallow, tokens=min(self.tokens, shallow.candidates))
 
 
 def top_k_first_index(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,7 +1,17 @@
-"""Verification of a :class:`DraftTree` against the target's distributions at its N + 1 nodes.
+"""Verification of a :class:`DraftTree` against the target's distributions at its N + 1 nodes, and the
+:class:`Acceptance` every verifier returns (a chain's as well: a chain is the tree whose accepted root path is
+its prefix ``0..n``).
 
-Both rules return a :class:`TreeAcceptance`: the accepted root path and the row's new tokens, laid out as
-the chain verifiers' ``(n, emitted)`` (``hf_specmm.verify``) so the loop emits them the same way.
+Glossary, per row of one round (the words mean this everywhere in hf_specmm)::
+
+    drafted   d_1..d_γ (a chain) or the tree's N nodes: what the drafter proposed
+    accepted  n ≤ γ: the drafts the verifier took (a tree: the depth of the accepted path's last node)
+    bonus     the target's own token after the accepted drafts: its correction at the first rejection, or its
+              next token when every draft on the path was accepted; ``emitted[n]``
+    emitted   ``emitted[:n + 1]``: the accepted drafts, then the bonus token (what the verifier offers the row)
+    kept      k ≤ n + 1: what the row keeps of the emitted tokens (what plain ``generate`` would: it stops at EOS
+              or max_length); 0 for a finished row. ``keep = k - 1`` drafts stay in both caches, and
+              ``emitted[keep]`` is the next round's current token (``cur``, the root of the next tree)
 """
 
 from __future__ import annotations
@@ -14,35 +24,49 @@ from .tree import DraftTree
 
 
 @dataclass(frozen=True)
-class TreeAcceptance:
-    """``n`` [B] accepted draft nodes per row; ``path`` [B, D+1] the accepted root path's nodes by depth (root
-    first; past ``n`` it repeats the last accepted node); ``emitted`` [B, D+1] the row's new tokens: the
-    accepted path's tokens, then at index ``n`` the target's token at the last accepted node (correction or
-    bonus). The target's cache keeps slots ``start + path[:, :n+1]`` of the tree block (root included)."""
+class Acceptance:
+    """What a verifier keeps of a block, per cache row (a chain's or a tree's): ``n`` [A] accepted drafts;
+    ``emitted`` [A, D+1] whose first ``n + 1`` entries are the row's new tokens (the accepted drafts, then the
+    bonus token at index ``n``); ``path`` [A, D+1]: the block positions those tokens were scored at, root first
+    (past ``n`` it repeats the last accepted node), or None for a chain (its prefix ``0..n``). The target's cache
+    keeps slots ``start + path[:, :keep + 1]`` of a tree block (root included).
+
+        >>> acc = Acceptance(torch.tensor([1]), torch.tensor([[7, 9, 0]]))
+        >>> acc.next_tokens.tolist(), acc.token_at(torch.tensor([0])).tolist()
+        ([9], [7])
+    """
 
     n: torch.Tensor
-    path: torch.Tensor
     emitted: torch.Tensor
+    path: torch.Tensor | None = None
 
     @property
     def next_tokens(self) -> torch.Tensor:
-        """[B] the target's token after the accepted path (the next round's root)."""
-        return self.emitted.gather(1, self.n[:, None])[:, 0]
+        """[A] the bonus token: the target's token after the accepted drafts (the next round's root)."""
+        return self.token_at(self.n)
 
     @property
     def path_valid(self) -> torch.Tensor:
-        """[B, D+1] bool: which entries of ``path`` are accepted (root and the n accepted nodes)."""
-        return torch.arange(self.path.shape[1], device=self.n.device)[None] <= self.n[:, None]
+        """[A, D+1] bool: which entries of ``path`` are accepted (root and the n accepted nodes)."""
+        return torch.arange(self.emitted.shape[1], device=self.n.device)[None] <= self.n[:, None]
+
+    def offered(self, unfinished: torch.Tensor) -> torch.Tensor:
+        """[A] tokens each row offers to the stopping criteria (none for a finished row)."""
+        return torch.where(unfinished, self.n + 1, torch.zeros_like(self.n))
+
+    def token_at(self, keep: torch.Tensor) -> torch.Tensor:
+        """[A] the emitted token at index ``keep`` [A] of each row (after ``keep`` kept drafts: its next current token)."""
+        return self.emitted.gather(1, keep[:, None]).squeeze(1)
 
 
-def _acceptance(tree: DraftTree, last: torch.Tensor, next_tokens: torch.Tensor) -> TreeAcceptance:
+def _acceptance(tree: DraftTree, last: torch.Tensor, next_tokens: torch.Tensor) -> Acceptance:
     path = tree.path_to(last)
     n = tree.depths.gather(1, last[:, None])[:, 0]
     emitted = torch.cat([tree.tokens.gather(1, path)[:, 1:], torch.zeros_like(next_tokens)[:, None]], dim=1)
-    return TreeAcceptance(n, path, emitted.scatter(1, n[:, None], next_tokens[:, None]))
+    return Acceptance(n, emitted.scatter(1, n[:, None], next_tokens[:, None]), path)
 
 
-def greedy_verify_tree(tree: DraftTree, target_scores: torch.Tensor) -> TreeAcceptance:
+def greedy_verify_tree(tree: DraftTree, target_scores: torch.Tensor) -> Acceptance:
     """Accept the longest root path whose every node's token is the target's argmax at its parent
     (``target_scores`` [B, N+1, V], the target's processed scores at every node), plus the target's argmax at
     the last accepted node. Two matching paths of the same depth (only with repeated sibling tokens) resolve
@@ -64,7 +88,7 @@ def greedy_verify_tree(tree: DraftTree, target_scores: torch.Tensor) -> TreeAcce
 
 
 def sample_verify_tree(tree: DraftTree, target_probs: torch.Tensor,
-                       generator: torch.Generator | None = None) -> TreeAcceptance:
+                       generator: torch.Generator | None = None) -> Acceptance:
     """Lossless multi-candidate speculative sampling over a tree of deterministically chosen children (EAGLE's
     rule; SpecInfer's with a point-mass draft). From the root, with p the target's distribution at the
     current node: its valid children x are tried in node order; x is accepted with probability p(x), else

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import SpecMMError
 from ..train.evaluate import measure_tau
-from ..trees import Tree, TreeShape
+from ..drafts.wrapper import Tree
+from ..trees import TreeShape
 from .profile import write_profiles
 from .shipped import CHECKPOINTS, eval_examples, load_world_models
 from .step_cost import step_costs

@@ -25,7 +25,6 @@ the last layer (transformers ties the last hidden state to it); the hooks read t
 from __future__ import annotations
 
 import contextlib
-from dataclasses import replace
 from typing import Any, Iterator
 
 import torch
@@ -34,20 +33,26 @@ from ... import _compat
 from ...budget import RoundBudget
 from ...caches import CacheFactory
 from ...devices import execution_device
-from ...drafter import Drafter, Prompt, Proposal
+from ...drafter import Drafter, Prompt, Proposal, every_prompt_position
 from ...errors import IncompatibleDraftError
 from ...selector import Selector
-from ...trees.drafting import TreeDrafting
-from ...trees.expand import expand_tree
+from ..cached import extend_paths
+from ...trees import expand_tree
 from ...vocab import VocabMap
 from .context import ContextCache, block_masks
 from .modeling import check_target, embed_block, is_dflash_draft
 
 
-class DFlashDrafter(TreeDrafting, Drafter):
+class DFlashDrafter(Drafter):
+    """One forward per round proposes the whole block (chain or tree). Not a
+    :class:`~hf_specmm.drafts.cached.CachedDrafter`: its cache holds the target's features (the context), never
+    a drafted token, so there is nothing of a round to roll back; it shares the tree-path bookkeeping
+    (:func:`~hf_specmm.drafts.cached.extend_paths`) and its ``anchor`` is the tree's root."""
+
     observes_prefill = True
     observes_verification = True
     selects_rows = True
+    drafts_trees = True
 
     def __init__(self, draft: Any, vocab: VocabMap):
         super().__init__(draft, vocab)
@@ -77,9 +82,7 @@ class DFlashDrafter(TreeDrafting, Drafter):
     def prompt_lengths(cls, draft: Any, vocab: VocabMap, input_ids: torch.Tensor,
                        attention_mask: torch.Tensor | None) -> torch.Tensor:
         """Every prompt position (image positions included) is a context slot at its own position."""
-        if attention_mask is None:
-            return torch.full((input_ids.shape[0],), input_ids.shape[1], device=input_ids.device)
-        return attention_mask.sum(-1)
+        return every_prompt_position(input_ids, attention_mask)
 
     # ---- the target's features -----------------------------------------------------------------
     @contextlib.contextmanager
@@ -167,7 +170,7 @@ class DFlashDrafter(TreeDrafting, Drafter):
     def propose(self, budget: RoundBudget, select: Selector) -> Proposal:
         """d_1..d_γ from one drafter forward, γ at most ``block_size - 1`` (the block the drafter was trained on
         is always read whole: its positions attend to each other, so a shorter block would draft differently)."""
-        if budget.drafts_tree:
+        if budget.tree is not None:
             return self.propose_tree(budget, select)
         logits = self.block_logits()
         tokens, probs = [], []
@@ -185,33 +188,26 @@ class DFlashDrafter(TreeDrafting, Drafter):
         a node's children do not depend on it; history-reading processors still see each node's own root path).
         Depth at most ``block_size - 1``."""
         logits = self.block_logits()
-        depth = min(budget.tree.depth, self.block_size - 1)
-        shape = replace(budget.tree, depth=depth, tokens=1)
-        shape = replace(shape, tokens=min(budget.tree.tokens, shape.candidates))
+        shape = budget.tree.cut(min(budget.tree.depth, self.block_size - 1))
         level_paths: list[torch.Tensor] = []  # the previous level's nodes' root paths [A, K, depth - 1]
         levels = [0]
 
         def step(tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
             levels[0] += 1
             level = levels[0]  # the depth of the nodes ``tokens``: their children are block position level + 1
-            paths = tokens[..., None]
-            if level_paths:  # a node's path: its parent's, then its own token
-                before = level_paths.pop()
-                index = parents.clamp_min(0)[..., None].expand(-1, -1, before.shape[-1])
-                paths = torch.cat([before.gather(1, index), paths], dim=-1)
-            level_paths.append(paths)
+            paths = extend_paths(level_paths, tokens, parents)
             nodes = logits[:, level, None].expand(-1, tokens.shape[1], -1)
             return select.level_scores(nodes, level, paths)
 
         root = select.level_scores(logits[:, :1], 0)[:, 0]
-        cur = torch.zeros(root.shape[0], dtype=torch.long, device=root.device)  # the loop puts its own root
-        tree = expand_tree(cur, root, step, shape)
+        tree = expand_tree(self.anchor, root, step, shape)  # rooted at the anchor: the row's current token
         return Proposal(tree.tokens[:, 1:], None, tree=tree, depth=shape.depth)
 
-    def accept(self, proposal: Proposal, n: torch.Tensor, next_tokens: torch.Tensor,
+    def accept(self, proposal: Proposal, keep: torch.Tensor, next_tokens: torch.Tensor,
                path: torch.Tensor | None = None) -> None:
-        """Queue the true features of ``[cur, d_1..d_{n_i}]`` (right-aligned; a tree's: of its accepted root
+        """Queue the true features of ``[cur, d_1..d_{keep_i}]`` (right-aligned; a tree's: of its kept root
         ``path``'s nodes) and anchor the next block at ``next_tokens``."""
+        n = keep
         assert self.verified is not None and self.anchor_positions is not None
         verified, self.verified = self.verified.to(n.device), None
         if path is not None:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ...drafter import Drafter
+from ..distill import distill_loss
 from .modeling import embed_block
 
 DECAY = 4.0
@@ -49,8 +50,6 @@ def _training_masks(valid: torch.Tensor, anchors: torch.Tensor, positions: torch
 def dflash_loss(view: Drafter, batch: Any, target_logits: torch.Tensor | None, cfg: Any,
                 columns: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
     """Summed, decay-weighted loss over every anchor's block positions and summed metrics (see module doc)."""
-    from ...train.losses import distill_loss  # the train package imports the draft kinds (as feature_head's loss)
-
     draft, target = view.model, view.target
     features = view._take()
     valid = batch.full_mask.bool()

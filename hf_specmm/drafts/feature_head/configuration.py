@@ -41,3 +41,13 @@ class FeatureHeadDraftConfig(PretrainedConfig):
 
     def get_text_config(self, *args: Any, **kwargs: Any) -> PretrainedConfig:
         return self.text_config
+
+
+def default_aux_layers(num_layers: int) -> list[int]:
+    """EAGLE-3's choice, (2, L // 2, L - 3), for a target of ``num_layers`` = L decoder layers (L >= 8; a
+    shallower target gets three distinct indices spread over 0..L). Index k is the input of decoder layer k
+    (the output of layer k - 1; 0 = the embeddings, L = the last layer's output before the final norm), as
+    vLLM and ``speculators`` count them."""
+    if num_layers >= 8:
+        return [2, num_layers // 2, num_layers - 3]
+    return sorted({round(i * num_layers / 2) for i in range(3)})

@@ -28,36 +28,35 @@ from typing import Any, Iterator
 
 import torch
 
-from ...budget import RoundBudget
-from ...caches import CacheFactory, SlottedCache, mask_to
-from ...drafter import Drafter, Prompt, Proposal
+from ...caches import CacheFactory, mask_to
+from ...drafter import Prompt, Proposal, every_prompt_position
 from ...errors import IncompatibleDraftError
 from ...targets import target_family
-from ...selector import Selector
-from ...targets.positions import ROPE_1D, Rope1D
-from ...trees.drafting import TreeDrafting
+from ...targets.positions import ROPE_1D, PositionRule
+from ..cached import CachedDrafter
+from .modeling import FeatureHeadDraft
 from ...vocab import VocabMap
 
 
-class FeatureHeadDrafter(TreeDrafting, Drafter):
+class FeatureHeadDrafter(CachedDrafter):
+    """The head on :class:`~hf_specmm.drafts.cached.CachedDrafter`: its ``pending`` slots are ``(features [A, k, H],
+    ids [A, k], valid [A, k])``, and the drafts it read are dropped after verification (``keeps_read_drafts``:
+    they were computed from its own predicted features; the true ones are queued instead)."""
+
     observes_prefill = True
     observes_verification = True
+    keeps_read_drafts = False
 
-    def __init__(self, draft: Any, vocab: VocabMap, positions: Rope1D = ROPE_1D):
+    def __init__(self, draft: Any, vocab: VocabMap, positions: PositionRule = ROPE_1D):
         super().__init__(draft, vocab, draft, positions)
         self.device = draft.fc.weight.device
         self.target: Any = None  # set by watch(): the head's positions are its target's (bound per prompt)
-        self.state: SlottedCache | None = None
         self.captured: tuple[torch.Tensor | None, torch.Tensor] | None = None  # (inputs_embeds, features)
         self.verified: torch.Tensor | None = None  # [B, γ + 1, H] features of the last verification block
-        # read at the start of the next proposal: features [B, k, H], token ids [B, k], valid [B, k]
-        self.pending: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self.level_features: torch.Tensor | None = None  # [B, k, H] predicted by the round's last forward
 
     @classmethod
     def check(cls, target: Any, draft: Any) -> None:
-        from .modeling import FeatureHeadDraft
-
         if not isinstance(draft, FeatureHeadDraft):
             raise IncompatibleDraftError(f"a feature_head draft must be a FeatureHeadDraft, got {type(draft).__name__}")
         draft.check_target(target)
@@ -66,9 +65,7 @@ class FeatureHeadDrafter(TreeDrafting, Drafter):
     def prompt_lengths(cls, draft: Any, vocab: VocabMap, input_ids: torch.Tensor,
                        attention_mask: torch.Tensor | None) -> torch.Tensor:
         """Every prompt position (image positions included) takes a slot of the head's cache."""
-        if attention_mask is None:
-            return torch.full((input_ids.shape[0],), input_ids.shape[1], device=input_ids.device)
-        return attention_mask.sum(-1)
+        return every_prompt_position(input_ids, attention_mask)
 
     @contextlib.contextmanager
     def watch(self, target: Any) -> Iterator[None]:
@@ -141,15 +138,20 @@ class FeatureHeadDrafter(TreeDrafting, Drafter):
         self.forward(previous_features(features, valid), embeds[:, :width], valid, logits=False,
                      position_ids=prompt_positions)
         self.pending = (features[:, -1:], first_tokens[:, None], torch.ones_like(first_tokens[:, None], dtype=torch.bool))
+        self.root = first_tokens
 
-    def _read_pending(self) -> tuple[torch.Tensor, tuple[int, int]]:
-        assert self.pending is not None and self.state is not None
+    def read_pending(self) -> torch.Tensor:
+        assert self.pending is not None
         features, ids, valid = self.pending
-        restore = (self.state.length, valid.shape[1])  # cache length at round start, pending width
         self.level_features, logits = self.forward(features, self.model.embed(ids), None if bool(valid.all()) else valid)
-        return logits, restore
+        return logits
 
-    def _read_level(self, tokens: torch.Tensor, parents: torch.Tensor, attention_mask: Any,
+    def read_draft(self, token: torch.Tensor) -> torch.Tensor:
+        """d_{j+1} read with the head's own predicted feature (dropped after verification)."""
+        self.level_features, logits = self.forward(self.level_features, self.model.embed(token[:, None]), None)
+        return logits
+
+    def read_level(self, tokens: torch.Tensor, parents: torch.Tensor, attention_mask: Any,
                     position_ids: torch.Tensor) -> torch.Tensor:
         """Each node reads its parent's predicted feature (the root's: the pending read's last)."""
         previous = self.level_features
@@ -159,28 +161,9 @@ class FeatureHeadDrafter(TreeDrafting, Drafter):
                                                    tree_mask=attention_mask, keep=tokens.shape[1])
         return logits
 
-    def propose(self, budget: RoundBudget, select: Selector) -> Proposal:
-        if budget.drafts_tree:
-            return self.propose_tree(budget, select)
-        gamma = budget.gamma
-        assert self.pending is not None and self.state is not None and gamma >= 1
-        if self.state.compile_config is not None:  # compiled rounds read one pending width, γ + 1: one graph
-            self.pending = pad_pending(self.pending, gamma + 1)
-        self.state.reserve(self.pending[2].shape[1] + gamma)  # room for the round: slot indices stay put
-        logits, restore = self._read_pending()
-        feature = self.level_features
-        tokens, probs = [], []
-        for j in range(gamma):
-            token, prob = select(logits, j)
-            tokens.append(token)
-            probs.append(prob)
-            if select.stop:  # every row is below the confidence threshold: end the round
-                break
-            if j + 1 < gamma:  # d_{j+1} read with the head's own predicted feature (dropped after verification)
-                feature, logits = self.forward(feature, self.model.embed(token[:, None]), None)
-        return Proposal(torch.stack(tokens, 1), torch.stack(probs, 1) if probs[0] is not None else None, restore)
-
-    follows_plain_steps = True
+    def prepare_round(self, gamma: int) -> None:
+        if self.state is not None and self.state.compile_config is not None:  # compiled rounds read one pending
+            self.pending = pad_pending(self.pending, gamma + 1)                # width, γ + 1: one graph
 
     def follow(self, next_tokens: torch.Tensor) -> None:
         """A plain step verified [cur] alone: its true feature f(cur) and the target's token make the slot
@@ -190,34 +173,22 @@ class FeatureHeadDrafter(TreeDrafting, Drafter):
         feature = self.verified[:, :1].to(features.device)
         self.pending = (torch.cat([features, feature], 1), torch.cat([ids, next_tokens[:, None].to(ids)], 1),
                         torch.cat([valid, torch.ones_like(valid[:, :1])], 1))
-        self.verified = None
+        self.root, self.verified = next_tokens, None
 
-    selects_rows = True
-
-    def select_rows(self, keep: torch.Tensor) -> None:
-        assert self.state is not None and self.pending is not None
-        super().select_rows(keep)
-        self.state.select_rows(keep)
-        self.pending = tuple(t[keep.to(t.device)] for t in self.pending)
-
-    def accept(self, proposal: Proposal, n: torch.Tensor, next_tokens: torch.Tensor,
-               path: torch.Tensor | None = None) -> None:
-        """Keep the pending slots (true features), drop the drafted ones, queue the accepted tokens with the
-        verification's true features: row i queues (f(cur), d_1), ..., (f(d_{n_i}), next_i), right-aligned.
-        A tree: the accepted path's tokens, with the verification's features at the path's nodes."""
-        assert self.state is not None and self.verified is not None
-        start, width = proposal.restore
-        self.state.rollback(start, torch.full_like(n, width))  # the pending slots, as valid as they were
-        verified, drafts = self.verified.to(n.device), proposal.tokens
-        if proposal.tree is not None:
+    def queue(self, proposal: Proposal, keep: torch.Tensor, next_tokens: torch.Tensor, path: torch.Tensor | None,
+              unread: torch.Tensor) -> None:
+        """The kept tokens with the verification's true features: row i queues (f(cur), d_1), ...,
+        (f(d_{keep_i}), next_i), right-aligned (a tree: the kept path's tokens, with the features at its nodes)."""
+        assert self.verified is not None
+        verified, drafts = self.verified.to(keep.device), proposal.drafts_on_path(path)
+        if path is not None:
             verified = verified.gather(1, path[..., None].expand(-1, -1, verified.shape[-1]))
-            drafts = proposal.tree.tokens.gather(1, path)[:, 1:]
-        width = int(n.max()) + 1
-        k = torch.arange(width, device=n.device)[None] - (width - 1 - n[:, None])  # source index per slot
+        width = int(keep.max()) + 1
+        k = torch.arange(width, device=keep.device)[None] - (width - 1 - keep[:, None])  # source index per slot
         valid = k >= 0
         k = k.clamp_min(0)
         tokens = torch.cat([drafts, next_tokens[:, None]], 1)
-        tokens = tokens.scatter(1, n[:, None], next_tokens[:, None])  # next_i right after the n_i accepted drafts
+        tokens = tokens.scatter(1, keep[:, None], next_tokens[:, None])  # next_i right after the keep_i drafts
         ids = tokens.gather(1, k).masked_fill(~valid, 0)
         features = verified.gather(1, k[..., None].expand(-1, -1, verified.shape[-1]))
         self.pending, self.verified, self.level_features = (features, ids, valid), None, None

@@ -39,19 +39,10 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 
 from ... import _compat
 from ...errors import IncompatibleDraftError
-from .configuration import FeatureHeadDraftConfig
+from .configuration import FeatureHeadDraftConfig, default_aux_layers
+from .export import export_head
 from .modeling import FeatureHeadDraft, FeatureHeadOutput, family_body, head_config_fields
 from .validation import check_vocab_maps
-
-
-def default_aux_layers(num_layers: int) -> list[int]:
-    """EAGLE-3's choice, (2, L // 2, L - 3), for a target of ``num_layers`` = L decoder layers (L >= 8; a
-    shallower target gets three distinct indices spread over 0..L). Index k is the input of decoder layer k
-    (the output of layer k - 1; 0 = the embeddings, L = the last layer's output before the final norm), as
-    vLLM and ``speculators`` count them."""
-    if num_layers >= 8:
-        return [2, num_layers // 2, num_layers - 3]
-    return sorted({round(i * num_layers / 2) for i in range(3)})
 
 
 def rope_parameters(text: PretrainedConfig) -> dict[str, Any] | None:
@@ -176,6 +167,8 @@ class Eagle3FeatureHead(FeatureHeadDraft):
         >>> inputs = testing.make_inputs("llava", testing.tiny_processor("llava"), ["hi"], [testing.tiny_image(0)])
         >>> out = target.generate(**inputs, assistant_model=head, max_new_tokens=8)
     """
+
+    variant = "eagle3"
 
     config_class = Eagle3HeadConfig
     save_formats = ("hf_specmm", "speculators", "sglang")
@@ -356,6 +349,4 @@ class Eagle3FeatureHead(FeatureHeadDraft):
         if args or kwargs:
             raise ValueError(f"save_pretrained(format={format!r}) writes config.json and model.safetensors only; it "
                              f"takes no other options (got {sorted(kwargs) or list(args)})")
-        from .formats import export_head
-
         export_head(self, save_directory, format)

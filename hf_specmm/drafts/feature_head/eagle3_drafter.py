@@ -17,6 +17,7 @@ import torch
 
 from ...errors import IncompatibleDraftError
 from .drafter import FeatureHeadDrafter, keep_every_position
+from .eagle3 import Eagle3FeatureHead
 
 
 def decoder_layers(target: Any) -> Any:
@@ -30,8 +31,6 @@ def decoder_layers(target: Any) -> Any:
 class Eagle3Drafter(FeatureHeadDrafter):
     @classmethod
     def check(cls, target: Any, draft: Any) -> None:
-        from .eagle3 import Eagle3FeatureHead
-
         if not isinstance(draft, Eagle3FeatureHead):
             raise IncompatibleDraftError(f"an eagle3 draft must be an Eagle3FeatureHead, got {type(draft).__name__}")
         draft.check_target(target)

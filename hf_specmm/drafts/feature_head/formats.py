@@ -27,25 +27,21 @@ vocabulary, layer count) before anything runs.
 
 from __future__ import annotations
 
-import copy
-import json
 import re
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 from transformers import PreTrainedModel
 
 from ...errors import DraftLoadError, IncompatibleDraftError
 from ..checkpoints import read_config_json, weight_files
-from .eagle3 import Eagle3FeatureHead, Eagle3HeadConfig, default_aux_layers
+from .eagle3 import Eagle3FeatureHead, Eagle3HeadConfig
+from .export import FORMATS, SGLANG_ARCHITECTURE, export_head  # noqa: F401  (export_head: the layouts' writer)
 from .modeling import head_config_fields
 from .validation import NORM_FLAGS, check_engine_config, check_tensor_shapes, check_vocab_maps
 
-FORMATS = ("speculators", "sglang")
-SGLANG_ARCHITECTURE = "LlamaForCausalLMEagle3"
 # the tensors a flag adds, as speculators names them (a key flagged but absent, or present unflagged, is refused)
 _FLAG_TENSORS = {"norm_before_fc": r"^input_norm\.", "fc_norm": r"^fc_norm\."}
 
@@ -60,20 +56,6 @@ def checkpoint_format(config: dict[str, Any]) -> str | None:
 
 
 # ---- names ----------------------------------------------------------------------------------------------
-def _speculators_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {re.sub(r"^body\.layers\.", "layers.", k): v for k, v in state.items()}
-
-
-def _sglang_name(name: str) -> str:
-    match = re.match(r"^body\.layers\.(\d+)\.(.*)$", name)
-    if match is None:
-        return name
-    index, rest = int(match.group(1)), match.group(2)
-    if index == 0:
-        return f"midlayer.{rest}"
-    return f"additional_layers.{index - 1}.{'hidden_norm' + rest[len('input_layernorm'):] if rest.startswith('input_layernorm') else rest}"
-
-
 def _ours_from(name: str, layout: str) -> str:
     if layout == "speculators":
         return re.sub(r"^layers\.", "body.layers.", name)
@@ -86,69 +68,6 @@ def _ours_from(name: str, layout: str) -> str:
     rest = "input_layernorm" + rest[len("hidden_norm"):] if rest.startswith("hidden_norm") else rest
     return f"body.layers.{int(match.group(1)) + 1}.{rest}"
 
-
-# ---- export ---------------------------------------------------------------------------------------------
-def _mrope_section(head: Eagle3FeatureHead) -> list[int] | None:
-    rope = getattr(head.config.text_config, "rope_parameters", None) or {}
-    return list(rope["mrope_section"]) if isinstance(rope, dict) and "mrope_section" in rope else None
-
-
-def _layer_dict(head: Eagle3FeatureHead) -> dict[str, Any]:
-    layer = copy.deepcopy(head.config.layer_config).to_dict()
-    for key in ("_attn_implementation_autoset", "transformers_version", "architectures", "dtype", "torch_dtype"):
-        layer.pop(key, None)
-    rope = dict(layer.get("rope_parameters") or {})
-    section = _mrope_section(head)
-    if section is not None:  # the engines read M-RoPE from the layer config's rope_scaling
-        rope["mrope_section"] = section
-    layer["rope_parameters"] = rope
-    layer["rope_scaling"] = {**rope, "rope_type": "default"} if section is not None else None
-    layer["rope_theta"] = rope.get("rope_theta", 10000.0)
-    layer["model_type"] = "llama"
-    return layer
-
-
-def export_head(head: Eagle3FeatureHead, save_directory: str | Path, layout: str) -> Path:
-    """Write ``head`` in ``layout`` (``"speculators"`` or ``"sglang"``): config.json + model.safetensors."""
-    if layout not in FORMATS:
-        raise ValueError(f"format={layout!r}: choose from hf_specmm, {', '.join(FORMATS)}")
-    config = head.config
-    folder = Path(save_directory)
-    folder.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}
-    target = config.target or config.target_class
-    layer = _layer_dict(head)
-    if layout == "speculators":
-        tensors = _speculators_names(state)
-        out: dict[str, Any] = {
-            "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
-            "transformer_layer_config": layer, "draft_vocab_size": config.draft_vocab_size,
-            "norm_before_residual": config.norm_before_residual, "target_hidden_size": None,
-            **{flag: getattr(config, flag) for flag in NORM_FLAGS},
-            "eagle_aux_hidden_state_layer_ids": list(config.aux_layers),
-            "speculators_config": {
-                "algorithm": "eagle3", "default_proposal_method": "greedy",
-                "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 5}],
-                "verifier": {"name_or_path": config.target, "architectures": [config.target_class] if config.target_class else []}},
-        }
-    else:
-        used = [flag for flag in ("norm_before_residual", *NORM_FLAGS) if getattr(config, flag)]
-        if used:
-            raise ValueError(f"SGLang's LlamaForCausalLMEagle3 has no {', '.join(used)}: export this head with "
-                             "format='speculators'")
-        tensors = {_sglang_name(k): v for k, v in state.items()}
-        out = {**layer, "architectures": [SGLANG_ARCHITECTURE], "draft_vocab_size": config.draft_vocab_size,
-               "tie_word_embeddings": False}
-        if config.target_num_layers is None or list(config.aux_layers) != default_aux_layers(config.target_num_layers) \
-                or config.target_num_layers < 8:
-            out["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [k - 1 for k in config.aux_layers],
-                                   "use_aux_hidden_state": True}
-    out["hf_specmm"] = {"target": config.target, "target_class": config.target_class,
-                        "target_num_layers": config.target_num_layers,
-                        **{k: v for k, v in (getattr(config, "hf_specmm", None) or {}).items() if k == "results"}}
-    (folder / "config.json").write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
-    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    return folder
 
 
 # ---- import ---------------------------------------------------------------------------------------------

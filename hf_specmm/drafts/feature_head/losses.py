@@ -18,7 +18,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ... import _compat
 from ...drafter import Drafter
+from ...targets import target_family
+from ..distill import distill_loss
 from .drafter import previous_features
 
 
@@ -29,8 +32,6 @@ def feature_head_loss(view: Drafter, batch: Any, target_logits: torch.Tensor | N
     ``view`` is the :class:`FeatureHeadDrafter` that watched the target's forward over ``batch.full_ids``;
     ``target_logits`` [B, R, V]: column r is the target's logits predicting response token r.
     """
-    from ...train.losses import distill_loss
-
     head = view.model
     embeds, features = view._take()
     if embeds is None:
@@ -75,10 +76,6 @@ def eagle3_loss(view: Drafter, batch: Any, target_logits: torch.Tensor | None, c
     target distribution restricted to the draft vocabulary), step k weighted ``cfg.ttt_decay`` ** k.
     Metrics: ``draft_top1`` is step 0's, ``ttt<k>_top1`` each step's.
     """
-    from ... import _compat
-    from ...targets import target_family
-    from ...train.losses import distill_loss
-
     head = view.model
     embeds, features = view._take()
     if embeds is None:

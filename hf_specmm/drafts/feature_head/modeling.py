@@ -111,6 +111,8 @@ class FeatureHeadDraft(DraftCheckpointMixin, PreTrainedModel):
         >>> out = target.generate(**inputs, assistant_model=head, max_new_tokens=8)
     """
 
+    variant = "eagle1"  #: ``for_target(variant=...)``: which head this class builds
+
     config_class = FeatureHeadDraftConfig
     base_model_prefix = "head"
     main_input_name = "features"
@@ -214,10 +216,9 @@ class FeatureHeadDraft(DraftCheckpointMixin, PreTrainedModel):
         if variant not in ("eagle1", "eagle3"):
             raise ValueError(f"variant={variant!r}: choose 'eagle1' (the EAGLE-1 head on the last hidden state) or "
                              "'eagle3' (the EAGLE-3 head on three target layers)")
-        if variant == "eagle3":
-            from .eagle3 import Eagle3FeatureHead
-
-            return Eagle3FeatureHead.for_target(target, num_layers, target_name, aux_layers=aux_layers,
+        if variant == "eagle3":  # the subclass (eagle3.py, imported with this package) sits above this module
+            eagle3 = next(c for c in FeatureHeadDraft.__subclasses__() if c.variant == "eagle3")
+            return eagle3.for_target(target, num_layers, target_name, aux_layers=aux_layers,
                                                 draft_vocab_size=draft_vocab_size)
         if aux_layers is not None or draft_vocab_size is not None:
             raise ValueError(f"variant={variant!r}: an EAGLE-1 head (variant='eagle1') takes no aux_layers / "

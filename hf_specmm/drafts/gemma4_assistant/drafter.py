@@ -28,7 +28,6 @@ Sampling: d_j is drawn from q_j (the assistant's processed distribution) and ver
 from __future__ import annotations
 
 import contextlib
-from dataclasses import replace
 from typing import Any, Iterator
 
 import torch
@@ -40,14 +39,18 @@ from ...devices import execution_device
 from ...drafter import Drafter, Prompt, Proposal
 from ...errors import IncompatibleDraftError
 from ...selector import Selector
-from ...trees.drafting import TreeDrafting
-from ...trees.expand import expand_tree
+from ...trees import expand_tree
 from ...vocab import VocabMap
+from ..cached import extend_paths
 from .modeling import check_target, is_gemma4_assistant
 
 
-class Gemma4AssistantDrafter(TreeDrafting, Drafter):
+class Gemma4AssistantDrafter(Drafter):
+    """No cache of its own (so not a :class:`~hf_specmm.drafts.cached.CachedDrafter`): its context is the target's
+    cache, read after the loop's rollback, and the target's hidden state and token since the last round."""
+
     observes_prefill = True
+    drafts_trees = True
     observes_verification = True
     selects_rows = True
     follows_plain_steps = True
@@ -154,7 +157,7 @@ class Gemma4AssistantDrafter(TreeDrafting, Drafter):
 
     def propose(self, budget: RoundBudget, select: Selector) -> Proposal:
         assert self.token is not None and self.hidden is not None
-        if budget.drafts_tree:
+        if budget.tree is not None:
             return self.propose_tree(budget, select)
         context = self._context(1)
         token, hidden = self.token[:, None], self.hidden[:, None].to(self.device)
@@ -174,10 +177,10 @@ class Gemma4AssistantDrafter(TreeDrafting, Drafter):
         its token and its parent's hidden state; the queries do not see each other, as a chain's steps do not)."""
         context = self._context(1)
         root_logits, root_hidden = self._step(context, self.token[:, None], self.hidden[:, None].to(self.device))
-        shape = replace(budget.tree, tokens=min(budget.tree.tokens, budget.tree.candidates))
+        shape = budget.tree
         level_context = self._context(shape.top_k)
         parent_hidden = [root_hidden]  # the previous step's nodes' projected hidden states [A, K, H]
-        level_paths: list[torch.Tensor] = []
+        level_paths: list[torch.Tensor] = []  # the previous level's nodes' root paths [A, K, depth - 1]
         levels = [0]
 
         def step(tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
@@ -186,27 +189,20 @@ class Gemma4AssistantDrafter(TreeDrafting, Drafter):
             index = parents.clamp_min(0).to(before.device)[..., None].expand(-1, -1, before.shape[-1])
             logits, hidden = self._step(level_context, tokens, before.gather(1, index))
             parent_hidden.append(hidden)
-            paths = tokens[..., None]
-            if level_paths:  # a node's path: its parent's, then its own token
-                previous = level_paths.pop()
-                index = parents.clamp_min(0)[..., None].expand(-1, -1, previous.shape[-1])
-                paths = torch.cat([previous.gather(1, index), paths], -1)
-            level_paths.append(paths)
-            return select.level_scores(logits, levels[0], paths)
+            return select.level_scores(logits, levels[0], extend_paths(level_paths, tokens, parents))
 
         root = select.level_scores(root_logits, 0)[:, 0]
-        cur = torch.zeros(root.shape[0], dtype=torch.long, device=root.device)  # the loop puts its own root
-        tree = expand_tree(cur, root, step, shape)
+        tree = expand_tree(self.token, root, step, shape)  # rooted at the row's current token
         return Proposal(tree.tokens[:, 1:], None, tree=tree, depth=shape.depth)
 
-    def accept(self, proposal: Proposal, n: torch.Tensor, next_tokens: torch.Tensor,
+    def accept(self, proposal: Proposal, keep: torch.Tensor, next_tokens: torch.Tensor,
                path: torch.Tensor | None = None) -> None:
-        """The target's hidden state at each row's last accepted block position (a tree's: its accepted path's
-        last node) and the target's token after it."""
+        """The target's hidden state at each row's last kept block position (a tree's: its kept path's last node)
+        and the target's token after it."""
         assert self.verified is not None
-        verified, self.verified = self.verified.to(n.device), None
-        index = n if path is None else path.to(n.device).gather(1, n[:, None])[:, 0]
-        self.hidden = verified[torch.arange(n.shape[0], device=n.device), index]
+        verified, self.verified = self.verified.to(keep.device), None
+        index = keep if path is None else path.to(keep.device).gather(1, keep[:, None])[:, 0]
+        self.hidden = verified[torch.arange(keep.shape[0], device=keep.device), index]
         self.token = next_tokens
 
     def follow(self, next_tokens: torch.Tensor) -> None:

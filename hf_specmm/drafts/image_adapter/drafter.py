@@ -17,11 +17,11 @@ from ...drafter import DraftPrompt, Prompt
 from ...errors import IncompatibleDraftError
 from ...targets import target_spec
 from ...vocab import VocabMap
-from ..chain import ChainDrafter
+from ..chain import LMDrafter
 from .modeling import pool_image_features
 
 
-class ImageAdapterDrafter(ChainDrafter):
+class ImageAdapterDrafter(LMDrafter):
     observes_prefill = True
 
     def __init__(self, draft: Any, vocab: VocabMap):

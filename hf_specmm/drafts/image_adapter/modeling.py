@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM, GenerationMixin, PreTrainedModel
 
 from ..checkpoints import DraftCheckpointMixin
 from ...errors import IncompatibleDraftError
+from ...targets import target_spec
 from .configuration import ImageAdapterDraftConfig
 
 
@@ -147,8 +148,6 @@ class ImageAdapterDraft(DraftCheckpointMixin, PreTrainedModel, GenerationMixin):
         reads that output, so this is the identity map); it needs the draft's hidden size to equal the
         target's. With a copy of the target's LM this gives a draft that sees what the target sees.
         """
-        from ...targets import target_spec
-
         spec = target_spec(target)
         text_config = target.config.get_text_config()
         ids = sorted(spec.placeholder_ids)

@@ -11,7 +11,7 @@ import torch
 from ...drafter import DraftPrompt, Prompt
 from ...errors import IncompatibleDraftError
 from ...vocab import VocabMap
-from ..chain import ChainDrafter
+from ..chain import LMDrafter
 from ..registry import draft_kinds
 from ..wrapper import DraftWrapper
 
@@ -68,7 +68,7 @@ def text_only_view(vocab: VocabMap, input_ids: torch.Tensor,
     return ids.masked_fill(~valid, 0), valid
 
 
-class TextOnlyDrafter(ChainDrafter):
+class TextOnlyDrafter(LMDrafter):
     """Drafts with a causal LM that never sees the image."""
 
     def __init__(self, draft: Any, vocab: VocabMap):

@@ -15,13 +15,13 @@ from ...drafter import DraftPrompt, Prompt
 from ...errors import IncompatibleDraftError
 from ...targets import family_of, target_family, target_spec
 from ...vocab import VocabMap
-from ..chain import ChainDrafter
+from ..chain import LMDrafter
 
 _OPT_OUT = ("To draft with its language model only (it will not see the images), pass "
             "assistant_model=hf_specmm.TextOnly(draft).")
 
 
-class VLMDrafter(ChainDrafter):
+class VLMDrafter(LMDrafter):
     def __init__(self, draft: Any, vocab: VocabMap):
         self.family = family_of(draft)
         assert self.family is not None, "VLMDrafter needs a draft of a registered target family"

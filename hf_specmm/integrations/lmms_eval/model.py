@@ -35,7 +35,8 @@ from ...drafts import draft_kinds, kind_of
 from ...errors import SpecMMError
 from ...hub import load_draft
 from ...targets import SUPPORTED_TARGETS, family_by_model_type
-from ...trees import Tree, TreeShape
+from ...drafts.wrapper import Tree
+from ...trees import TreeShape
 
 _DRAFT_ARGS = ("draft", "draft_kind", "draft_revision", "gamma", "tree")
 # what the huggingface wrapper's request handling reads, plus dtype (its other arguments are unused there)

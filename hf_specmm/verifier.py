@@ -1,38 +1,18 @@
-"""Verification of a drafted block against the target, greedy and lossless sampling.
+"""The call's verifier: which rule decides what a block keeps, greedy or lossless sampling, for each block shape.
 
 Notation (Leviathan et al. 2211.17192, Chen et al. 2302.01318): the draft proposed d_1..d_γ with
-probabilities q_j; the target's (processed) distributions at the γ+1 positions are p_0..p_γ.
-Both functions return ``(n, emitted)``: ``n`` [B] accepted drafts per row and ``emitted`` [B, γ+1],
-whose first ``n + 1`` entries are the row's new tokens (accepted drafts, then the correction or bonus).
+probabilities q_j; the target's (processed) distributions at the γ+1 positions are p_0..p_γ. The chain rules
+return ``(n, emitted)``: ``n`` [B] accepted drafts per row and ``emitted`` [B, γ+1], whose first ``n + 1``
+entries are the row's new tokens (accepted drafts, then the correction or bonus). Every rule's result is an
+:class:`~hf_specmm.trees.Acceptance` (the words accepted / emitted / bonus / kept are defined there, once); a
+block picks its shape's rule (:meth:`Verifier.chain` or :meth:`Verifier.tree`) from the call's verifier.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from .trees import DraftTree, TreeAcceptance, greedy_verify_tree, sample_verify_tree
-
-
-@dataclass
-class Acceptance:
-    """What a verifier keeps of a block, per cache row: ``n`` [A] accepted drafts, ``emitted`` [A, w] whose
-    first ``n + 1`` entries are the row's new tokens (the accepted drafts, then the target's correction or
-    bonus token), and ``path`` [A, w]: the block positions those tokens were scored at (None: the chain's
-    prefix 0..n; a tree's accepted root path otherwise)."""
-
-    n: torch.Tensor
-    emitted: torch.Tensor
-    path: torch.Tensor | None = None
-
-    def offered(self, unfinished: torch.Tensor) -> torch.Tensor:
-        """[A] tokens each row offers to the stopping criteria (none for a finished row)."""
-        return torch.where(unfinished, self.n + 1, torch.zeros_like(self.n))
-
-    def token_at(self, m: torch.Tensor) -> torch.Tensor:
-        """[A] the emitted token at index ``m`` [A] of each row (its next current token)."""
-        return self.emitted.gather(1, m[:, None]).squeeze(1)
+from .trees import Acceptance, DraftTree, greedy_verify_tree, sample_verify_tree
 
 
 def greedy_verify(drafts: torch.Tensor, target_scores: torch.Tensor,
@@ -80,34 +60,44 @@ def rejection_sample(
     return n, emitted
 
 
-class GreedyVerifier:
-    """Greedy verification of a chain block (:func:`greedy_verify`)."""
+class Verifier:
+    """A call's verification rules, one per block shape; :func:`verifier_for` picks the call's."""
 
-    def __call__(self, drafts: torch.Tensor, q: torch.Tensor | None, scores: torch.Tensor,
-                 lengths: torch.Tensor | None) -> Acceptance:
+    def chain(self, drafts: torch.Tensor, q: torch.Tensor | None, scores: torch.Tensor,
+              lengths: torch.Tensor | None) -> Acceptance:
+        """A chain block: ``drafts`` [A, γ], their draft distributions ``q`` (sampling), the target's processed
+        ``scores`` [A, γ+1, V]."""
+        raise NotImplementedError
+
+    def tree(self, tree: DraftTree, scores: torch.Tensor) -> Acceptance:
+        """A tree block: the target's processed ``scores`` [A, N+1, V] at its nodes."""
+        raise NotImplementedError
+
+
+class GreedyVerifier(Verifier):
+    """Greedy verification: the longest prefix (:func:`greedy_verify`) or root path
+    (:func:`~hf_specmm.trees.greedy_verify_tree`) the target's argmax agrees with."""
+
+    def chain(self, drafts: torch.Tensor, q: torch.Tensor | None, scores: torch.Tensor,
+              lengths: torch.Tensor | None) -> Acceptance:
         return Acceptance(*greedy_verify(drafts, scores, lengths=lengths))
 
     def tree(self, tree: DraftTree, scores: torch.Tensor) -> Acceptance:
-        """The longest root path the target's argmax agrees with (:func:`~hf_specmm.trees.greedy_verify_tree`)."""
-        return _of_tree(greedy_verify_tree(tree, scores))
+        return greedy_verify_tree(tree, scores)
 
 
-class SamplingVerifier:
-    """Lossless speculative sampling of a chain block (:func:`rejection_sample`) from processed scores."""
+class SamplingVerifier(Verifier):
+    """Lossless speculative sampling from processed scores: :func:`rejection_sample` over a chain,
+    multi-candidate sampling over a tree (:func:`~hf_specmm.trees.sample_verify_tree`)."""
 
-    def __call__(self, drafts: torch.Tensor, q: torch.Tensor | None, scores: torch.Tensor,
-                 lengths: torch.Tensor | None) -> Acceptance:
+    def chain(self, drafts: torch.Tensor, q: torch.Tensor | None, scores: torch.Tensor,
+              lengths: torch.Tensor | None) -> Acceptance:
         return Acceptance(*rejection_sample(drafts, q, scores.softmax(-1), lengths=lengths))
 
     def tree(self, tree: DraftTree, scores: torch.Tensor) -> Acceptance:
-        """Multi-candidate speculative sampling over the tree (:func:`~hf_specmm.trees.sample_verify_tree`)."""
-        return _of_tree(sample_verify_tree(tree, scores.softmax(-1)))
+        return sample_verify_tree(tree, scores.softmax(-1))
 
 
-def _of_tree(accepted: TreeAcceptance) -> Acceptance:
-    return Acceptance(accepted.n, accepted.emitted, accepted.path)
-
-
-def verifier_for(do_sample: bool) -> GreedyVerifier | SamplingVerifier:
-    """The verification strategy of a call: ``do_sample`` as the generation config says."""
+def verifier_for(do_sample: bool) -> Verifier:
+    """The verifier of a call: ``do_sample`` as the generation config says."""
     return SamplingVerifier() if do_sample else GreedyVerifier()
