@@ -168,10 +168,11 @@ def _check_static(config: Any, budget: DraftBudget) -> None:
 
 
 def _gamma_source(kwargs: dict, generation_config: Any, target: Any, draft: Any) -> str | None:
-    """Where the caller chose ``num_assistant_tokens`` (None: nowhere). A value a heuristic schedule wrote into
-    the draft's generation config (as stock does) is the schedule's, not the caller's."""
+    """Where the caller chose ``num_assistant_tokens`` (None: nowhere; ``draft`` None: the draft's generation config
+    not asked). A value a heuristic schedule wrote into the draft's generation config (as stock does) is the
+    schedule's, not the caller's."""
     draft_config = getattr(draft, "generation_config", None)
-    written = vars(draft).get(HEURISTIC_GAMMA)
+    written = None if draft is None else vars(draft).get(HEURISTIC_GAMMA)
     if draft_config is not None and written is not None and draft_config.num_assistant_tokens == written:
         draft_config = None
     named = (("generate(num_assistant_tokens=...)", None), ("the passed generation_config", None),
@@ -309,13 +310,14 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
         budget.confidence = None  # transformers' filled-in default, not the caller's: no threshold for fixed shapes
     stateful = next((role for role, model in (("target", target), ("draft", draft))
                      if _compat.stateful_layer_types(model.config)), None)
+    # a γ in the draft's own generation config is its checkpoint's chain default (stock's Gemma 4 assistants ship
+    # one): the shape a Tree or Auto wrapper asks for replaces it; a γ the caller set still conflicts
+    chosen_gamma = _gamma_source(kwargs, generation_config, target, None)
     if shape is not None:
-        _check_tree(shape, kind, config, budget, _gamma_source(kwargs, generation_config, target, draft), vocab,
-                    stateful)
+        _check_tree(shape, kind, config, budget, chosen_gamma, vocab, stateful)
         budget.gamma, budget.tree = shape.depth, shape
     if auto is not None:
-        trees, plain = _check_auto(auto, kind, config, budget, _gamma_source(kwargs, generation_config, target, draft),
-                                   stateful)
+        trees, plain = _check_auto(auto, kind, config, budget, chosen_gamma, stateful)
         budget = auto.budget(target, ids.shape[0], bool(config.do_sample), config.cache_implementation or "dynamic",
                              trees, plain, ids.device)
     for key in ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold"):

@@ -86,10 +86,18 @@ def test_a_heuristic_gamma_written_back_is_not_blamed_on_the_caller():
         with pytest.raises(UnsupportedGenerationError, match=r"num_assistant_tokens=11 \(from generate\(num_assist"):
             model.generate(**inputs, max_new_tokens=8, assistant_model=hf_specmm.Tree(text, 1, 3, 3),
                            num_assistant_tokens=11)
-        text.generation_config.num_assistant_tokens = 7  # the caller's own choice on the draft: still refused
-        with pytest.raises(UnsupportedGenerationError, match=r"num_assistant_tokens=7 \(from the draft's gen"):
+        # a γ in the draft's own generation config is its chain default (a checkpoint's, as Gemma 4 assistants
+        # ship one): a Tree's depth and Auto's choice replace it; the target's generation config is the caller's
+        text.generation_config.num_assistant_tokens = 7
+        for wrapper in (hf_specmm.Tree(text, 1, 3, 3), hf_specmm.Auto(text)):
+            out = model.generate(**inputs, max_new_tokens=8, assistant_model=wrapper)
+            assert torch.equal(out, tree)
+        model.generation_config.num_assistant_tokens = 7
+        with pytest.raises(UnsupportedGenerationError, match=r"num_assistant_tokens=7 \(from the target's gen"):
             model.generate(**inputs, max_new_tokens=8, assistant_model=hf_specmm.Tree(text, 1, 3, 3))
     finally:
+        model.generation_config.num_assistant_tokens = None
+        text.generation_config.num_assistant_tokens = None
         hf_specmm.disable(model)
 
 
