@@ -1,8 +1,9 @@
 """Per-step cost of each world draft next to a target step: parameters and the measured time of one draft
 forward (one drafted token, on its own KV cache, as the loop runs it) over one target decoding step (one token
 on the target's KV cache), batch 1, after a held-out prompt. A block drafter (DFlash) drafts a whole round in
-that one forward: its row times the forward of a round (one new context slot and the whole block). Machine-dependent (printed with the τ table as a
-ratio, which varies less than the times); τ is the machine-independent number. Each draft's steps are timed in
+that one forward: its row times the forward of a round (one new context slot and the whole block).
+Machine-dependent (printed with the τ table as a ratio, which varies less than the times); τ is the
+machine-independent number. Each draft's steps are timed in
 turns with target steps and the fastest of each is kept: on a machine shared with other work, being preempted
 only ever adds time, and more often to the longer (target) step, which skewed medians.
 
