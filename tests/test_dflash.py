@@ -291,7 +291,7 @@ def test_saved_drafter_loads_through_automodel_and_load_draft(tmp_path):
 
 def test_training_raises_heldout_tau(target_dir, image_task):
     """``hf-specmm train --draft-kind dflash``: a fresh one-layer drafter (blocks of 8) trained with the paper's
-    loss (every answer token an anchor, decaying position weights) on the tiny target's answers accepts clearly
+    loss (random anchors, decaying position weights) on the tiny target's answers accepts clearly
     more on held-out images than untrained; saved, it loads back as stock's class."""
     from hf_specmm.train import train_draft
 

@@ -6,7 +6,8 @@
    greedy answers to the training prompts, forward KL), each ~4 % of the target's parameters, and a
    feature head (EAGLE-1 style, one decoder layer on the target's hidden states) and an EAGLE-3 head (one
    decoder layer on three fused target layers, training-time test, a draft vocabulary) trained on the same
-   lines (:func:`build_head_checkpoint` trains only one head, on the shipped target).
+   lines, and a DFlash drafter (one forward drafts a block, on four fused target layers) likewise
+   (:func:`build_draft_checkpoint` trains only one of these three, on the shipped target).
 
 ``examples/train_world.py`` runs it; everything lands in ``ship_dir`` (safetensors + model cards +
 ``recipe.json`` with every setting and measured number), which is what ``hf-specmm demo`` loads.
@@ -46,14 +47,21 @@ HEAD_TRAINING = {"stage2_steps": 1000, "token_loss_weight": 1.0}
 # answers use 51 of the world's 77 ids (50 words + </s>), the rest are prompt-only words, specials, <image> and
 # <pad>, which a draft never proposes
 EAGLE3_TRAINING = {"stage2_steps": 1000, "ttt_steps": 5, "draft_vocab_size": 64}
-KIND_TRAINING = {"image_adapter": ADAPTER_TRAINING, "feature_head": HEAD_TRAINING, "eagle3": EAGLE3_TRAINING}
+# the DFlash drafter (one stage: it has no image-specific part; its steps = the heads' two stages together):
+# blocks of 16 as the paper's main drafters (γ up to 15, so the table's γ 8 and the trees' depths 12 and 15 are
+# drafted, not capped); every one of the 4-layer target's layers read (the paper reads 5 spread from shallow to
+# deep on 28-36-layer targets: here every layer is the scaled-down spread, and the fc over 4 × 128 is 65k
+# parameters); one drafter layer (DRAFT_CONFIG's), as the EAGLE heads
+DFLASH_TRAINING = {"block_size": 16, "target_layers": [0, 1, 2, 3]}
+KIND_TRAINING = {"image_adapter": ADAPTER_TRAINING, "feature_head": HEAD_TRAINING, "eagle3": EAGLE3_TRAINING,
+                 "dflash": DFLASH_TRAINING}
 EVAL_PER_TASK = 32  # held-out lines per task (images not in the training split) the drafts' cards are measured on
 TARGET_NAME = "world-target"  # what the draft cards call the target (the folder name in ship_dir)
 # the draft kinds the world ships, one folder each (named by the kind's title; the EAGLE-3 head's has spaces)
-SHIPPED_KINDS = ("text_only", "image_adapter", "feature_head", "eagle3")
-HEAD_KINDS = ("feature_head", "eagle3")  # trained on the shipped target alone by build_head_checkpoint
-DRAFT_DIRS = {name: "eagle3-head-draft" if name == "eagle3" else f"{get_kind(name).title}-draft"
-              for name in SHIPPED_KINDS}
+SHIPPED_KINDS = ("text_only", "image_adapter", "feature_head", "eagle3", "dflash")
+ALONE_KINDS = ("feature_head", "eagle3", "dflash")  # trained on the shipped target alone by build_draft_checkpoint
+_FOLDERS = {"eagle3": "eagle3-head-draft", "dflash": "dflash-draft"}
+DRAFT_DIRS = {name: _FOLDERS.get(name, f"{get_kind(name).title}-draft") for name in SHIPPED_KINDS}
 
 
 def _prompts_only(examples: list[Example], world: Path, dst: Path, per_task: int | None = None) -> Path:
@@ -106,8 +114,9 @@ tokens seen. {report['train_time_s']} s on CPU in all. Recipe: `examples/train_w
 def _distil(kind: str, target_dir: Path, world: Path, work: Path, distil_data: Path, heldout: Path,
             **overrides: Any) -> dict:
     extra = {**DRAFT_TRAINING, **KIND_TRAINING.get(kind, {}), **overrides}
+    draft_config = {**DRAFT_CONFIG, **extra.pop("draft_config", {})}
     cfg = TrainConfig(target=str(target_dir), data=str(distil_data), images=str(world), eval_data=str(heldout),
-                      output_dir=str(work / DRAFT_DIRS[kind]), draft_config=dict(DRAFT_CONFIG), draft_kind=kind,
+                      output_dir=str(work / DRAFT_DIRS[kind]), draft_config=draft_config, draft_kind=kind,
                       response_cache=str(work / "target_answers.jsonl"),
                       task_name=f"world held-out, unseen scenes ({EVAL_PER_TASK} per task)",
                       target_name=TARGET_NAME, prompt_format="raw", **extra)
@@ -152,15 +161,17 @@ def build_world_checkpoints(work_dir: str | Path, ship_dir: str | Path) -> dict[
     return summary
 
 
-def build_head_checkpoint(kind: str, work_dir: str | Path, ship_dir: str | Path, per_task: int | None = None,
-                          steps: int | None = None) -> dict[str, Any]:
-    """Train only one feature head (``kind``: ``feature_head`` = EAGLE-1, ``eagle3`` = EAGLE-3) on the shipped
-    target (same world, same distillation lines and held-out lines as the other drafts; with ``per_task``, the
-    first ``per_task`` lines of each task only, and ``steps`` per stage) into ``ship_dir``, and record it in
-    ``ship_dir/recipe.json``. Both heads trained with the same ``per_task`` and ``steps`` see the same answer
-    lines (the same seed draws the same batches) for the same number of optimizer steps."""
-    if kind not in HEAD_KINDS:
-        raise ValueError(f"kind={kind!r}: build_head_checkpoint trains one of {HEAD_KINDS}")
+def build_draft_checkpoint(kind: str, work_dir: str | Path, ship_dir: str | Path, per_task: int | None = None,
+                           steps: int | None = None, **overrides: Any) -> dict[str, Any]:
+    """Train only one draft of :data:`ALONE_KINDS` (``feature_head`` = EAGLE-1, ``eagle3`` = EAGLE-3, ``dflash``)
+    on the shipped target (same world, same distillation lines and held-out lines as the other drafts; with
+    ``per_task``, the first ``per_task`` lines of each task only) into ``ship_dir``, and record it in
+    ``ship_dir/recipe.json``. ``steps``: optimizer steps per stage of the two-stage heads; a one-stage kind
+    (``dflash``) gets both stages' worth, ``2 × steps``, so every kind trained with the same ``per_task`` and
+    ``steps`` sees the same answer lines for the same number of optimizer steps. ``overrides``: TrainConfig
+    fields over the recipe's (``draft_config`` merged into :data:`DRAFT_CONFIG`), for tuning."""
+    if kind not in ALONE_KINDS:
+        raise ValueError(f"kind={kind!r}: build_draft_checkpoint trains one of {ALONE_KINDS}")
     work, ship = Path(work_dir), Path(ship_dir)
     work.mkdir(parents=True, exist_ok=True)
     world = generate_world(work / "world", n=WORLD["n"], seed=WORLD["seed"], image_size=WORLD["image_size"])
@@ -168,7 +179,9 @@ def build_head_checkpoint(kind: str, work_dir: str | Path, ship_dir: str | Path,
     distil_data = _prompts_only(train, world, work / "distil.jsonl", per_task)
     heldout = _prompts_only(unseen(load_examples(world / "heldout.jsonl"), train), world,
                             work / "heldout_eval.jsonl", EVAL_PER_TASK)
-    overrides = {} if steps is None else {"steps": steps, "stage2_steps": steps}
+    if steps is not None:
+        one_stage = len(get_kind(kind).stages) == 1
+        overrides = {**({"steps": 2 * steps} if one_stage else {"steps": steps, "stage2_steps": steps}), **overrides}
     result = _distil(kind, ship / TARGET_NAME, world, work, distil_data, heldout, **overrides)
     folder = DRAFT_DIRS[kind]
     shutil.rmtree(ship / folder, ignore_errors=True)

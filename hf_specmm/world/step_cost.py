@@ -1,7 +1,9 @@
 """Per-step cost of each world draft next to a target step: parameters and the measured time of one draft
 forward (one drafted token, on its own KV cache, as the loop runs it) over one target decoding step (one token
-on the target's KV cache), batch 1, after a held-out prompt. Machine-dependent (printed with the τ table as a
-ratio, which varies less than the times); τ is the machine-independent number. Each draft's steps are timed in
+on the target's KV cache), batch 1, after a held-out prompt. A block drafter (DFlash) drafts a whole round in
+that one forward: its row times the forward of a round (one new context slot and the whole block).
+Machine-dependent (printed with the τ table as a ratio, which varies less than the times); τ is the
+machine-independent number. Each draft's steps are timed in
 turns with target steps and the fastest of each is kept: on a machine shared with other work, being preempted
 only ever adds time, and more often to the longer (target) step, which skewed medians.
 
@@ -61,13 +63,19 @@ def step_costs(world: Any, example: Example, repeats: int = 50) -> list[dict[str
     rows = []
     for name, draft in world.drafts.items():
         kind = kind_of(draft)
-        drafter = kind.drafter(draft, VocabMap(spec, draft_vocab_size(draft), device))
+        # a kind scoring with the target's LM head proposes from the target's vocabulary (as checks.py reads it)
+        size = draft_vocab_size(draft) if kind.target_vocab_size is None else kind.target_vocab_size(draft, target)
+        drafter = kind.drafter(draft, VocabMap(spec, size, device))
         with drafter.watch(target):
             prefill = target(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1, **inputs)
         drafter.observe_prefill(prefill)
         drafter.prefill(Prompt(ids, mask, family.model_inputs(inputs)), token, DynamicBackend().new)
 
+        one_slot = _one_context_slot(drafter) if kind.block_drafter else None
+
         def draft_step() -> None:  # reads the pending token, drafts one (the cache grows by a slot per call)
+            if one_slot is not None and drafter.pending is None:  # a block drafter's next round: one accepted slot
+                drafter.pending = one_slot
             drafter.propose(RoundBudget(1), ArgmaxSelector())
 
         t_draft, t_target = _fastest_in_turns([draft_step, target_step], repeats)
@@ -76,6 +84,13 @@ def step_costs(world: Any, example: Example, repeats: int = 50) -> list[dict[str
                      "draft_step_ms": 1000 * t_draft, "target_step_ms": 1000 * t_target,
                      "cost_ratio": t_draft / t_target})
     return rows
+
+
+def _one_context_slot(drafter: Any) -> tuple[torch.Tensor, ...]:
+    """What a block drafter reads next after a round that accepted nothing: one context slot (the prompt's last
+    position's true features, a real value) before its block."""
+    features, valid, positions = drafter.pending  # the prompt's context, queued by prefill
+    return features[:, -1:], valid[:, -1:], positions[:, -1:]
 
 
 def to_markdown(rows: list[dict[str, Any]]) -> str:

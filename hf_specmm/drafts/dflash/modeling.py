@@ -81,12 +81,26 @@ def embed_block(target: Any, ids: torch.Tensor) -> torch.Tensor:
         table.embed_norm = norm
 
 
+def default_mask_token(target: Any) -> int:
+    """The target's pad id if its embedding row is not zero, else the first id whose row is not (LLaMA-style
+    vocabularies: ``<unk>``). A zero row (``nn.Embedding(padding_idx=pad)`` keeps the pad row at 0) would make
+    every mask position's query and residual 0 in the drafter's first layer: uniform attention, the same output
+    at every block position (a one-layer drafter trained on the world with the pad id as mask plateaued at 0.2
+    top-1 at block position 1)."""
+    table = target.get_input_embeddings().weight.detach()
+    pad = getattr(target_text_config(target), "pad_token_id", None)
+    if pad is not None and 0 <= pad < table.shape[0] and bool(table[pad].any()):
+        return int(pad)
+    nonzero = table.any(-1).nonzero()
+    return int(nonzero[0, 0]) if len(nonzero) else 0
+
+
 def dflash_config_for(target: Any, block_size: int = 8, target_layer_ids: list[int] | None = None,
                       num_layers: int = 1, mask_token_id: int | None = None, sliding_window: int | None = None,
                       config_class: type | None = None) -> Any:
     """A ``MuseGlimmerAssistantConfig`` for a fresh DFlash drafter of ``target``: the target's width, heads and
     RoPE base; ``target_layer_ids`` spread over the target's layers by default (first, middle, last, as the
-    paper's); ``mask_token_id`` an id of the target's vocabulary (default: its pad / unk / last text id)."""
+    paper's); ``mask_token_id`` an id of the target's vocabulary (default: :func:`default_mask_token`)."""
     if config_class is None:
         if not DFLASH_CLASSES:
             raise ImportError("this transformers has no DFlash drafter class (MuseGlimmerAssistantModel, 5.17+)")
@@ -96,7 +110,7 @@ def dflash_config_for(target: Any, block_size: int = 8, target_layer_ids: list[i
     if target_layer_ids is None:
         target_layer_ids = sorted({1 if layers > 2 else 0, layers // 2, layers - 2 if layers > 2 else layers - 1})
     if mask_token_id is None:
-        mask_token_id = text.pad_token_id if getattr(text, "pad_token_id", None) is not None else 0
+        mask_token_id = default_mask_token(target)
     heads = text.num_attention_heads
     rope = getattr(text, "rope_parameters", None) or {}
     theta = rope.get("rope_theta") if isinstance(rope, dict) else None
