@@ -164,3 +164,24 @@ def test_export_refusals_and_pickles(tmp_path):
     (folder / "model.safetensors").rename(folder / "pytorch_model.bin")
     with pytest.raises(SpecMMError, match="safetensors"):
         hf_specmm.load_draft(folder, target=model)
+
+
+def test_a_head_on_one_target_layer_is_refused_where_it_is_made_or_read(tmp_path):
+    """With one aux layer, fc's input has the width of the head's own fed-back features (the head tells them apart
+    by width): refused when built, when a speculators checkpoint names one layer, and in an hf_specmm config."""
+    from hf_specmm.drafts.feature_head import FeatureHeadDraft
+    from hf_specmm.errors import DraftLoadError
+
+    model = target("llava")
+    with pytest.raises(ValueError, match=r"aux_layers=\[1\]: an EAGLE-3 head fuses two or more target layers"):
+        FeatureHeadDraft.for_target(model, variant="eagle3", aux_layers=[1])
+    folder = _fixture(tmp_path / "spec", model, "speculators", aux=(1,))
+    with count_forwards() as calls, pytest.raises(DraftLoadError, match=r"aux_layers=\[1\]: an EAGLE-3 head fuses"):
+        hf_specmm.load_draft(folder, target=model)
+    assert calls["n"] == 0
+    own = tmp_path / "own"
+    lagged_head(model).save_pretrained(own)
+    config = json.loads((own / "config.json").read_text())
+    (own / "config.json").write_text(json.dumps({**config, "aux_layers": [1]}))
+    with pytest.raises(DraftLoadError, match=r"aux_layers=\[1\]: an EAGLE-3 head fuses"):
+        hf_specmm.load_draft(own, target=model)

@@ -42,7 +42,7 @@ from ...errors import IncompatibleDraftError
 from .configuration import FeatureHeadDraftConfig, default_aux_layers
 from .export import export_head
 from .modeling import FeatureHeadDraft, FeatureHeadOutput, family_body, head_config_fields
-from .validation import check_vocab_maps
+from .validation import check_vocab_maps, too_few_aux_layers
 
 
 def rope_parameters(text: PretrainedConfig) -> dict[str, Any] | None:
@@ -330,6 +330,8 @@ class Eagle3FeatureHead(FeatureHeadDraft):
               or any(isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= depth for k in aux)):
             raise ValueError(f"aux_layers={aux_layers!r}: a list of layer inputs 0..{depth} (integers) of this "
                              f"{depth}-layer target ({depth}: the last layer's output)")
+        if too_few_aux_layers(aux):
+            raise ValueError(too_few_aux_layers(aux))
         size = vocab if draft_vocab_size is None else draft_vocab_size
         if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= vocab:
             raise ValueError(f"draft_vocab_size={draft_vocab_size!r}: an integer between 1 and the target's {vocab} ids")

@@ -40,7 +40,7 @@ from ..checkpoints import read_config_json, weight_files
 from .eagle3 import Eagle3FeatureHead, Eagle3HeadConfig
 from .export import FORMATS, SGLANG_ARCHITECTURE, export_head  # noqa: F401  (export_head: the layouts' writer)
 from .modeling import head_config_fields
-from .validation import NORM_FLAGS, check_engine_config, check_tensor_shapes, check_vocab_maps
+from .validation import NORM_FLAGS, check_engine_config, check_tensor_shapes, check_vocab_maps, too_few_aux_layers
 
 # the tensors a flag adds, as speculators names them (a key flagged but absent, or present unflagged, is refused)
 _FLAG_TENSORS = {"norm_before_fc": r"^input_norm\.", "fc_norm": r"^fc_norm\."}
@@ -155,6 +155,8 @@ def import_head(folder: str | Path, target: PreTrainedModel | None, name: str | 
                                  "speculators layout only (speculators_model_type 'eagle3')")
     aux = [int(k) for k in aux] if aux is not None else [2, depth // 2, depth - 3]  # the engines' default
     draft_vocab = int(raw.get("draft_vocab_size") or layer["vocab_size"])
+    if too_few_aux_layers(aux):
+        raise DraftLoadError(f"{name} ({layout} layout): {too_few_aux_layers(aux)}")
     _check_shapes(name, layer, draft_vocab, aux, target)
     read, origin = _read_tensors(folder, name)
     tensors = {_ours_from(k, layout): v for k, v in read.items()}

@@ -23,6 +23,15 @@ LAYER_FIELDS = ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention
 NORM_FLAGS = ("norm_before_fc", "fc_norm", "norm_output")
 
 
+def too_few_aux_layers(aux: list[int]) -> str | None:
+    """Why an EAGLE-3 head cannot read only ``aux`` (None: it can). With one layer, the fused target features
+    and the head's own fed-back features have the same width, and width is how the head tells them apart."""
+    if len(aux) >= 2:
+        return None
+    return (f"aux_layers={list(aux)}: an EAGLE-3 head fuses two or more target layers (with one, fc's input has the "
+            "width of the head's own fed-back features); use two or more, or an EAGLE-1 head (variant='eagle1')")
+
+
 def _fail(source: str, field: str, message: str) -> DraftLoadError:
     return DraftLoadError(f"{source}: {field} {message}")
 
@@ -96,6 +105,8 @@ def check_head_config(raw: dict[str, Any], source: str) -> None:
     if "aux_layers" not in raw:
         raise _fail(source, "aux_layers", "is missing (the target layers the head reads)")
     checked_int_list(raw["aux_layers"], "aux_layers", source, low=0, high=depth)
+    if too_few_aux_layers(raw["aux_layers"]):
+        raise DraftLoadError(f"{source}: {too_few_aux_layers(raw['aux_layers'])}")
     checked_int(raw.get("draft_vocab_size"), "draft_vocab_size", source, low=1, high=layer["vocab_size"])
 
 
