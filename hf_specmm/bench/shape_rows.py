@@ -11,7 +11,8 @@ import torch
 from .timing import target_step_costs
 
 if TYPE_CHECKING:
-    from .runner import BenchStep, OursMethod
+    from .methods import OursMethod
+    from .runner import BenchStep
 
 
 def tree_row(step: "BenchStep", name: str, timed: dict[str, Any], t1: float) -> dict[str, Any]:
