@@ -51,6 +51,7 @@ def calibrate_auto(step: "BenchStep", method: "OursMethod") -> int:
     method.stats.clear()
     return calls
 
+
 def auto_row(step: "BenchStep", name: str, timed: dict[str, Any], calibration_calls: int) -> dict[str, Any]:
     """hf_specmm with ``hf_specmm.Auto`` around a kind's draft, against plain timed in the same turns; the
     shapes its timed calls took (rounds per shape) and its predicted / measured tokens per second."""
