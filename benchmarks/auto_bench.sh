@@ -13,7 +13,7 @@ export PYTHONPATH=$(pwd)${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 OMP_NUM_T
 profile=$OUT/world_profile_text-only-distilled.json  # hf-specmm world-tau --profile --per-task 16 --gammas 5
 grid=(--gammas 1 2 3 4 5 6 7 8 --tree 2,4,8 --tree 4,6,24 --tree 8,6,48 --tree 8,8,64 --auto --no-stock)
 bench() { local name=$1; shift; echo "hf-specmm bench $*" > "$OUT/$name.command.txt"
-          $PY -m hf_specmm.cli bench "$@" --out "$OUT/$name" 2>&1 | grep -v "^bench:" | tee "$OUT/$name.txt"; }
+          $PY -m hf_specmm.cli bench "$@" --out "$OUT/$name" 2>&1 | grep --line-buffered -v "^bench:" | tee "$OUT/$name.txt"; }
 for s in ${*:-tiny zero world cpu1 cpu4}; do
   case $s in
     tiny) bench tiny --preset tiny --acceptance-profile "$profile" "${grid[@]}" --batch-sizes 1 4 \
@@ -23,7 +23,7 @@ for s in ${*:-tiny zero world cpu1 cpu4}; do
           bench zero-cpu-proxy --preset cpu-proxy --acceptance 0 --gammas 5 --auto --no-stock --batch-sizes 1 \
             --max-new-tokens 40 --warmup 1 --repeats 3 ;;
     world) $PY benchmarks/auto_world.py --batch-sizes 1 8 --prompts 8 --repeats 3 --out "$OUT/world-bench" \
-            2>&1 | grep -v "^Loading" | tee "$OUT/world-bench.txt" ;;
+            2>&1 | grep --line-buffered -v "^Loading" | tee "$OUT/world-bench.txt" ;;
     cpu1) bench cpu-proxy-b1 --preset cpu-proxy --acceptance-profile "$profile" "${grid[@]}" --batch-sizes 1 \
             --max-new-tokens 40 --warmup 1 --repeats 3 ;;
     cpu4) bench cpu-proxy-b4 --preset cpu-proxy --acceptance-profile "$profile" "${grid[@]}" --batch-sizes 4 \

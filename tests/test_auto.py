@@ -210,7 +210,7 @@ def test_costs_file_round_trip(tmp_path):
         generate(model, inputs, max_new_tokens=16, assistant_model=auto)
     saved = json.loads(path.read_text())
     (key, table), = saved.items()
-    assert "batch<=1" in key and table["verify"]["chain"]["1"] and table["draft"]["chain:1"]
+    assert "batch<=1" in key and table["verify"]["chain"]["1"] and table["draft"]["chain:2"]
     COSTS.clear()
     again = hf_specmm.Auto(draft("llava", "self"), max_tokens=8, max_depth=3, costs_file=path)
     _, stats = generate(model, inputs, max_new_tokens=16, assistant_model=again)
@@ -260,7 +260,7 @@ def test_hidden_states_outputs_take_chains_and_plain_steps_only():
     auto = hf_specmm.Auto(draft("llava", "self"), max_tokens=16)
     out, stats = generate(model, inputs, assistant_model=auto, **kwargs)
     assert torch.equal(out.sequences, plain.sequences)
-    assert not any(s.startswith("tree") for s in stats.auto["shapes"]) and "chain 1" in stats.auto["shapes"]
+    assert not any(s.startswith("tree") for s in stats.auto["shapes"]) and "chain 2" in stats.auto["shapes"]
 
 
 def test_a_kind_without_trees_or_plain_steps_takes_chains_only():

@@ -33,7 +33,9 @@ def test_profile_rank_zero_is_the_chain_alpha_and_trees_gain_from_lower_ranks():
     assert all(row["lossless"] is True for row in ranked)
     assert auto["auto_shapes"] and auto["auto_calibration_calls"] >= 1
     learned = auto["auto_acceptance"]  # the profile, learned back from the rounds
-    assert abs(learned[0][0] - 0.5) < 0.2 and abs(learned[0][1] - 0.4) < 0.2, learned
+    # rank 0 is seen in every round; rank 1 only in tree rounds, whose number follows the measured costs: the
+    # estimate moves from its prior (0.4 × rank 0's hazard: ~0.1 here) toward 0.4 as trees are taken
+    assert abs(learned[0][0] - 0.5) < 0.2 and 0.15 < learned[0][1] < 0.6, learned
 
 
 def test_profile_argument_numbers_and_files(tmp_path, capsys):

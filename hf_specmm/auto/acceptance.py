@@ -28,6 +28,9 @@ RANK_PRIOR_RATIO = 0.4
 PRIOR_STRENGTH = 2.0  # pseudo-trials of the pooled prior
 DEPTH_STRENGTH = 4.0  # pseudo-trials pulling a depth toward its rank's pooled hazard
 COUNT_CAP = 400.0  # trials at one (depth, rank) before its counts are halved
+#: pseudo-tokens pulling a shape's realised / expected accepted drafts toward its family's, and a family's toward 1
+YIELD_STRENGTH = 4.0
+YIELD_CAP = 200.0  # expected drafts of one shape or family before its sums are halved
 
 
 class AcceptanceTable:
@@ -42,11 +45,16 @@ class AcceptanceTable:
         if prior is not None:
             self.set_prior(prior)
         self.rounds = 0
+        self.clock = 0  # rounds of this pair's calls, plain steps included (AutoBudget.ranking's clock)
         #: plain rounds between two probes once plain steps win (doubles after each probe; see AutoBudget)
         self.probe_gap = 8
         #: calls run as plain generate in a row, and how many before a speculative one (AutoBudget.runs_plain)
         self.plain_calls, self.plain_gap = 0, 8
         self.plain_ranking: tuple | None = None  # (tables' state, best predicted, loop plain) of the last check
+        #: per shape label and per family ('chain', 'tree k'): [drafts kept, drafts expected] (see :meth:`yield_of`)
+        self.yields: dict[str, list[float]] = {}
+        #: the last ranking of the candidate shapes, shared by this pair's calls (AutoBudget.ranking)
+        self.ranking: dict | None = None
 
     def set_prior(self, profile: Sequence[Sequence[float]]) -> None:
         """Prior from a profile ``profile[d][r]`` = P(the target's token is the r-th choice at depth d + 1)."""
@@ -84,6 +92,27 @@ class AcceptanceTable:
                 if j < len(counts) and counts[j] > 0:
                     self.observe(j + 1, counts[j], taken[j] if j < n else None)
         self.rounds += 1
+
+    def observe_yield(self, label: str, family: str, expected: float, kept: float) -> None:
+        """A round of shape ``label`` (of ``family``) whose rows kept ``kept`` drafts each on average where the
+        table expected ``expected`` (both without the target's own token)."""
+        for key in (label, family):
+            sums = self.yields.setdefault(key, [0.0, 0.0])
+            sums[0] += kept
+            sums[1] += expected
+            if sums[1] > YIELD_CAP:
+                sums[0] /= 2.0
+                sums[1] /= 2.0
+
+    def yield_of(self, label: str, family: str) -> float:
+        """Drafts a round of this shape keeps per draft the table expects: the table is a marginal over contexts
+        and positions (a draft whose confidence ranks a tree's nodes well beats it, a poorly calibrated one
+        falls short; rows that stop at EOS or max_length keep less), so each shape's realised share is learned
+        from the rounds that took it, shrunk toward its family's (chains; trees of one top_k), itself toward 1."""
+        kept, expected = self.yields.get(family, (0.0, 0.0))
+        pooled = (kept + YIELD_STRENGTH) / (expected + YIELD_STRENGTH)
+        kept, expected = self.yields.get(label, (0.0, 0.0))
+        return (kept + YIELD_STRENGTH * pooled) / (expected + YIELD_STRENGTH)
 
     # ---- estimates -------------------------------------------------------------------------------------
     def pooled_hazard(self, rank: int, prior: float | None = None) -> float:

@@ -30,18 +30,22 @@ class AutoBudget(DraftBudget):
     doubles, up to :data:`MAX_PROBE_GAP`, so a useless draft costs ever fewer probes.
     """
 
-    def __init__(self, policy: CostAwarePolicy | FixedPolicy, acceptance: AcceptanceTable, costs: CostTable,
-                 devices: tuple[torch.device, ...], on_calibrated: Callable[[], None] | None = None,
-                 cost_key: str = ""):
+    def __init__(self, policy: CostAwarePolicy | FixedPolicy, acceptance: AcceptanceTable,
+                 tables: Callable[[int], tuple[str, CostTable]], batch: int, devices: tuple[torch.device, ...],
+                 on_calibrated: Callable[[list[str]], None] | None = None):
         depth = policy.max_depth if isinstance(policy, CostAwarePolicy) else max(s.gamma for s in policy.shapes)
         super().__init__(gamma=depth)
-        self.policy, self.acceptance, self.costs = policy, acceptance, costs
+        self.policy, self.acceptance, self.tables = policy, acceptance, tables
+        #: the cost table of the call's batch bucket (calibrated first; see :meth:`_costs`), and every one used
+        self.cost_key, self.costs = tables(batch)
+        self.used = {self.cost_key: self.costs}
         self.devices = tuple(d for d in devices if d.type == "cuda")
-        self.on_calibrated, self.cost_key = on_calibrated, cost_key
+        self.on_calibrated = on_calibrated
         self.open: dict[str, Any] | None = None  # the running round: shape, choice, start, draft end, tokens
         self.log: list[dict[str, Any]] = []  # closed rounds
         self.ranked: list[Choice] = []
-        self.refresh, self.next_ranking = REFRESH, 0
+        self.ranked_by: CostTable | None = None
+        self.next_ranking = 0
         self.rounds = 0
         self.plain_run = 0
         self.calibration_rounds = 0
@@ -52,12 +56,15 @@ class AutoBudget(DraftBudget):
         now = time.perf_counter()
         self._close(now, timed=True)
         room = max(r for r, u in zip(remaining, unfinished) if u) - 1
-        choice = self._choose(sum(unfinished), room)
+        rows = sum(unfinished)
+        timed, costs = self._costs(rows)
+        choice = self._choose(timed, costs, room)
         shape = _fit(choice.shape, room)
         # the round starts after the choice: ranking the candidates is no shape's cost
         self.open = {"shape": shape, "choice": choice, "start": time.perf_counter(), "drafted": None, "tokens": 0,
-                     "rows": sum(unfinished)}
+                     "rows": rows, "table": timed}
         self.rounds += 1
+        self.acceptance.clock += 1
         return RoundBudget(shape.gamma, shape.tree)
 
     def drafted(self) -> None:
@@ -85,25 +92,33 @@ class AutoBudget(DraftBudget):
             self.open["tokens"] += sum(kept)
 
     # ---- choosing --------------------------------------------------------------------------------------
-    def _choose(self, rows: int, room: int) -> Choice:
+    def _costs(self, rows: int) -> tuple[CostTable, CostTable]:
+        """The table a round of ``rows`` live rows is timed into (its batch bucket's: rows that finished leave the
+        batch, and a narrower batch verifies faster) and the table it is chosen by: the same once calibrated,
+        else the call's own (calibrated first), else the round calibrates the live one."""
+        if isinstance(self.policy, FixedPolicy):
+            return self.costs, self.costs
+        key, live = self.tables(rows)
+        if key not in self.used:
+            self.used[key] = live
+        if live is not self.costs and not self.policy.calibrated(live) and self.policy.calibrated(self.costs):
+            return live, self.costs
+        return live, live
+
+    def _choose(self, timed: CostTable, costs: CostTable, room: int) -> Choice:
         if isinstance(self.policy, FixedPolicy):
             return Choice(self.policy.next(), None, 0.0)
-        calibrating = self.policy.calibrating(self.costs, room)
+        calibrating = self.policy.calibrating(timed, room) if timed is costs else None
         if calibrating is not None:
             self.calibration_rounds += 1
             return Choice(calibrating, None, 0.0)
-        if not self.policy.calibrated(self.costs):  # the rest does not fit near max_length: no cost model yet
+        if not self.policy.calibrated(costs):  # the rest does not fit near max_length: no cost model yet
             return Choice(self.policy.fallback, None, 1.0)
         if self.calibration_rounds and self.on_calibrated is not None:
-            self.on_calibrated()  # once per call that finished a calibration (saves the costs file)
+            self.on_calibrated(list(self.used))  # once per call that finished a calibration (saves the costs file)
             self.on_calibrated = None
-        if not self.ranked or self.rounds >= self.next_ranking:
-            previous = self.ranked[0].shape if self.ranked else None
-            self.ranked = self.policy.rank(self.acceptance, self.costs, 1)  # per row: the live rows change
-            # a choice that holds is checked ever less often (ranking costs a few ms of Python)
-            same = bool(self.ranked) and self.ranked[0].shape == previous
-            self.refresh = min(2 * self.refresh, MAX_REFRESH) if same else REFRESH
-            self.next_ranking = self.rounds + self.refresh
+        if not self.ranked or self.rounds >= self.next_ranking or self.ranked_by is not costs:
+            self.ranked, self.ranked_by = self.ranking(costs), costs
         if not self.ranked:
             return Choice(self.policy.fallback, None, 1.0)
         best = self.ranked[0]
@@ -116,9 +131,27 @@ class AutoBudget(DraftBudget):
             if probe is not None:
                 self.plain_run = 0
                 self.acceptance.probe_gap = min(2 * self.acceptance.probe_gap, MAX_PROBE_GAP)
-                self.ranked = []  # rank again after the probe's evidence
+                self.ranked, self.acceptance.ranking = [], None  # rank again after the probe's evidence
                 return probe
         return best
+
+    def ranking(self, costs: CostTable) -> list[Choice]:
+        """The candidates ranked by ``costs`` and this pair's acceptance, best first (per row: the live rows
+        change). A ranking is a few ms of Python, so it is shared by the pair's calls and made again only every
+        ``refresh`` rounds: :data:`REFRESH`, doubling up to :data:`MAX_REFRESH` while the best shape holds (the
+        tables move slowly); a short call mostly reuses the last call's."""
+        shared = self.acceptance.ranking
+        rounds = self.acceptance.clock
+        if shared is not None and shared["table"] is costs and rounds < shared["until"]:
+            self.next_ranking = self.rounds + shared["until"] - rounds
+            return shared["ranked"]
+        ranked = self.policy.rank(self.acceptance, costs, 1)
+        same = shared is not None and bool(ranked) and bool(shared["ranked"]) and \
+            ranked[0].shape == shared["ranked"][0].shape
+        refresh = min(2 * shared["refresh"], MAX_REFRESH) if same else REFRESH
+        self.acceptance.ranking = {"table": costs, "ranked": ranked, "refresh": refresh, "until": rounds + refresh}
+        self.next_ranking = self.rounds + refresh
+        return ranked
 
     def _close(self, now: float, timed: bool) -> None:
         """End the running round at ``now``: its timings into the cost table (``timed``), its line into the log."""
@@ -129,8 +162,12 @@ class AutoBudget(DraftBudget):
         seconds = now - entry["start"]
         draft = (entry["drafted"] - entry["start"]) if entry["drafted"] is not None else 0.0
         if timed and not isinstance(self.policy, FixedPolicy):
-            self.costs.add(shape.kind, shape.width, shape.draft_label, draft, max(seconds - draft, 0.0))
+            entry["table"].add(shape.kind, shape.width, shape.draft_label, draft, max(seconds - draft, 0.0))
         choice = entry["choice"]
+        if choice.predicted_tokens_per_s is not None and shape == choice.shape and shape.gamma and entry["rows"]:
+            # what this shape's rounds realise of the table's expectation (AcceptanceTable.yield_of)
+            self.acceptance.observe_yield(shape.label, shape.family, choice.accepted,
+                                          max(entry["tokens"] / entry["rows"] - 1.0, 0.0))
         per_row = choice.predicted_tokens_per_s
         self.log.append({"shape": shape.label, "predicted": None if per_row is None else per_row * entry["rows"],
                          "tokens": entry["tokens"],
@@ -141,14 +178,15 @@ class AutoBudget(DraftBudget):
     def runs_plain(self) -> bool:
         """Whether this call is best run as plain ``generate`` (stock's own decoding loop, no draft): once the
         costs are calibrated, when plain generate's measured step is :data:`STOCK_MARGIN` faster than every round
-        shape's predicted tokens per second (an overhead-bound machine: the speculative loop's own plain step costs more than stock's). Plain
+        shape's predicted tokens per second (an overhead-bound machine: the speculative loop's own plain step
+        costs more than stock's). Plain
         generate's step is measured the first time the best shape is not clearly ahead of the loop's plain step;
         every ``plain_gap``-th call still runs speculatively (doubling), so costs and acceptance stay current."""
         if isinstance(self.policy, FixedPolicy) or not self.policy.calibrated(self.costs):
             return False
         state = (id(self.costs), self.costs.version, self.acceptance.rounds)
         if self.acceptance.plain_ranking is None or self.acceptance.plain_ranking[0] != state:
-            ranked = self.policy.rank(self.acceptance, self.costs, 1)  # unchanged while calls run as plain generate
+            ranked = self.ranking(self.costs)  # unchanged while calls run as plain generate
             if not ranked:
                 return False
             loop_plain = next((c.predicted_tokens_per_s for c in ranked if c.shape == PLAIN), None)

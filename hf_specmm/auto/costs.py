@@ -8,10 +8,14 @@ the rest of the round (verification forward, acceptance, rollback, bookkeeping) 
 round's start. Each (kind, width) and each drafted shape keeps its last :data:`SAMPLES` timings; a shape's
 cost is their median, so one slow outlier (a first call at a new width, a clock hiccup) does not steer it.
 
-Shapes never timed are predicted from the timed ones: the verification time is interpolated linearly in
-the width (chain blocks and tree blocks separately: a tree's mask and path bookkeeping cost more), a chain's
-drafting time linearly in γ, a tree's as a chain of 1 (the pending read and the root) plus (depth - 1)
-levels whose cost is interpolated in their width top_k.
+Predictions are made from a smoothed curve, not from each shape's own timings: per width, the median of its
+samples; over widths, the isotonic (non-decreasing) least-squares fit of those medians weighted by their sample
+counts (costs do not shrink with width, so a non-monotone pair of medians is noise and is pooled); between and
+beyond the fitted points, linear interpolation. So a few calibration widths predict every shape, and a noisy
+sample at one width is averaged with its neighbours' instead of steering the choice. The verification time is
+such a curve in the block width (chain blocks and tree blocks separately: a tree's mask and path bookkeeping
+cost more), a chain's drafting time one in γ, a tree's drafting time a chain of 1 (the pending read and the
+root) plus (depth - 1) levels whose cost is one in their width top_k.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 SAMPLES = 9  # timings kept per key
-CALIBRATION_SAMPLES = 3  # timings per calibration shape before the policy chooses (a median of 3)
+CALIBRATION_SAMPLES = 2  # timings per calibration shape before the policy chooses (the fit pools widths)
 
 
 def _median(samples: list[float]) -> float:
@@ -111,24 +115,34 @@ class CostTable:
         return self.model().tree_draft_time(top_k, depth)
 
 
+def isotonic(points: dict[int, list[float]]) -> dict[int, float]:
+    """The non-decreasing fit of each x's median (weighted by its sample count), by pooling adjacent violators:
+    what :func:`interpolate` predicts from (see the module)."""
+    blocks: list[list[float]] = []  # [value, weight, first x index, last x index]
+    xs = sorted(x for x in points if points[x])
+    for i, x in enumerate(xs):
+        blocks.append([_median(points[x]), float(len(points[x])), i, i])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (v1, w1, a, _), (v2, w2, _, b) = blocks[-2], blocks.pop()
+            blocks[-1] = [(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, a, b]
+    return {xs[i]: v for v, _, a, b in blocks for i in range(a, b + 1)}
+
+
 class CostModel:
-    """Predicted seconds from a :class:`CostTable`'s medians (see the module): built once per ranking."""
+    """Predicted seconds from a :class:`CostTable`'s fitted curves (see the module): built once per ranking."""
 
     def __init__(self, table: CostTable):
-        self.verify = {kind: {w: _median(widths[w]) for w in sorted(widths) if widths[w]}
-                       for kind, widths in table.verify.items()}
+        self.verify = {kind: isotonic(widths) for kind, widths in table.verify.items()}
         if not self.verify["tree"]:  # no tree timed: its width's chain time (a lower bound)
             self.verify["tree"] = dict(self.verify["chain"])
-        chain = {int(k.split(":")[1]): _median(v) for k, v in table.draft.items() if k.startswith("chain:") and v}
-        self.chain = {g: chain[g] for g in sorted(chain)}
+        self.chain = isotonic({int(k.split(":")[1]): v for k, v in table.draft.items() if k.startswith("chain:")})
         self.base = interpolate(self.chain, 1)
         per_level: dict[int, list[float]] = {}
         for label, values in table.draft.items():
             if label.startswith("tree:") and values and self.base is not None:
                 k, d = map(int, label.split(":")[1].split(","))
-                per_level.setdefault(k, []).append(max(_median(values) - self.base, 0.0) / max(d - 1, 1))
-        self.level = {k: _median(per_level[k]) for k in sorted(per_level)}
-
+                per_level.setdefault(k, []).extend(max(v - self.base, 0.0) / max(d - 1, 1) for v in values)
+        self.level = isotonic(per_level)
         self.memo: dict[tuple, float | None] = {}
 
     def verify_time(self, kind: str, width: int) -> float | None:

@@ -2,10 +2,11 @@
 
 For every candidate shape s (a plain target step, a chain of γ, a tree (top_k, depth, N)):
 
-    tokens/s(s) = rows · (1 + E[accepted | s]) / (T_verify(kind, width(s)) + T_draft(s))
+    tokens/s(s) = rows · (1 + y(s) · E[accepted | s]) / (T_verify(kind, width(s)) + T_draft(s))
 
-with E[accepted] from the learned acceptance (:mod:`hf_specmm.auto.acceptance`) and the times from the measured
-costs (:mod:`hf_specmm.auto.costs`). A plain step has E = 0 and no drafting. Until every calibration shape of
+with E[accepted] from the learned acceptance (:mod:`hf_specmm.auto.acceptance`), y(s) the share of it that
+rounds of s realised so far (:meth:`~hf_specmm.auto.acceptance.AcceptanceTable.yield_of`) and the times from
+the measured costs (:mod:`hf_specmm.auto.costs`). A plain step has E = 0 and no drafting. Until every calibration shape of
 the cost key has been timed, rounds take those shapes in turn (real rounds: their tokens count).
 """
 
@@ -47,6 +48,11 @@ class Shape:
         return f"chain:{self.gamma}" if self.gamma else None
 
     @property
+    def family(self) -> str:
+        """Shapes whose realised acceptance is pooled: chains; trees of one top_k."""
+        return f"tree {self.tree.top_k}" if self.tree is not None else "chain"
+
+    @property
     def label(self) -> str:
         if self.tree is not None:
             return f"tree {self.tree.top_k},{self.tree.depth},{self.tree.tokens}"
@@ -71,12 +77,13 @@ def candidate_shapes(max_tokens: int, max_depth: int, plain: bool = True, trees:
 
 
 def calibration_shapes(max_tokens: int, max_depth: int, plain: bool = True, trees: bool = True) -> list[Shape]:
-    """The shapes timed first for a new cost key: block widths 1..65 over chains and trees, tree levels of width
-    2, 4 and 8 (the points the cost model interpolates between)."""
+    """The shapes timed first for a new cost key: the ends and the middle of the widths (1, 3 and 1 + γ_max
+    for chains, 9, 33 and 65 for trees) and tree levels of width 2, 4 and 8, the points the cost model's
+    curves run through (every other shape is predicted from them)."""
     shapes = [PLAIN] if plain else []
-    shapes += [Shape(g) for g in (1, 2, 4, 8) if g <= min(max_depth, max_tokens)]
+    shapes += [Shape(g) for g in sorted({min(2, max_depth, max_tokens), min(8, max_depth, max_tokens)})]
     if trees:
-        for k, depth, n in ((2, 4, 8), (4, 4, 16), (4, 6, 32), (8, 6, 64)):
+        for k, depth, n in ((2, 4, 8), (4, 6, 32), (8, 6, 64)):
             depth = min(depth, max_depth)
             if depth >= 2 and n <= max_tokens and n <= k + (depth - 1) * k * k:
                 shapes.append(Shape(depth, TreeShape(k, depth, n)))
@@ -87,7 +94,8 @@ def calibration_shapes(max_tokens: int, max_depth: int, plain: bool = True, tree
 class Choice:
     shape: Shape
     predicted_tokens_per_s: float | None  # None: a calibration round
-    expected_tokens: float  # per row: 1 + E[accepted]
+    expected_tokens: float  # per row: 1 + y · E[accepted] (see the module)
+    accepted: float = 0.0  # per row: E[accepted] by the acceptance table alone
 
 
 class CostAwarePolicy:
@@ -136,7 +144,8 @@ class CostAwarePolicy:
             seconds = round_time(model, shape)
             if seconds is None or seconds <= 0:
                 continue
-            choices.append(Choice(shape, rows * (1.0 + accepted) / seconds, 1.0 + accepted))
+            tokens = 1.0 + accepted * acceptance.yield_of(shape.label, shape.family) if shape.gamma else 1.0
+            choices.append(Choice(shape, rows * tokens / seconds, tokens, accepted))
         choices.sort(key=lambda c: -c.predicted_tokens_per_s)
         return choices
 

@@ -14,7 +14,7 @@ from ..drafts.wrapper import DraftWrapper, Tree
 from ..trees.expand import TreeShape
 from .acceptance import AcceptanceTable
 from .budget import AutoBudget
-from .costs import COSTS, cost_key
+from .costs import COSTS, CostTable, cost_key
 from .policy import CostAwarePolicy, FixedPolicy, Shape, cost_aware_policy
 
 
@@ -99,17 +99,18 @@ class Auto(DraftWrapper):
                device: torch.device) -> AutoBudget:
         """The call's budget: the policy, this pair's acceptance, the cost table of the call's key."""
         draft_device = execution_device(self.draft)
-        key = cost_key(target, self.draft, device, getattr(target, "dtype", None), batch, cache)
-        costs = COSTS.table(key, self.costs_file)
+        dtype, path = getattr(target, "dtype", None), self.costs_file
+
+        def tables(rows: int) -> tuple[str, CostTable]:  # the cost table of a round's live rows' batch bucket
+            key = cost_key(target, self.draft, device, dtype, rows, cache)
+            return key, COSTS.table(key, path)
+
         if self.shapes is not None:
             policy: CostAwarePolicy | FixedPolicy = FixedPolicy(self.shapes)
         else:
             policy = cost_aware_policy(self.max_tokens, self.max_depth, plain, trees)
-        save = None
-        if self.costs_file is not None:
-            path = self.costs_file
-            save = lambda: COSTS.save(path, [key])  # noqa: E731
-        return AutoBudget(policy, self.acceptance(target, sampling), costs, (device, draft_device), save, key)
+        save = None if path is None else (lambda keys: COSTS.save(path, keys))
+        return AutoBudget(policy, self.acceptance(target, sampling), tables, batch, (device, draft_device), save)
 
     def uses(self, trees: bool, plain: bool) -> str | None:
         """Why this Auto cannot run with trees / plain steps unavailable (its fixed ``shapes`` need them)."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import platform
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -23,102 +23,19 @@ import transformers
 from tqdm.auto import tqdm
 
 from .. import api
-from ..auto import Auto, chain_lengths, check_profile
-from ..drafts.wrapper import Tree
+from ..auto import chain_lengths
 from ..trees import TreeShape
 from ..drafts.dflash import dflash_draft_for
 from ..drafts.registry import kind_of
 from ..targets import target_spec
 from ..vocab import VocabMap, draft_vocab_size
-from .controlled import controlled_acceptance, set_reference, watch_target
+from .config import BenchConfig, config_note
+from .controlled import controlled_acceptance, watch_target
 from ..devices import execution_device
-from .presets import DEVICE_MAPS, DFLASH_BLOCK, DRAFT_KINDS, SMALL_LM, Preset, build_preset, synthetic_inputs
+from .methods import OursMethod, PlainMethod, StockMethod
+from .presets import DFLASH_BLOCK, SMALL_LM, Preset, build_preset, synthetic_inputs
 from .shape_rows import auto_row, calibrate_auto, tree_row
 from .timing import PrefillClock, draft_step_cost, interleaved_medians, target_step_costs
-
-
-@dataclass
-class BenchConfig:
-    preset: str = "cpu-proxy"
-    gammas: list[int] = field(default_factory=lambda: [5])
-    batch_sizes: list[int] = field(default_factory=lambda: [1])
-    acceptance: float | None = None  # controlled acceptance α (greedy only); None = the draft's own
-    do_sample: bool = False
-    max_new_tokens: int = 64
-    prompt_tokens: int = 32
-    with_image: bool = True
-    device: str = "cpu"
-    device_map: str | None = None  # "auto": the target spread over the visible devices (accelerate); draft on device
-    dtype: str | None = None
-    warmup: int = 1
-    repeats: int = 3
-    stock: bool = True
-    seed: int = 0
-    draft_kinds: list[str] = field(default_factory=lambda: ["text_only"])  # a row per kind, timed side by side
-    compile: bool = False  # also time plain and hf_specmm with a static cache + torch.compile (stock's switch)
-    #: [K, D, N] shapes: hf_specmm.Tree(draft, K, D, N) rows per draft kind, timed in turns with each batch's
-    #: first γ step (its chain rows and plain); γ of a tree row is its depth D
-    trees: list[list[int]] = field(default_factory=list)
-    #: rank-aware controlled acceptance: profile[d][r], the target's token is the draft's r-th choice at depth d
-    acceptance_profile: list[list[float]] | None = None
-    #: also time hf_specmm.Auto(draft, max_tokens=auto_max_tokens) per draft kind, in turns with the first γ step
-    auto: bool = False
-    auto_max_tokens: int = 64
-    #: untimed calls of each Auto row before its timing, at most (its costs' calibration ends in them)
-    auto_calibration_calls: int = 12
-
-    def validate(self) -> None:
-        """Raise ``ValueError`` naming every bad field (the CLI's ``type=`` checks refuse the same values)."""
-        problems = []
-        for name in ("gammas", "batch_sizes"):
-            values = getattr(self, name)
-            if not values or any(int(v) < 1 for v in values):
-                problems.append(f"{name}={values} (a non-empty list of integers >= 1)")
-        for name, low in (("max_new_tokens", 1), ("prompt_tokens", 1), ("repeats", 1), ("warmup", 0), ("seed", 0)):
-            if int(getattr(self, name)) < low:
-                problems.append(f"{name}={getattr(self, name)} (must be >= {low})")
-        if self.acceptance is not None and not 0.0 <= self.acceptance <= 1.0:
-            problems.append(f"acceptance={self.acceptance} (in [0, 1])")
-        if self.device_map is not None and self.device_map not in DEVICE_MAPS:
-            problems.append(f"device_map={self.device_map!r} (None or one of {DEVICE_MAPS})")
-        if not self.draft_kinds or any(k not in DRAFT_KINDS for k in self.draft_kinds) \
-                or len(set(self.draft_kinds)) != len(self.draft_kinds):
-            problems.append(f"draft_kinds={self.draft_kinds} (distinct values among {DRAFT_KINDS})")
-        for shape in self.trees:
-            try:
-                TreeShape(*shape)
-            except (TypeError, ValueError) as error:
-                problems.append(f"trees: {shape} ({error})")
-        if self.acceptance is not None and self.do_sample:
-            problems.append("acceptance (controlled acceptance) is defined for greedy decoding; drop do_sample")
-        if self.acceptance_profile is not None:
-            try:
-                check_profile(self.acceptance_profile, "acceptance_profile")
-            except ValueError as error:
-                problems.append(str(error))
-            if self.acceptance is not None:
-                problems.append("acceptance and acceptance_profile: give one of them (a profile [[α]] is α at rank 0)")
-            if self.do_sample:
-                problems.append("acceptance_profile (controlled acceptance) is defined for greedy decoding; drop do_sample")
-            if self.compile:
-                problems.append("acceptance_profile with compile: the profile reads each round's root from a hook on "
-                                "the target's forward, which compiled graphs do not run; drop one of them")
-        if self.auto_max_tokens < 1:
-            problems.append(f"auto_max_tokens={self.auto_max_tokens} (must be >= 1)")
-        if problems:
-            raise ValueError("invalid benchmark config: " + "; ".join(problems))
-
-
-def _note(config: BenchConfig, target: Any) -> str | None:
-    if config.acceptance is None and config.acceptance_profile is None:
-        return None
-    note = "controlled acceptance: systems benchmark (random weights)"
-    if target.dtype in (torch.bfloat16, torch.float16):
-        # a random head's near-tied argmaxes flip between a verification and a 1-token step in half precision (H100,
-        # benchmarks/results/gpu-h100/p1-bf16: τ 1.1 at α 0.7); the presets' margin rule (margins.py) rules them out
-        note += ("; half precision: the presets' greedy margins are far above rounding (margin rule); a target of "
-                 "your own needs them too (hf_specmm.bench.margins.greedy_margins), or lossless False and τ collapse")
-    return note
 
 
 def _n_params(model: Any) -> int:
@@ -144,83 +61,6 @@ def _vocab_size(draft: Any, target: Any) -> int:
     """The vocabulary a draft proposes from (a kind scoring with the target's LM head: the target's)."""
     kind = kind_of(draft)
     return draft_vocab_size(draft) if kind.target_vocab_size is None else kind.target_vocab_size(draft, target)
-
-
-def _prompt_positions(draft: Any, vocab: VocabMap, inputs: dict) -> torch.Tensor:
-    """Where each row's first generated token sits in the draft's own positions (the drafter's prompt length:
-    text tokens for a text-only draft, every prompt position for a feature head)."""
-    return kind_of(draft).drafter.prompt_lengths(draft, vocab, inputs["input_ids"], inputs["attention_mask"])
-
-
-class PlainMethod:
-    """Plain ``generate`` on the step's inputs (``compiled``: stock's static cache + compiled forward)."""
-
-    def __init__(self, step: "BenchStep", compiled: bool = False):
-        self.step, self.compiled = step, compiled
-
-    def __call__(self) -> torch.Tensor:
-        return self.step.target.generate(**self.step.inputs, **self.step.gen_for(self.compiled))
-
-
-class StockMethod:
-    """Stock assisted generation, counting target forwards. ``stock_as_called`` passes γ to generate() as
-    users do (stock ignores it: default γ = 20); ``stock`` sets γ where stock reads it, the draft's
-    generation_config, for the run only."""
-
-    def __init__(self, step: "BenchStep", name: str):
-        self.step, self.name = step, name
-        self.forwards: list[int] = []  # target forwards per call
-
-    def __call__(self) -> torch.Tensor:
-        step = self.step
-        proposer = step.proposers[SMALL_LM]
-        if step.controlled:  # stock's draft reads the whole prompt, image placeholders included
-            set_reference(proposer, step.reference, step.inputs["attention_mask"].sum(-1))
-        calls: list[int] = []
-        handle = step.target.register_forward_pre_hook(lambda *args: calls.append(1))
-        draft_config = proposer.generation_config
-        saved = (draft_config.num_assistant_tokens, draft_config.num_assistant_tokens_schedule)
-        if self.name == "stock":
-            draft_config.num_assistant_tokens, draft_config.num_assistant_tokens_schedule = step.gamma, "constant"
-        try:
-            extra = {"num_assistant_tokens": step.gamma} if self.name == "stock_as_called" else {}
-            return step.target.generate(**step.inputs, **step.gen, assistant_model=proposer, **extra)
-        finally:
-            draft_config.num_assistant_tokens, draft_config.num_assistant_tokens_schedule = saved
-            handle.remove()
-            self.forwards.append(len(calls))
-
-
-class OursMethod:
-    """hf_specmm with one draft kind (``compiled``: static caches + compiled forwards, stock's switch); keeps each
-    call's statistics."""
-
-    def __init__(self, step: "BenchStep", kind: str, compiled: bool = False, tree: TreeShape | None = None,
-                 auto: bool = False):
-        self.step, self.kind, self.compiled, self.tree = step, kind, compiled, tree
-        self.stats: list[Any] = []
-        # one Auto per row for the whole step: its acceptance is learned across the calls, as a user's would be
-        self.auto = Auto(step.proposers[kind], max_tokens=step.config.auto_max_tokens) if auto else None
-
-    def __call__(self) -> torch.Tensor:
-        step, run = self.step, self.step.run
-        api.enable(step.target)
-        try:
-            if step.controlled:
-                set_reference(step.proposers[self.kind], step.reference,
-                              _prompt_positions(run.drafts[self.kind], run.vocabs[self.kind], step.inputs))
-            proposer, options = step.proposers[self.kind], {"num_assistant_tokens": step.gamma}
-            if self.tree is not None:  # the same (controlled) draft, drafting trees: γ is the depth
-                proposer = Tree(proposer, self.tree.top_k, self.tree.depth, self.tree.tokens)
-                options = {"num_assistant_tokens": self.tree.depth}
-            if self.auto is not None:  # Auto chooses γ each round
-                proposer, options = self.auto, {}
-            out = step.target.generate(**step.inputs, **step.gen_for(self.compiled), assistant_model=proposer,
-                                       **options)
-            self.stats.append(api.last_stats(step.target))
-            return out
-        finally:
-            api.disable(step.target)
 
 
 class BenchStep:
@@ -431,7 +271,7 @@ class BenchmarkRun:
             "target_device_map": {k: str(v) for k, v in getattr(target, "hf_device_map", {}).items()} or None,
             "cpu_threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers.__version__,
             "target_params": self.n_target, "draft_params": self.n_drafts, "config": asdict(self.config),
-            "note": _note(self.config, target),
+            "note": config_note(self.config, target),
         }
 
 

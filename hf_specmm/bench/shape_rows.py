@@ -11,7 +11,8 @@ import torch
 from .timing import target_step_costs
 
 if TYPE_CHECKING:
-    from .runner import BenchStep, OursMethod
+    from .methods import OursMethod
+    from .runner import BenchStep
 
 
 def tree_row(step: "BenchStep", name: str, timed: dict[str, Any], t1: float) -> dict[str, Any]:
@@ -49,6 +50,7 @@ def calibrate_auto(step: "BenchStep", method: "OursMethod") -> int:
             break
     method.stats.clear()
     return calls
+
 
 def auto_row(step: "BenchStep", name: str, timed: dict[str, Any], calibration_calls: int) -> dict[str, Any]:
     """hf_specmm with ``hf_specmm.Auto`` around a kind's draft, against plain timed in the same turns; the

@@ -1,0 +1,96 @@
+"""The options of one ``hf-specmm bench`` run (:class:`BenchConfig`), checked before any model is built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..auto import check_profile
+from ..trees import TreeShape
+from .presets import DEVICE_MAPS, DRAFT_KINDS
+
+
+@dataclass
+class BenchConfig:
+    preset: str = "cpu-proxy"
+    gammas: list[int] = field(default_factory=lambda: [5])
+    batch_sizes: list[int] = field(default_factory=lambda: [1])
+    acceptance: float | None = None  # controlled acceptance α (greedy only); None = the draft's own
+    do_sample: bool = False
+    max_new_tokens: int = 64
+    prompt_tokens: int = 32
+    with_image: bool = True
+    device: str = "cpu"
+    device_map: str | None = None  # "auto": the target spread over the visible devices (accelerate); draft on device
+    dtype: str | None = None
+    warmup: int = 1
+    repeats: int = 3
+    stock: bool = True
+    seed: int = 0
+    draft_kinds: list[str] = field(default_factory=lambda: ["text_only"])  # a row per kind, timed side by side
+    compile: bool = False  # also time plain and hf_specmm with a static cache + torch.compile (stock's switch)
+    #: [K, D, N] shapes: hf_specmm.Tree(draft, K, D, N) rows per draft kind, timed in turns with each batch's
+    #: first γ step (its chain rows and plain); γ of a tree row is its depth D
+    trees: list[list[int]] = field(default_factory=list)
+    #: rank-aware controlled acceptance: profile[d][r], the target's token is the draft's r-th choice at depth d
+    acceptance_profile: list[list[float]] | None = None
+    #: also time hf_specmm.Auto(draft, max_tokens=auto_max_tokens) per draft kind, in turns with the first γ step
+    auto: bool = False
+    auto_max_tokens: int = 64
+    #: untimed calls of each Auto row before its timing, at most (its costs' calibration ends in them)
+    auto_calibration_calls: int = 12
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming every bad field (the CLI's ``type=`` checks refuse the same values)."""
+        problems = []
+        for name in ("gammas", "batch_sizes"):
+            values = getattr(self, name)
+            if not values or any(int(v) < 1 for v in values):
+                problems.append(f"{name}={values} (a non-empty list of integers >= 1)")
+        for name, low in (("max_new_tokens", 1), ("prompt_tokens", 1), ("repeats", 1), ("warmup", 0), ("seed", 0)):
+            if int(getattr(self, name)) < low:
+                problems.append(f"{name}={getattr(self, name)} (must be >= {low})")
+        if self.acceptance is not None and not 0.0 <= self.acceptance <= 1.0:
+            problems.append(f"acceptance={self.acceptance} (in [0, 1])")
+        if self.device_map is not None and self.device_map not in DEVICE_MAPS:
+            problems.append(f"device_map={self.device_map!r} (None or one of {DEVICE_MAPS})")
+        if not self.draft_kinds or any(k not in DRAFT_KINDS for k in self.draft_kinds) \
+                or len(set(self.draft_kinds)) != len(self.draft_kinds):
+            problems.append(f"draft_kinds={self.draft_kinds} (distinct values among {DRAFT_KINDS})")
+        for shape in self.trees:
+            try:
+                TreeShape(*shape)
+            except (TypeError, ValueError) as error:
+                problems.append(f"trees: {shape} ({error})")
+        if self.acceptance is not None and self.do_sample:
+            problems.append("acceptance (controlled acceptance) is defined for greedy decoding; drop do_sample")
+        if self.acceptance_profile is not None:
+            try:
+                check_profile(self.acceptance_profile, "acceptance_profile")
+            except ValueError as error:
+                problems.append(str(error))
+            if self.acceptance is not None:
+                problems.append("acceptance and acceptance_profile: give one of them (a profile [[α]] is α at rank 0)")
+            if self.do_sample:
+                problems.append("acceptance_profile (controlled acceptance) is defined for greedy decoding; drop do_sample")
+            if self.compile:
+                problems.append("acceptance_profile with compile: the profile reads each round's root from a hook on "
+                                "the target's forward, which compiled graphs do not run; drop one of them")
+        if self.auto_max_tokens < 1:
+            problems.append(f"auto_max_tokens={self.auto_max_tokens} (must be >= 1)")
+        if problems:
+            raise ValueError("invalid benchmark config: " + "; ".join(problems))
+
+
+def config_note(config: BenchConfig, target: Any) -> str | None:
+    if config.acceptance is None and config.acceptance_profile is None:
+        return None
+    note = "controlled acceptance: systems benchmark (random weights)"
+    if target.dtype in (torch.bfloat16, torch.float16):
+        # a random head's near-tied argmaxes flip between a verification and a 1-token step in half precision (H100,
+        # benchmarks/results/gpu-h100/p1-bf16: τ 1.1 at α 0.7); the presets' margin rule (margins.py) rules them out
+        note += ("; half precision: the presets' greedy margins are far above rounding (margin rule); a target of "
+                 "your own needs them too (hf_specmm.bench.margins.greedy_margins), or lossless False and τ collapse")
+    return note
