@@ -32,4 +32,7 @@ if [[ "${HF_SPECMM_TRANSFORMERS:-}" == "transformers==5.24"* ]]; then
     typepy==1.3.5 chardet==6.0.0.post1
 fi
 "$py" -c "import torch, transformers; print('torch', torch.__version__, '| transformers', transformers.__version__)"
-"$py" -m pytest -q -p no:cacheprovider tests "$@"
+# Two worker processes (pytest-xdist), whole files per worker so each file's cached fixtures are built once:
+# tests run single-threaded (conftest), so a 2-core CI machine runs two at a time.
+# HF_SPECMM_TEST_WORKERS=0 runs them in this process.
+"$py" -m pytest -q -p no:cacheprovider -n "${HF_SPECMM_TEST_WORKERS:-2}" --dist loadfile tests "$@"
