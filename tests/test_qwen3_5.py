@@ -266,11 +266,12 @@ def test_auto_takes_chains_only_and_equals_plain(model):
     inputs = inputs_for(3)
     ref = plain(model, inputs, max_new_tokens=16, do_sample=False)
     draft = testing.natural_text_draft(model, noise=0.1)
-    for _ in range(2):  # the first call measures costs, the second chooses from them
+    for call in range(2):  # the first call measures costs (chains only), the second chooses from them
         out = model.generate(**inputs, assistant_model=hf_specmm.Auto(draft), max_new_tokens=16, do_sample=False)
         assert torch.equal(out, ref)
         shapes = hf_specmm.last_stats(model).auto
         assert shapes is not None
         taken = shapes["shapes"]
         assert not any(name.startswith("tree") for name in taken), taken
-        assert any(name.startswith("chain") for name in taken), taken
+        # the second call may run as plain generate where the measured costs say no chain pays (timing-dependent)
+        assert any(name.startswith("chain") for name in taken) or (call and taken == ["plain generate"]), taken
