@@ -28,6 +28,22 @@ def test_assistant_row_sees_the_text_only_rows_pattern(batch):
         assert assistant["stock_speedup"] is None and "not run" in assistant["stock_error"]
 
 
+def test_rank_aware_profile_and_trees_match_the_text_only_rows():
+    """Rank-aware control reads each round's root from the assistant's first step (a chain and a tree row)."""
+    result = run_benchmark(BenchConfig(preset="tiny-gemma4", gammas=[3], batch_sizes=[2], trees=[[2, 3, 8]],
+                                       acceptance_profile=[[0.5, 0.3], [0.5, 0.3], [0.5, 0.3]], max_new_tokens=30,
+                                       repeats=1, warmup=0, stock=False, draft_kinds=["text_only", "gemma4_assistant"]),
+                           progress=False)
+    assert [(row["draft_kind"], row.get("tree")) for row in result["rows"]] == [
+        ("text_only", None), ("gemma4_assistant", None), ("text_only", "2,3,8"), ("gemma4_assistant", "2,3,8")]
+    text_chain, assistant_chain, text_tree, assistant_tree = result["rows"]
+    for text, assistant in ((text_chain, assistant_chain), (text_tree, assistant_tree)):
+        assert (assistant["tau"], assistant["rounds"], assistant["acceptance"]) == \
+            (text["tau"], text["rounds"], text["acceptance"])
+        assert assistant["lossless"] is True
+    assert text_tree["tau"] > text_chain["tau"]  # the tree's other children are hits as the profile says
+
+
 @pytest.mark.parametrize("alpha,gamma", [(1.0, 3), (0.0, 2)])
 def test_assistant_row_at_the_extremes(alpha, gamma):
     result = run_benchmark(BenchConfig(preset="tiny-gemma4", gammas=[gamma], batch_sizes=[2], acceptance=alpha,
