@@ -64,3 +64,16 @@ def test_assistant_kind_is_refused_before_any_model_is_built(preset, monkeypatch
     monkeypatch.setattr(runner, "build_preset", must_not_build)
     with pytest.raises(ValueError, match=f"gemma4_assistant on preset '{preset}'"):
         run_benchmark(BenchConfig(preset=preset, draft_kinds=["text_only", "gemma4_assistant"]), progress=False)
+
+
+def test_world_step_costs_refuse_an_assistant_before_any_forward():
+    from types import SimpleNamespace
+
+    from hf_specmm import IncompatibleDraftError, testing
+    from hf_specmm.drafts.gemma4_assistant import tiny_assistant
+    from hf_specmm.world.step_cost import step_costs
+
+    draft = tiny_assistant(testing.tiny_target("gemma4"))
+    world = SimpleNamespace(target=testing.tiny_target("llava"), drafts={"assistant": draft}, processor=None)
+    with pytest.raises(IncompatibleDraftError, match="'assistant' is a Gemma 4 assistant.*LlavaForConditionalGeneration"):
+        step_costs(world, example=None)
