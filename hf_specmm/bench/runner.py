@@ -120,9 +120,11 @@ class BenchStep:
     def _stock_note(self, kind: str) -> str | None:
         """Why stock is not beside a draft kind's row where a user could run it with stock (batch 1)."""
         if kind == GEMMA4_ASSISTANT and self.config.stock and self.batch == 1:
-            # stock's SinglePositionMultiTokenCandidateGenerator runs every step of a round at one position_ids
-            # value, which tells the controlled view nothing of the step's depth; not wired into the bench
-            return "not run: the bench does not run stock's Gemma 4 assistant generator (not implemented)"
+            # stock runs it (generate(assistant_model=assistant) at batch 1), but its candidate generator calls the
+            # assistant's forward with the same position_ids and mask for every step of a round: only a count of
+            # calls could tell the controlled view a step's depth, and controlled acceptance keys on row state only
+            return ("not run: stock's Gemma 4 assistant generator gives each step of a round the same position, so "
+                    "controlled acceptance cannot key its steps by generated position")
         return None
 
     @property
