@@ -95,8 +95,8 @@ def _refuse_assistants(drafts: dict[str, Any], target: Any) -> None:
         if kind_of(draft).name == "gemma4_assistant":
             raise IncompatibleDraftError(
                 f"world draft {name!r} is a Gemma 4 assistant, which reads a Gemma 4 target's shared K/V and hidden "
-                f"state; the world's target is {type(target).__name__} and step_costs does not time assistants: drop it "
-                "from the world's drafts, and time it with `hf-specmm bench --preset tiny-gemma4 --draft-kind "
+                f"state; the world's target is {type(target).__name__} and step_costs does not time assistants: drop "
+                "it from the world's drafts, and time it with `hf-specmm bench --preset tiny-gemma4 --draft-kind "
                 "gemma4_assistant`")
 
 
