@@ -169,20 +169,14 @@ def _planting(plain, mask, record):
     rounds are the same in a batch and alone) and record the assistant's own choice per (row, position, step)."""
     from hf_specmm.drafts.gemma4_assistant import Gemma4AssistantDrafter
 
-    real_propose, real_step = Gemma4AssistantDrafter.propose, Gemma4AssistantDrafter._step
+    real_step = Gemma4AssistantDrafter._step
     prompt = mask.shape[1]
     rows = [plain[r, prompt:].tolist() for r in range(plain.shape[0])]
     rows = [plain[r, :prompt][mask[r].bool()].tolist() + rows[r] for r in range(plain.shape[0])]
-    state = {"j": 0}
 
-    def propose(self, budget, select):
-        state["j"] = 0
-        return real_propose(self, budget, select)
-
-    def step(self, context, tokens, hidden):
-        logits, projected = real_step(self, context, tokens, hidden)
-        position, j = context[2][:, 0].tolist(), state["j"]
-        state["j"] += 1
+    def step(self, context, tokens, hidden, depth):  # depth: the step's place in its round (0: the root)
+        logits, projected = real_step(self, context, tokens, hidden, depth)
+        position, j = context[2][:, 0].tolist(), depth
         if logits.shape[0] == len(rows) and logits.shape[1] == 1:  # a chain step of the whole batch
             for r, p in enumerate(position):
                 record.setdefault(r, {})[(p, j, int(tokens[r, 0]))] = int(logits[r, 0].argmax())
@@ -191,7 +185,6 @@ def _planting(plain, mask, record):
         return logits, projected
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(Gemma4AssistantDrafter, "propose", propose)
         patch.setattr(Gemma4AssistantDrafter, "_step", step)
         yield
 

@@ -9,7 +9,8 @@ import torch
 
 from ..auto import check_profile
 from ..trees import TreeShape
-from .presets import DEVICE_MAPS, DRAFT_KINDS
+from .presets import DEVICE_MAPS, DRAFT_KINDS, GEMMA4_ASSISTANT
+from .presets_gemma4 import ASSISTANT_PRESETS, NO_ASSISTANT
 
 
 @dataclass
@@ -59,6 +60,11 @@ class BenchConfig:
         if not self.draft_kinds or any(k not in DRAFT_KINDS for k in self.draft_kinds) \
                 or len(set(self.draft_kinds)) != len(self.draft_kinds):
             problems.append(f"draft_kinds={self.draft_kinds} (distinct values among {DRAFT_KINDS})")
+        if GEMMA4_ASSISTANT in self.draft_kinds and self.preset not in ASSISTANT_PRESETS:
+            why = NO_ASSISTANT.get(self.preset, "its target is not a Gemma 4 (an assistant reads a Gemma 4 target's "
+                                                "shared K/V and hidden state)")
+            problems.append(f"draft_kinds: {GEMMA4_ASSISTANT} on preset {self.preset!r}: {why}; run it on one of "
+                            f"{ASSISTANT_PRESETS or '(none: Gemma 4 needs transformers >= 5.24)'}")
         for shape in self.trees:
             try:
                 TreeShape(*shape)

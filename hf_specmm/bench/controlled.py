@@ -30,7 +30,11 @@ target, :func:`watch_target`, marks each target forward).
 
 Two wrappers: :func:`controlled_acceptance` for causal LM drafts (the small LM draft; stock's
 ``assistant_model.generate()`` runs it too) and the same for a :class:`FeatureHeadDraft`, whose logits
-come through the target's LM head (``lm_logits``) rather than its ``forward``.
+come through the target's LM head (``lm_logits``) rather than its ``forward``. A DFlash drafter and a Gemma 4
+assistant are overridden where their drafters hand the logits over (``override_block_logits``,
+``override_step_logits``) with the positions they predict from: an assistant runs every step of a round at the
+root's position, so its drafter passes each row's root position (its count of kept target slots) plus the step's
+depth, never a count of calls.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from typing import Any
 import torch
 
 from .. import _compat
+from ..drafts.gemma4_assistant.modeling import is_gemma4_assistant
 from ..drafts.registry import kind_of
 
 _MASK = (1 << 64) - 1
@@ -189,6 +194,16 @@ class _ControlledBlockMixin(_Controlled):
         return torch.full_like(logits, -1e4).scatter_(2, token[..., None], 1e4)
 
 
+class _ControlledStepMixin(_Controlled):
+    """Mixed into a Gemma 4 assistant: it drafts every step of a round at the round's root position, so its forward
+    tells no step apart; its drafter hands each step's logits [B, Q, V] here with the positions of the tokens the
+    step read (each row's root position, from the target's cache it kept, plus the step's depth in the round)."""
+
+    def override_step_logits(self, logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        self._override_last(logits, positions)
+        return logits
+
+
 def controlled_acceptance(draft: Any, alpha: float, seed: int = 0, wrong_modulus: int | None = None,
                           proposable: torch.Tensor | None = None,
                           profile: list[list[float]] | None = None) -> Any:
@@ -208,8 +223,10 @@ def controlled_acceptance(draft: Any, alpha: float, seed: int = 0, wrong_modulus
         raise ValueError(f"acceptance must be in [0, 1], got {alpha}")
     cls = type(draft)
     # a draft whose logits come from ``lm_logits`` after its forward (a feature head) is overridden there, a block
-    # drafter's (scored by its drafter with the target's LM head) where its drafter hands them over
+    # drafter's (scored by its drafter with the target's LM head) where its drafter hands them over, as a Gemma 4
+    # drafter, an assistant's (one position for every step) where its drafter hands them over with their positions
     mixin = _ControlledBlockMixin if kind_of(draft).block_drafter else \
+        _ControlledStepMixin if is_gemma4_assistant(draft) else \
         _ControlledHeadMixin if callable(getattr(draft, "lm_logits", None)) else _ControlledAcceptanceMixin
     wrapped_cls = type(f"ControlledAcceptance{cls.__name__}", (mixin, cls), {})
     wrapped = copy.copy(draft)  # shares parameters and submodules; own plain attributes

@@ -9,6 +9,12 @@
   1 KV head of 256, window 512, the same 262,144 ids).
 - ``tiny-gemma4``: the test fixtures' tiny Gemma 4 with its natural-vocabulary random text draft.
 
+Draft kind ``gemma4_assistant`` (:func:`assistant_for`): a random stock Gemma 4 assistant fitted to the preset's
+target (its attention shapes, window and vocabulary). ``tiny-gemma4`` only: ``gemma4-e2b-shape``'s target (5.24's
+``Gemma4TextConfig`` defaults) shares no K/V (``num_kv_shared_layers=0``), which is all an assistant reads, and
+``Gemma4AssistantConfig``'s one shape default, ``backbone_hidden_size=1536``, does not match its hidden size 2304
+either: the defaults describe no E2B target/assistant pair, so none is made up here.
+
 Synthetic prompts: ``<bos> <|image> <|image|>×n <image|>`` then random text ids, left-padded, with the
 ``mm_token_type_ids``, ``pixel_values`` and ``image_position_ids`` the processor would give.
 """
@@ -24,6 +30,11 @@ from .shapes import left_padded, random_weights
 
 GEMMA4_PRESETS = ("gemma4-e2b-shape", "tiny-gemma4") if _compat.GEMMA4_SUPPORTED else ()
 _MAX_SOFT_TOKENS = 280  # Gemma4ImageProcessor's default budget
+#: presets whose target an assistant can read (see the module docstring for gemma4-e2b-shape)
+ASSISTANT_PRESETS = ("tiny-gemma4",) if _compat.GEMMA4_SUPPORTED else ()
+#: why a Gemma 4 preset is not among them
+NO_ASSISTANT = {"gemma4-e2b-shape": "its target (Gemma4TextConfig defaults) shares no K/V (num_kv_shared_layers=0), "
+                                    "which is all a Gemma 4 assistant reads"}
 
 
 def target_e2b(dtype: torch.dtype, device: str) -> Any:
@@ -69,6 +80,16 @@ def image_patches(vision: Any, image_size: int, batch: int, gen: torch.Generator
     pixels = torch.zeros(batch, budget, 3 * vision.patch_size ** 2)
     pixels[:, : side * side] = torch.rand(batch, side * side, pixels.shape[-1], generator=gen)
     return pixels, positions.expand(batch, -1, -1).clone(), side * side // vision.pooling_kernel_size ** 2
+
+
+def assistant_for(target: Any, seed: int) -> Any:
+    """The ``gemma4_assistant`` draft of ``tiny-gemma4``: the test fixtures' two-layer assistant (hidden 32), seeded
+    by ``seed`` alone, on the target's device and dtype."""
+    from ..drafts.gemma4_assistant import tiny_assistant
+
+    with torch.random.fork_rng(devices=[]):  # the assistant's init must not move the caller's random stream
+        draft = tiny_assistant(target, seed=seed)
+    return draft.to(target.device, next(target.parameters()).dtype)
 
 
 def gemma4_inputs(preset: Any, batch: int, prompt_tokens: int, seed: int = 0, with_image: bool = True) -> dict:

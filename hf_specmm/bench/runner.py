@@ -33,7 +33,8 @@ from .config import BenchConfig, config_note
 from .controlled import controlled_acceptance, watch_target
 from ..devices import execution_device
 from .methods import OursMethod, PlainMethod, StockMethod
-from .presets import DFLASH_BLOCK, SMALL_LM, Preset, build_preset, synthetic_inputs
+from .presets import DFLASH_BLOCK, GEMMA4_ASSISTANT, SMALL_LM, Preset, build_preset, synthetic_inputs
+from .presets_gemma4 import assistant_for
 from .shape_rows import auto_row, calibrate_auto, tree_row
 from .timing import PrefillClock, draft_step_cost, interleaved_medians, target_step_costs
 
@@ -44,10 +45,13 @@ def _n_params(model: Any) -> int:
 
 def _build_draft(kind: str, preset: Any, seed: int) -> Any:
     """The draft of ``kind``: the preset's small LM (``text_only``), a randomly initialised one-layer
-    ``FeatureHeadDraft`` sized for the preset's target (``feature_head``) or one-layer DFlash drafter
-    (``dflash``, blocks of :data:`DFLASH_BLOCK`)."""
+    ``FeatureHeadDraft`` sized for the preset's target (``feature_head``), one-layer DFlash drafter
+    (``dflash``, blocks of :data:`DFLASH_BLOCK`) or Gemma 4 assistant (``gemma4_assistant``; the config's
+    validation allows it on :data:`~.presets_gemma4.ASSISTANT_PRESETS` only)."""
     if kind == SMALL_LM:
         return preset.draft
+    if kind == GEMMA4_ASSISTANT:
+        return assistant_for(preset.target, seed + 1)
     if kind == "dflash":
         return dflash_draft_for(preset.target, seed=seed + 1, block_size=DFLASH_BLOCK)
     from ..drafts.feature_head import FeatureHeadDraft
@@ -111,6 +115,16 @@ class BenchStep:
             self.stock["stock"]()
         except (ValueError, RuntimeError, TypeError, IndexError) as err:
             return f"{type(err).__name__}: {err}"[:300]
+        return None
+
+    def _stock_note(self, kind: str) -> str | None:
+        """Why stock is not beside a draft kind's row where a user could run it with stock (batch 1)."""
+        if kind == GEMMA4_ASSISTANT and self.config.stock and self.batch == 1:
+            # stock runs it (generate(assistant_model=assistant) at batch 1), but its candidate generator calls the
+            # assistant's forward with the same position_ids and mask for every step of a round: only a count of
+            # calls could tell the controlled view a step's depth, and controlled acceptance keys on row state only
+            return ("not run: stock's Gemma 4 assistant generator gives each step of a round the same position, so "
+                    "controlled acceptance cannot key its steps by generated position")
         return None
 
     @property
@@ -183,7 +197,7 @@ class BenchStep:
         t_plain = timed["plain"][0]
         t_ours, ours = timed[f"ours_{kind}"][:2]
         row: dict[str, Any] = {"draft_kind": kind, "batch": self.batch, "gamma": gamma, "plain_tok_s": new_tokens / t_plain,
-                               "stock_error": self.stock_error if kind == SMALL_LM else None,
+                               "stock_error": self.stock_error if kind == SMALL_LM else self._stock_note(kind),
                                "times_s": {name: t[2] for name, t in timed.items()
                                            if name in ("plain", f"ours_{kind}") or kind == SMALL_LM}}
         for name, method in self.stock.items():

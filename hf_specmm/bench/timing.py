@@ -11,6 +11,7 @@ import torch
 from .. import _compat
 from ..devices import execution_device
 from ..drafter import Prompt
+from ..drafts.gemma4_assistant.modeling import is_gemma4_assistant
 from ..drafts.registry import kind_of
 
 
@@ -131,6 +132,8 @@ def draft_step_cost(draft: Any, target: Any, inputs: dict, vocab: Any, warmup: i
 
     if kind_of(draft).block_drafter:
         return _block_step_cost(draft, target, inputs, vocab, warmup, repeats)
+    if is_gemma4_assistant(draft):
+        return _assistant_step_cost(draft, target, inputs, vocab, warmup, repeats)
 
     from ..drafts.text_only import text_only_view
 
@@ -185,6 +188,31 @@ def _block_step_cost(draft: Any, target: Any, inputs: dict, vocab: Any, warmup: 
         drafter.block_logits()
 
     return {"Td": median_time(step, device, warmup, repeats)[0], "Tpd": tpd}
+
+
+def _assistant_step_cost(draft: Any, target: Any, inputs: dict, vocab: Any, warmup: int,
+                         repeats: int) -> dict[str, float]:
+    """Td of a Gemma 4 assistant, run by its own drafter after a real target prefill: one step (the round's view of
+    the target's shared K/V and one assistant forward). Tpd is 0: it has no cache and reads no prompt of its own."""
+    from ..caches import DynamicBackend
+    from ..selector import ArgmaxSelector
+    from ..budget import RoundBudget
+    from ..targets.positions import ROPE_1D
+
+    drafter = kind_of(draft).drafter(draft, vocab)
+    backend = DynamicBackend()
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    kwargs = dict(inputs)
+    backend.prepare_target(target, kwargs, None, ids.shape[1], 1)  # a sliding-window target keeps every slot
+    with drafter.watch(target):
+        out = target(**kwargs, use_cache=True, logits_to_keep=1)
+    drafter.observe_prefill(out)
+    device = execution_device(target)
+    drafter.observe_target_cache(backend.wrap_target(target, _compat.output_cache(out), mask, ids.shape[1],
+                                                     ids.shape[0], device, ROPE_1D))
+    drafter.prefill(Prompt(ids, mask), torch.full_like(ids[:, 0], 5), backend.new)
+    td = median_time(lambda: drafter.propose(RoundBudget(1), ArgmaxSelector()), device, warmup, repeats)[0]
+    return {"Td": td, "Tpd": 0.0}
 
 
 @torch.no_grad()

@@ -23,6 +23,7 @@ from ..budget import RoundBudget
 from ..caches import DynamicBackend
 from ..drafter import Prompt
 from ..drafts import kind_of
+from ..errors import IncompatibleDraftError
 from ..selector import ArgmaxSelector
 from ..targets import target_family, target_spec
 from ..train.data import Example, encode_prompts
@@ -47,6 +48,7 @@ def step_costs(world: Any, example: Example, repeats: int = 50) -> list[dict[str
     """One row per draft: parameters (and % of the target's), draft step / target step (fastest of
     ``repeats`` each, the target's timed in turns with that draft's)."""
     target, device = world.target, world.target.device
+    _refuse_assistants(world.drafts, target)
     inputs = encode_prompts(world.processor, [example], "raw", device)
     ids, mask = inputs.pop("input_ids"), inputs.pop("attention_mask")
     out = target(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1, **inputs)
@@ -84,6 +86,18 @@ def step_costs(world: Any, example: Example, repeats: int = 50) -> list[dict[str
                      "draft_step_ms": 1000 * t_draft, "target_step_ms": 1000 * t_target,
                      "cost_ratio": t_draft / t_target})
     return rows
+
+
+def _refuse_assistants(drafts: dict[str, Any], target: Any) -> None:
+    """Before any forward: a Gemma 4 assistant drafts from a Gemma 4 target's shared K/V and hidden state, which the
+    loop hands it round by round; this one-step timing does not (and the world's target is not a Gemma 4)."""
+    for name, draft in drafts.items():
+        if kind_of(draft).name == "gemma4_assistant":
+            raise IncompatibleDraftError(
+                f"world draft {name!r} is a Gemma 4 assistant, which reads a Gemma 4 target's shared K/V and hidden "
+                f"state; the world's target is {type(target).__name__} and step_costs does not time assistants: drop "
+                "it from the world's drafts, and time it with `hf-specmm bench --preset tiny-gemma4 --draft-kind "
+                "gemma4_assistant`")
 
 
 def _one_context_slot(drafter: Any) -> tuple[torch.Tensor, ...]:

@@ -144,16 +144,21 @@ class Gemma4AssistantDrafter(Drafter):
             masks["sliding_attention"] = additive(seen & (slot_positions >= position[:, None] - 1 - self.window))
         return shared, masks, position[:, None].expand(-1, queries).to(self.device)
 
-    def _step(self, context: tuple[dict, dict, torch.Tensor], tokens: torch.Tensor,
-              hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One assistant forward over Q queries per row (``tokens`` [B, Q], ``hidden`` [B, Q, H]): target-vocabulary
-        logits [B, Q, V] (float32, loop device) and the assistant's projected hidden states [B, Q, H]."""
+    def _step(self, context: tuple[dict, dict, torch.Tensor], tokens: torch.Tensor, hidden: torch.Tensor,
+              depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One assistant forward over Q queries per row (``tokens`` [B, Q], ``hidden`` [B, Q, H]; ``depth``: their
+        steps after the round's root): target-vocabulary logits [B, Q, V] (float32, loop device) and the assistant's
+        projected hidden states [B, Q, H]."""
         shared, masks, position = context
         embed = self.target.get_input_embeddings()
         embeds = torch.cat([embed(tokens.to(embed.weight.device)).to(hidden.device), hidden], -1)
         logits, projected = _compat.gemma4_assistant_step(self.model, embeds.to(self.device, self.model.dtype),
                                                           position, shared, masks)
-        return self.vocab.to_target(logits.to(device=tokens.device, dtype=torch.float32)), projected
+        logits = self.vocab.to_target(logits.to(device=tokens.device, dtype=torch.float32))
+        override = getattr(self.model, "override_step_logits", None)  # the bench's controlled acceptance
+        if callable(override):  # the tokens read sit at the root's position + depth (the assistant's is the root's)
+            logits = override(logits, position.to(logits.device) + depth)
+        return logits, projected
 
     def propose(self, budget: RoundBudget, select: Selector) -> Proposal:
         assert self.token is not None and self.hidden is not None
@@ -163,7 +168,7 @@ class Gemma4AssistantDrafter(Drafter):
         token, hidden = self.token[:, None], self.hidden[:, None].to(self.device)
         tokens, probs = [], []
         for j in range(budget.gamma):
-            logits, hidden = self._step(context, token, hidden)
+            logits, hidden = self._step(context, token, hidden, j)
             chosen, prob = select(logits[:, 0], j)
             tokens.append(chosen)
             probs.append(prob)
@@ -176,7 +181,7 @@ class Gemma4AssistantDrafter(Drafter):
         """Top-k per step: level d's K frontier nodes in ONE forward (K queries at the same position, each reading
         its token and its parent's hidden state; the queries do not see each other, as a chain's steps do not)."""
         context = self._context(1)
-        root_logits, root_hidden = self._step(context, self.token[:, None], self.hidden[:, None].to(self.device))
+        root_logits, root_hidden = self._step(context, self.token[:, None], self.hidden[:, None].to(self.device), 0)
         shape = budget.tree
         level_context = self._context(shape.top_k)
         parent_hidden = [root_hidden]  # the previous step's nodes' projected hidden states [A, K, H]
@@ -187,7 +192,7 @@ class Gemma4AssistantDrafter(Drafter):
             levels[0] += 1
             before = parent_hidden.pop()
             index = parents.clamp_min(0).to(before.device)[..., None].expand(-1, -1, before.shape[-1])
-            logits, hidden = self._step(level_context, tokens, before.gather(1, index))
+            logits, hidden = self._step(level_context, tokens, before.gather(1, index), levels[0])
             parent_hidden.append(hidden)
             return select.level_scores(logits, levels[0], extend_paths(level_paths, tokens, parents))
 
