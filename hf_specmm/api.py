@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from . import _compat
-from .checks import HEURISTIC_GAMMA, resolve_plan
+from .checks import resolve_plan
 from .loop import SpeculativeDecoding
 from .stats import SpecStats
 from .targets import target_family
@@ -91,7 +91,6 @@ def _speculative_generate(self: Any, inputs: torch.Tensor | None = None, generat
         self, decoding, inputs=inputs, generation_config=generation_config, streamer=streamer, **plan.kwargs)
     if plan.budget.schedule == "heuristic" and getattr(assistant_model, "generation_config", None) is not None:
         assistant_model.generation_config.num_assistant_tokens = plan.budget.gamma  # persists, as stock's
-        vars(assistant_model)[HEURISTIC_GAMMA] = plan.budget.gamma  # written by the schedule, not chosen by the caller
     decoding.stats.wall_time_s = time.perf_counter() - start
     decoding.stats.auto = plan.budget.report()
     getattr(self, _STATE).last_stats = decoding.stats

@@ -28,8 +28,6 @@ With a draft ~1 % of the target (c ≈ 0.01–0.05) and acceptance α ≈ 0.6–
 two block sizes of 2404.08856."""
 
 SCHEDULES = ("constant", "heuristic", "heuristic_transient")
-#: attribute of a draft holding the γ a heuristic schedule wrote into its generation config (not the caller's)
-HEURISTIC_GAMMA = "_hf_specmm_heuristic_gamma"
 #: ``cache_implementation`` values a speculative call honours (None: the default dynamic cache)
 CACHE_IMPLEMENTATIONS = (None, "dynamic", "static")
 
@@ -167,17 +165,12 @@ def _check_static(config: Any, budget: DraftBudget) -> None:
               f"used with {bad}.")
 
 
-def _gamma_source(kwargs: dict, generation_config: Any, target: Any, draft: Any) -> str | None:
-    """Where the caller chose ``num_assistant_tokens`` (None: nowhere; ``draft`` None: the draft's generation config
-    not asked). A value a heuristic schedule wrote into the draft's generation config (as stock does) is the
-    schedule's, not the caller's."""
-    draft_config = getattr(draft, "generation_config", None)
-    written = None if draft is None else vars(draft).get(HEURISTIC_GAMMA)
-    if draft_config is not None and written is not None and draft_config.num_assistant_tokens == written:
-        draft_config = None
+def _gamma_source(kwargs: dict, generation_config: Any, target: Any) -> str | None:
+    """Where the caller chose ``num_assistant_tokens`` (None: nowhere). The draft's own generation config is not
+    asked: its γ (a checkpoint's chain default, or one a heuristic schedule wrote back, as stock does) is what a
+    chain of that draft uses, and a Tree or Auto shape replaces it."""
     named = (("generate(num_assistant_tokens=...)", None), ("the passed generation_config", None),
-             ("the target's generation_config", getattr(target, "generation_config", None)),
-             ("the draft's generation_config", draft_config))
+             ("the target's generation_config", getattr(target, "generation_config", None)))
     if kwargs.get("num_assistant_tokens") is not None:
         return named[0][0]
     if _chosen("num_assistant_tokens", {}, generation_config):
@@ -310,9 +303,7 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
         budget.confidence = None  # transformers' filled-in default, not the caller's: no threshold for fixed shapes
     stateful = next((role for role, model in (("target", target), ("draft", draft))
                      if _compat.stateful_layer_types(model.config)), None)
-    # a γ in the draft's own generation config is its checkpoint's chain default (stock's Gemma 4 assistants ship
-    # one): the shape a Tree or Auto wrapper asks for replaces it; a γ the caller set still conflicts
-    chosen_gamma = _gamma_source(kwargs, generation_config, target, None)
+    chosen_gamma = _gamma_source(kwargs, generation_config, target)  # a γ the caller set conflicts with a shape
     if shape is not None:
         _check_tree(shape, kind, config, budget, chosen_gamma, vocab, stateful)
         budget.gamma, budget.tree = shape.depth, shape

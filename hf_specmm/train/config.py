@@ -150,7 +150,7 @@ class TrainConfig:
             problems.append(f"draft_kind={self.draft_kind!r} (choose from {draft_kinds()})")
         elif self.draft_kind is not None and get_kind(self.draft_kind).training_view is None:
             problems.append(f"draft_kind={self.draft_kind!r}: hf_specmm runs {get_kind(self.draft_kind).title} drafts "
-                            f"but does not train them (trainable kinds: {trainable_kinds()})")
+                            f"but does not train them (trainable kinds: {', '.join(trainable_kinds())})")
         if self.prompt_format not in PROMPT_FORMATS:
             problems.append(f"prompt_format={self.prompt_format!r} (choose from {PROMPT_FORMATS})")
         if self.dtype not in ("fp32", "bf16"):
