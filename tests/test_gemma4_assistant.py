@@ -16,7 +16,7 @@ import hf_specmm
 from hf_specmm import IncompatibleDraftError, _compat, testing
 from conftest import PROMPTS, batch_inputs, target
 from test_bad_inputs import count_forwards
-from test_sampling import ALPHA, NEW, _samples, chi2_homogeneity_pvalue
+from test_sampling import assert_sampling_matches_plain
 
 pytestmark = pytest.mark.skipif(not _compat.GEMMA4_SUPPORTED, reason="Gemma 4 assistants need transformers >= 5.24")
 FAMILIES = ("gemma4", "gemma4_unified")
@@ -228,23 +228,10 @@ def test_sampling_matches_plain(tree):
     """Drafts drawn from q (the assistant's processed distribution) and verified against that q (a tree:
     multi-candidate speculative sampling): per-position χ² against plain sampling (600 rows, temperature, top-k and
     a repetition penalty that reads the drafted history)."""
-    family = "gemma4"
-    model = testing.tiny_target(family, seed=0, eos_bias=-30.0)
-    plain = _samples(model, family, seed=1)
+    model = testing.tiny_target("gemma4", seed=0, eos_bias=-30.0)
     draft = assistant(model)
-    hf_specmm.enable(model)
-    try:
-        spec = _samples(model, family, hf_specmm.Tree(draft, top_k=2, depth=3, tokens=5) if tree else draft, seed=2)
-        stats = hf_specmm.last_stats(model)
-    finally:
-        hf_specmm.disable(model)
-    assert 0.0 < stats.acceptance_rate < 0.9, stats.acceptance_rate
-    vocab = model.config.get_text_config().vocab_size
-    for pos in range(NEW):
-        p, stat, dof = chi2_homogeneity_pvalue(plain[:, pos], spec[:, pos], vocab)
-        print(f"{family} gemma4_assistant pos {pos}: chi2={stat:.1f} dof={dof} p={p:.3g} "
-              f"acceptance={stats.acceptance_rate:.2f}")
-        assert p > ALPHA, f"position {pos}: χ²={stat:.1f} (dof {dof}), p={p:.2g} < {ALPHA}"
+    assert_sampling_matches_plain(model, "gemma4", hf_specmm.Tree(draft, top_k=2, depth=3, tokens=5) if tree else draft,
+                                  "gemma4_assistant")
 
 
 class _TwoIds:

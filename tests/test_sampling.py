@@ -53,6 +53,24 @@ def _samples(model, family, draft=None, seed=0, **extra):
     return out[:, inputs["input_ids"].shape[1]:]
 
 
+def assert_sampling_matches_plain(model, family, draft, label):
+    """Per-position χ² of sampling with ``draft`` against plain sampling; the acceptance must be partial, so that
+    both the accept and the resample paths of the verifier are drawn."""
+    plain = _samples(model, family, seed=1)
+    hf_specmm.enable(model)
+    try:
+        spec = _samples(model, family, draft, seed=2)
+        stats = hf_specmm.last_stats(model)
+    finally:
+        hf_specmm.disable(model)
+    assert 0.0 < stats.acceptance_rate < 0.9, stats.acceptance_rate
+    vocab = model.config.get_text_config().vocab_size
+    for pos in range(NEW):
+        p, stat, dof = chi2_homogeneity_pvalue(plain[:, pos], spec[:, pos], vocab)
+        print(f"{family} {label} pos {pos}: chi2={stat:.1f} dof={dof} p={p:.3g} acceptance={stats.acceptance_rate:.2f}")
+        assert p > ALPHA, f"position {pos}: χ²={stat:.1f} (dof {dof}), p={p:.2g} < {ALPHA}"
+
+
 @pytest.fixture(scope="module", params=["llava", "llava_onevision"])
 def setup(request):
     family = request.param
