@@ -82,15 +82,19 @@ def _reference_block_logits(model, draft, row_inputs, generated, anchor):
         return model.get_output_embeddings()(hidden[:, 1:]).float()
 
 
-@pytest.mark.parametrize("family,tree", [(f, False) for f in FAMILIES] + [("qwen3_vl", True), ("muse_glimmer", True)])
+@pytest.mark.parametrize("family,tree", [(f, False) for f in FAMILIES] + [("qwen3_vl", True), ("muse_glimmer", True),
+                                                                         ("llava", "auto"), ("qwen3_vl", "auto")])
 def test_context_is_exact_while_planted_drafts_are_accepted_in_part(family, tree, monkeypatch):
     """Every round, each row's block logits equal stock's from-scratch computation over that row's accepted
     sequence (its context: features, positions, holes and row offsets all exact); each row's drafts are then
     overwritten with its next k plain tokens (k random per row and round) and a wrong one, and exactly k are
     accepted: acceptance, rollback and the queued features are exercised as a trained drafter's would be.
     A block tree (top-2 per position): the right token is the second choice past the k planted positions, so
-    rounds accept more than k through second branches, and the accepted path's features become the context."""
+    rounds accept more than k through second branches, and the accepted path's features become the context.
+    ``auto``: ``hf_specmm.Auto`` alternating plain steps, chains and trees: the features a plain step verified
+    queue after the pending ones (``follow``), and the context stays exact."""
     from hf_specmm.drafts.dflash import DFlashDrafter
+    from test_auto import ALTERNATING
 
     model = testing.tiny_target(family, eos_bias=-30.0)  # no EOS: every row runs to max_new_tokens
     inputs = batch_inputs(family, 3)
@@ -116,7 +120,7 @@ def test_context_is_exact_while_planted_drafts_are_accepted_in_part(family, tree
             done = int(self.anchor_positions[c] - counts[i])  # generated tokens before the anchor
             continuation = plain[i, prompt_width + done:]
             reference = _reference_block_logits(model, draft, rows[i], plain[i, prompt_width:prompt_width + done],
-                                                 int(self.anchor[c]))
+                                                 int(self.root[c]))
             proposable = logits[c].isfinite()  # ids a draft never proposes (placeholders) are -inf
             torch.testing.assert_close(logits[c][proposable], reference[0][proposable], rtol=1e-4, atol=1e-4)
             checked.append(done)
@@ -136,7 +140,10 @@ def test_context_is_exact_while_planted_drafts_are_accepted_in_part(family, tree
     monkeypatch.setattr(DFlashDrafter, "select_rows", selecting)
     hf_specmm.enable(model)
     try:
-        shaped = hf_specmm.Tree(draft, top_k=2, depth=gamma, tokens=6) if tree else draft
+        if tree == "auto":
+            shaped = hf_specmm.Auto(draft, shapes=ALTERNATING)
+        else:
+            shaped = hf_specmm.Tree(draft, top_k=2, depth=gamma, tokens=6) if tree else draft
         out = model.generate(**inputs, max_new_tokens=new, do_sample=False, assistant_model=shaped,
                              **({} if tree else {"num_assistant_tokens": gamma}))
         stats = hf_specmm.last_stats(model)
@@ -144,6 +151,11 @@ def test_context_is_exact_while_planted_drafts_are_accepted_in_part(family, tree
         hf_specmm.disable(model)
     assert torch.equal(out, plain)
     assert len(set(checked)) > 3  # rounds at several offsets were checked
+    if tree == "auto":  # plain rounds between drafted ones, and drafted rounds after them were checked exactly
+        shapes = stats.auto["shapes"]
+        assert "plain" in shapes[:-1] and any(s != "plain" for s in shapes[shapes.index("plain") + 1:]), shapes
+        assert stats.drafted_tokens > 0
+        return
     per_row: dict[int, list[tuple[int, int]]] = {}
     for ks, kept in zip(planted, stats.tokens_per_round):
         live = [i for i, got in enumerate(kept) if got > 0]  # the rows in the caches, in order

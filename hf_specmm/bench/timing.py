@@ -183,8 +183,8 @@ def _block_step_cost(draft: Any, target: Any, inputs: dict, vocab: Any, warmup: 
 
     def step() -> None:  # one accepted token's features, then the block
         position = drafter.anchor_positions[:, None] - 1
-        drafter.pending = (torch.randn(batch, 1, width, device=device, dtype=draft.dtype),
-                           torch.ones(batch, 1, dtype=torch.bool, device=ids.device), position)
+        drafter.pending = (torch.randn(batch, 1, width, device=device, dtype=draft.dtype), position,
+                           torch.ones(batch, 1, dtype=torch.bool, device=ids.device))
         drafter.block_logits()
 
     return {"Td": median_time(step, device, warmup, repeats)[0], "Tpd": tpd}

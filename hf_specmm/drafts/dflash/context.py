@@ -58,6 +58,21 @@ class ContextCache:
             self.length += self._new  # the block's slots are scratch: overwritten next round
         return cache_k[:, :, :total], cache_v[:, :, :total]
 
+    def reserve(self, width: int) -> None:
+        """Nothing to do: :meth:`update` grows the buffers, and a context slot never moves."""
+
+    def rollback(self, start: int, counts: torch.Tensor, path: torch.Tensor | None = None) -> None:
+        """Keep slots ``[0, start)`` and, per row, the first ``counts[b]`` after them (the rest become holes).
+        The block is scratch, so keeping what the round's forward read (``start`` + its pending context) is
+        free; a block drafter keeps no drafted slot, so there is never a tree ``path`` to gather."""
+        if path is not None:
+            raise ValueError("a context cache keeps no drafted slot: there is no tree path to gather")
+        width = int(counts.max()) if counts.numel() else 0
+        self.length = start + width
+        self.valid, self.positions = self.valid[:, :self.length], self.positions[:, :self.length]
+        after = torch.arange(width, device=self.device)[None] < counts.to(self.device)[:, None]
+        self.valid[:, start:] &= after
+
     def select_rows(self, keep: torch.Tensor) -> None:
         keep = keep.to(self.device)
         self.batch_size = int(keep.shape[0])

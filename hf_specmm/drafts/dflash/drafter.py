@@ -14,7 +14,13 @@ layers during its own prefill and verification forwards (no extra target forward
 - prefill: every prompt position (image positions included) is a context slot;
 - after verification: row i accepted n_i drafts, so the features of ``[cur, d_1..d_{n_i}]`` are true and
   queue as n_i + 1 new slots (right-aligned, the shorter rows left-padded with holes), read together with
-  the next block in the next round's one forward. The block itself is never kept: nothing to roll back.
+  the next block in the next round's one forward. The block itself is never kept (the context cache writes
+  it in scratch room), so the base's rollback keeps exactly the context read;
+- after a plain target step (``hf_specmm.Auto``): the feature of ``[cur]`` queues after the pending ones.
+
+Written on :class:`~hf_specmm.drafts.cached.CachedDrafter`: ``read_pending`` is the round's one forward (the
+root's logits: block position 1), ``read_draft`` reads the block's next position, and a tree's level d is
+block position d under every frontier node (:meth:`DFlashDrafter.tree_levels`).
 
 Positions are 1-D sequence positions (``cumsum(mask) - 1`` over the prompt, image tokens included, then one
 per token) on every target, M-RoPE ones included: a DFlash drafter has 1-D RoPE. Stock reads
@@ -30,35 +36,32 @@ from typing import Any, Iterator
 import torch
 
 from ... import _compat
-from ...budget import RoundBudget
 from ...caches import CacheFactory
 from ...devices import execution_device
-from ...drafter import Drafter, Prompt, Proposal, every_prompt_position
+from ...drafter import Prompt, Proposal, every_prompt_position
 from ...errors import IncompatibleDraftError
-from ...selector import Selector
-from ..cached import extend_paths
-from ...trees import expand_tree
+from ...trees import TreeShape
 from ...vocab import VocabMap
+from ..cached import CachedDrafter, LevelReader
 from .context import ContextCache, block_masks
 from .modeling import check_target, embed_block, is_dflash_draft
 
 
-class DFlashDrafter(Drafter):
-    """One forward per round proposes the whole block (chain or tree). Not a
-    :class:`~hf_specmm.drafts.cached.CachedDrafter`: its cache holds the target's features (the context), never
-    a drafted token, so there is nothing of a round to roll back; it shares the tree-path bookkeeping
-    (:func:`~hf_specmm.drafts.cached.extend_paths`) and its ``anchor`` is the tree's root."""
+class DFlashDrafter(CachedDrafter):
+    """One forward per round proposes the whole block (chain or tree); ``state`` is the context cache
+    (:class:`~.context.ContextCache`), ``pending`` the context slots read with the next block (features [A, k, F],
+    positions [A, k], valid [A, k]) and ``root`` the next block's anchor (the target's last token)."""
 
     observes_prefill = True
     observes_verification = True
-    selects_rows = True
-    drafts_trees = True
+    keeps_read_drafts = False  # the block is scratch: only the target's true features stay
 
     def __init__(self, draft: Any, vocab: VocabMap):
         super().__init__(draft, vocab)
         config = draft.config
         self.device = execution_device(draft)
         self.block_size, self.mask_token_id = int(config.block_size), int(config.mask_token_id)
+        self.max_depth = self.block_size - 1  # the block the drafter was trained on is always read whole
         self.layer_ids = list(config.target_layer_ids)
         sliding = "sliding_attention" in (getattr(config, "layer_types", None) or ())
         self.window = getattr(config, "sliding_window", None) if sliding else None
@@ -66,11 +69,9 @@ class DFlashDrafter(Drafter):
         self.captured: torch.Tensor | None = None  # [B, L, len(layer_ids) * H] of the last target forward
         self.prompt_features: torch.Tensor | None = None
         self.verified: torch.Tensor | None = None
-        self.cache: ContextCache | None = None
-        # context slots read with the next block: features [B, k, F], valid [B, k], positions [B, k]
-        self.pending: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-        self.anchor: torch.Tensor | None = None  # [B] the next block's first token (the target's last)
-        self.anchor_positions: torch.Tensor | None = None  # [B]
+        self.block: torch.Tensor | None = None  # [A, block - 1, V] the round's logits of block positions 1..
+        self.read = 0  # block positions read this round
+        self.anchor_positions: torch.Tensor | None = None  # [A] the position of ``root``, the next block's anchor
 
     @classmethod
     def check(cls, target: Any, draft: Any) -> None:
@@ -135,31 +136,31 @@ class DFlashDrafter(Drafter):
         ids, mask = prompt.input_ids, prompt.attention_mask
         features, self.prompt_features = self.prompt_features, None
         mask = torch.ones_like(ids) if mask is None else mask.long()
-        self.cache = ContextCache(len(self.model.layers), ids.shape[0], self.device)
-        self.pending = (features[:, :ids.shape[1]], mask.bool(), (mask.cumsum(-1) - 1).clamp_min(0))
-        self.anchor, self.anchor_positions = first_tokens, mask.sum(-1)
+        self.state = ContextCache(len(self.model.layers), ids.shape[0], self.device)
+        self.pending = (features[:, :ids.shape[1]], (mask.cumsum(-1) - 1).clamp_min(0), mask.bool())
+        self.root, self.anchor_positions = first_tokens, mask.sum(-1)
 
     def block_logits(self) -> torch.Tensor:
         """One drafter forward: the pending context and the block; target-vocabulary logits [B, block - 1, V] of
         the block's positions 1.. (on the loop's device)."""
-        assert self.pending is not None and self.cache is not None and self.anchor is not None
-        features, valid, positions = self.pending
-        batch, device = self.anchor.shape[0], self.anchor.device
+        assert self.pending is not None and self.state is not None and self.root is not None
+        features, positions, valid = self.pending
+        batch, device = self.root.shape[0], self.root.device
         ids = torch.full((batch, self.block_size), self.mask_token_id, dtype=torch.long, device=device)
-        ids[:, 0] = self.anchor
+        ids[:, 0] = self.root
         block_positions = self.anchor_positions[:, None] + torch.arange(self.block_size, device=device)
-        self.cache.begin(valid, positions)
+        self.state.begin(valid, positions)
         dtype = self.model.dtype
-        masks = block_masks(self.cache.valid, self.cache.positions, block_positions.to(self.device), self.window, dtype)
+        masks = block_masks(self.state.valid, self.state.positions, block_positions.to(self.device), self.window, dtype)
         out = self.model(
             noise_embeds=embed_block(self.target, ids).to(self.device, dtype),
             context_hidden_states=features.to(self.device, dtype),
             attention_mask=masks,
             position_ids=torch.cat([positions, block_positions], 1).to(self.device),
             use_cache=True,
-            **_compat.cache_kwargs(self.cache),
+            **_compat.cache_kwargs(self.state),
         )
-        self.pending = None
+        self.pending = tuple(t[:, :0] for t in self.pending)  # read: the context cache holds them now
         head = self.target.get_output_embeddings()
         logits = head(out.last_hidden_state[:, 1:].to(head.weight.device))
         override = getattr(self.model, "override_block_logits", None)  # the bench's controlled acceptance
@@ -167,62 +168,49 @@ class DFlashDrafter(Drafter):
             logits = override(logits, block_positions[:, :-1])
         return self.vocab.to_target(logits.to(device=device, dtype=torch.float32))
 
-    def propose(self, budget: RoundBudget, select: Selector) -> Proposal:
-        """d_1..d_γ from one drafter forward, γ at most ``block_size - 1`` (the block the drafter was trained on
-        is always read whole: its positions attend to each other, so a shorter block would draft differently)."""
-        if budget.tree is not None:
-            return self.propose_tree(budget, select)
-        logits = self.block_logits()
-        tokens, probs = [], []
-        for j in range(min(budget.gamma, self.block_size - 1)):
-            token, prob = select(logits[:, j], j)
-            tokens.append(token)
-            probs.append(prob)
-            if select.stop:  # every row is below the confidence threshold: end the round
-                break
-        return Proposal(torch.stack(tokens, 1), torch.stack(probs, 1) if probs[0] is not None else None)
+    def read_pending(self) -> torch.Tensor:
+        """The round's one forward (the pending context and the block); the logits of block position 1."""
+        self.block, self.read = self.block_logits(), 1
+        return self.block[:, 0]
 
-    def propose_tree(self, budget: RoundBudget, select: Selector) -> Proposal:
-        """A block tree from the same one forward: level d holds the top-k of block position d, under every
-        frontier node of level d - 1 (the drafter proposes each position from the context and the mask block, so
-        a node's children do not depend on it; history-reading processors still see each node's own root path).
-        Depth at most ``block_size - 1``."""
-        logits = self.block_logits()
-        shape = budget.tree.cut(min(budget.tree.depth, self.block_size - 1))
-        level_paths: list[torch.Tensor] = []  # the previous level's nodes' root paths [A, K, depth - 1]
-        levels = [0]
+    def read_draft(self, token: torch.Tensor) -> torch.Tensor:
+        """The next block position's logits: the block was drafted whole, from the context and the mask tokens
+        (a position does not read the draft before it)."""
+        self.read += 1
+        return self.block[:, self.read - 1]
 
-        def step(tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
-            levels[0] += 1
-            level = levels[0]  # the depth of the nodes ``tokens``: their children are block position level + 1
-            paths = extend_paths(level_paths, tokens, parents)
-            nodes = logits[:, level, None].expand(-1, tokens.shape[1], -1)
-            return select.level_scores(nodes, level, paths)
+    def tree_levels(self, shape: TreeShape) -> LevelReader:
+        """Level d holds the top-k of block position d + 1 under every frontier node of level d - 1, all from the
+        round's one forward (a node's children do not depend on it)."""
+        block = self.block
+        return lambda tokens, parents, depth: block[:, depth, None].expand(-1, tokens.shape[1], -1)
 
-        root = select.level_scores(logits[:, :1], 0)[:, 0]
-        tree = expand_tree(self.anchor, root, step, shape)  # rooted at the anchor: the row's current token
-        return Proposal(tree.tokens[:, 1:], None, tree=tree, depth=shape.depth)
-
-    def accept(self, proposal: Proposal, keep: torch.Tensor, next_tokens: torch.Tensor,
-               path: torch.Tensor | None = None) -> None:
+    def queue(self, proposal: Proposal, keep: torch.Tensor, next_tokens: torch.Tensor, path: torch.Tensor | None,
+              unread: torch.Tensor) -> None:
         """Queue the true features of ``[cur, d_1..d_{keep_i}]`` (right-aligned; a tree's: of its kept root
         ``path``'s nodes) and anchor the next block at ``next_tokens``."""
-        n = keep
         assert self.verified is not None and self.anchor_positions is not None
-        verified, self.verified = self.verified.to(n.device), None
+        verified, self.verified, self.block = self.verified.to(keep.device), None, None
         if path is not None:
-            verified = verified.gather(1, path[..., None].to(n.device).expand(-1, -1, verified.shape[-1]))
-        width = int(n.max()) + 1
-        source = torch.arange(width, device=n.device)[None] - (width - 1 - n[:, None])  # block index per slot
+            verified = verified.gather(1, path[..., None].to(keep.device).expand(-1, -1, verified.shape[-1]))
+        width = int(keep.max()) + 1
+        source = torch.arange(width, device=keep.device)[None] - (width - 1 - keep[:, None])  # block index per slot
         valid = source >= 0
         source = source.clamp_min(0)
         features = verified.gather(1, source[..., None].expand(-1, -1, verified.shape[-1]))
-        self.pending = (features, valid, self.anchor_positions[:, None] + source)
-        self.anchor, self.anchor_positions = next_tokens, self.anchor_positions + n + 1
+        self.pending = (features, self.anchor_positions[:, None] + source, valid)
+        self.anchor_positions = self.anchor_positions + keep + 1
+
+    def follow(self, next_tokens: torch.Tensor) -> None:
+        """A plain step verified ``[cur]`` alone: its true feature queues after the pending ones."""
+        assert self.pending is not None and self.verified is not None and self.anchor_positions is not None
+        features, positions, valid = self.pending
+        feature, self.verified = self.verified[:, :1].to(features.device, features.dtype), None
+        self.pending = (torch.cat([features, feature], 1), torch.cat([positions, self.anchor_positions[:, None]], 1),
+                        torch.cat([valid, torch.ones_like(valid[:, :1])], 1))
+        self.root, self.anchor_positions = next_tokens, self.anchor_positions + 1
 
     def select_rows(self, keep: torch.Tensor) -> None:
-        assert self.cache is not None and self.pending is not None and self.anchor is not None
+        assert self.anchor_positions is not None
         super().select_rows(keep)
-        self.cache.select_rows(keep)
-        self.pending = tuple(t[keep.to(t.device)] for t in self.pending)
-        self.anchor, self.anchor_positions = self.anchor[keep], self.anchor_positions[keep]
+        self.anchor_positions = self.anchor_positions[keep.to(self.anchor_positions.device)]

@@ -33,27 +33,24 @@ from typing import Any, Iterator
 import torch
 
 from ... import _compat
-from ...budget import RoundBudget
 from ...caches import CacheFactory, SlottedCache
 from ...devices import execution_device
-from ...drafter import Drafter, Prompt, Proposal
+from ...drafter import Prompt, Proposal, every_prompt_position
 from ...errors import IncompatibleDraftError
-from ...selector import Selector
-from ...trees import expand_tree
+from ...trees import TreeShape
 from ...vocab import VocabMap
-from ..cached import extend_paths
+from ..cached import CachedDrafter, LevelReader
 from .modeling import check_target, is_gemma4_assistant
 
 
-class Gemma4AssistantDrafter(Drafter):
-    """No cache of its own (so not a :class:`~hf_specmm.drafts.cached.CachedDrafter`): its context is the target's
-    cache, read after the loop's rollback, and the target's hidden state and token since the last round."""
+class Gemma4AssistantDrafter(CachedDrafter):
+    """On :class:`~hf_specmm.drafts.cached.CachedDrafter` with no ``state`` of its own (its context is the target's
+    cache, read after the loop's rollback: nothing to roll back here); ``pending`` is the target's hidden state at
+    each row's last accepted token ([A, 1, H], valid [A, 1]) and ``root`` the token after it."""
 
     observes_prefill = True
-    drafts_trees = True
     observes_verification = True
-    selects_rows = True
-    follows_plain_steps = True
+    keeps_read_drafts = False
 
     def __init__(self, draft: Any, vocab: VocabMap):
         super().__init__(draft, vocab)
@@ -66,8 +63,10 @@ class Gemma4AssistantDrafter(Drafter):
         self.producers: dict[str, int] = {}
         self.captured: torch.Tensor | None = None  # [B, L, H] the target decoder's last output
         self.verified: torch.Tensor | None = None
-        self.hidden: torch.Tensor | None = None  # [B, H] the target's hidden state at each row's last accepted token
-        self.token: torch.Tensor | None = None  # [B] each row's last token (not yet read by the target)
+        self.prompt_hidden: torch.Tensor | None = None  # [B, H] the target's hidden state at the prompt's last token
+        self.round: tuple[dict, dict, torch.Tensor] | None = None  # the round's view of the target's K/V
+        self.level_hidden: torch.Tensor | None = None  # [A, K, H] the assistant's projected states of the last read
+        self.read = 0  # steps read this round
 
     @classmethod
     def check(cls, target: Any, draft: Any) -> None:
@@ -80,9 +79,7 @@ class Gemma4AssistantDrafter(Drafter):
     def prompt_lengths(cls, draft: Any, vocab: VocabMap, input_ids: torch.Tensor,
                        attention_mask: torch.Tensor | None) -> torch.Tensor:
         """The assistant attends to every prompt slot the target keeps (image positions included)."""
-        if attention_mask is None:
-            return torch.full((input_ids.shape[0],), input_ids.shape[1], device=input_ids.device)
-        return attention_mask.sum(-1)
+        return every_prompt_position(input_ids, attention_mask)
 
     # ---- what the target's own forwards hold -----------------------------------------------------------
     @contextlib.contextmanager
@@ -106,7 +103,7 @@ class Gemma4AssistantDrafter(Drafter):
         return captured
 
     def observe_prefill(self, target_outputs: Any) -> None:
-        self.hidden = self._take()[:, -1]  # left-padded prompts: every row's last token is the last column
+        self.prompt_hidden = self._take()[:, -1]  # left-padded prompts: every row's last token is the last column
 
     def observe_verification(self, target_outputs: Any) -> None:
         self.verified = self._take()
@@ -120,7 +117,9 @@ class Gemma4AssistantDrafter(Drafter):
         """Nothing to read: the target's cache and last hidden state are the assistant's whole context."""
         if self.target_kv is None:
             raise RuntimeError("the Gemma 4 assistant needs the target's cache (Drafter.observe_target_cache)")
-        self.token = first_tokens
+        hidden, self.prompt_hidden = self.prompt_hidden, None
+        self.pending = (hidden[:, None], torch.ones_like(first_tokens[:, None], dtype=torch.bool))
+        self.root = first_tokens
 
     def _context(self, queries: int) -> tuple[dict, dict, torch.Tensor]:
         """The target's shared K/V as each row kept it, the additive masks [B, 1, queries, S] per layer type and
@@ -160,63 +159,44 @@ class Gemma4AssistantDrafter(Drafter):
             logits = override(logits, position.to(logits.device) + depth)
         return logits, projected
 
-    def propose(self, budget: RoundBudget, select: Selector) -> Proposal:
-        assert self.token is not None and self.hidden is not None
-        if budget.tree is not None:
-            return self.propose_tree(budget, select)
-        context = self._context(1)
-        token, hidden = self.token[:, None], self.hidden[:, None].to(self.device)
-        tokens, probs = [], []
-        for j in range(budget.gamma):
-            logits, hidden = self._step(context, token, hidden, j)
-            chosen, prob = select(logits[:, 0], j)
-            tokens.append(chosen)
-            probs.append(prob)
-            token = chosen[:, None]
-            if select.stop:  # every row is below the confidence threshold: end the round
-                break
-        return Proposal(torch.stack(tokens, 1), torch.stack(probs, 1) if probs[0] is not None else None)
+    def read_pending(self) -> torch.Tensor:
+        """The round's first step: the root (the last token) with the target's hidden state before it."""
+        assert self.pending is not None and self.root is not None
+        self.round, self.read = self._context(1), 0
+        logits, self.level_hidden = self._step(self.round, self.root[:, None], self.pending[0].to(self.device), 0)
+        return logits[:, 0]
 
-    def propose_tree(self, budget: RoundBudget, select: Selector) -> Proposal:
-        """Top-k per step: level d's K frontier nodes in ONE forward (K queries at the same position, each reading
-        its token and its parent's hidden state; the queries do not see each other, as a chain's steps do not)."""
-        context = self._context(1)
-        root_logits, root_hidden = self._step(context, self.token[:, None], self.hidden[:, None].to(self.device), 0)
-        shape = budget.tree
-        level_context = self._context(shape.top_k)
-        parent_hidden = [root_hidden]  # the previous step's nodes' projected hidden states [A, K, H]
-        level_paths: list[torch.Tensor] = []  # the previous level's nodes' root paths [A, K, depth - 1]
-        levels = [0]
+    def read_draft(self, token: torch.Tensor) -> torch.Tensor:
+        """d_j with the assistant's own projected hidden state of the step before."""
+        self.read += 1
+        logits, self.level_hidden = self._step(self.round, token[:, None], self.level_hidden, self.read)
+        return logits[:, 0]
 
-        def step(tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
-            levels[0] += 1
-            before = parent_hidden.pop()
+    def tree_levels(self, shape: TreeShape) -> LevelReader:
+        """Level d's K frontier nodes in ONE forward (K queries at the same position, each reading its token and
+        its parent's projected hidden state; the queries do not see each other, as a chain's steps do not)."""
+        context = self._context(shape.top_k)
+
+        def read(tokens: torch.Tensor, parents: torch.Tensor, depth: int) -> torch.Tensor:
+            before = self.level_hidden
             index = parents.clamp_min(0).to(before.device)[..., None].expand(-1, -1, before.shape[-1])
-            logits, hidden = self._step(level_context, tokens, before.gather(1, index), levels[0])
-            parent_hidden.append(hidden)
-            return select.level_scores(logits, levels[0], extend_paths(level_paths, tokens, parents))
+            logits, self.level_hidden = self._step(context, tokens, before.gather(1, index), depth)
+            return logits
 
-        root = select.level_scores(root_logits, 0)[:, 0]
-        tree = expand_tree(self.token, root, step, shape)  # rooted at the row's current token
-        return Proposal(tree.tokens[:, 1:], None, tree=tree, depth=shape.depth)
+        return read
 
-    def accept(self, proposal: Proposal, keep: torch.Tensor, next_tokens: torch.Tensor,
-               path: torch.Tensor | None = None) -> None:
-        """The target's hidden state at each row's last kept block position (a tree's: its kept path's last node)
-        and the target's token after it."""
+    def queue(self, proposal: Proposal, keep: torch.Tensor, next_tokens: torch.Tensor, path: torch.Tensor | None,
+              unread: torch.Tensor) -> None:
+        """The target's hidden state at each row's last kept block position (a tree's: its kept path's last node)."""
         assert self.verified is not None
-        verified, self.verified = self.verified.to(keep.device), None
+        verified, self.verified, self.round, self.level_hidden = self.verified.to(keep.device), None, None, None
         index = keep if path is None else path.to(keep.device).gather(1, keep[:, None])[:, 0]
-        self.hidden = verified[torch.arange(keep.shape[0], device=keep.device), index]
-        self.token = next_tokens
+        hidden = verified[torch.arange(keep.shape[0], device=keep.device), index]
+        self.pending = (hidden[:, None], torch.ones_like(keep[:, None], dtype=torch.bool))
 
     def follow(self, next_tokens: torch.Tensor) -> None:
         """A plain target step read ``[cur]`` alone: its hidden state and the target's next token."""
         assert self.verified is not None
-        self.hidden, self.verified = self.verified[:, -1], None
-        self.token = next_tokens
-
-    def select_rows(self, keep: torch.Tensor) -> None:
-        assert self.hidden is not None and self.token is not None
-        super().select_rows(keep)
-        self.hidden, self.token = self.hidden[keep.to(self.hidden.device)], self.token[keep]
+        hidden, self.verified = self.verified[:, -1], None
+        self.pending = (hidden[:, None], torch.ones_like(next_tokens[:, None], dtype=torch.bool))
+        self.root = next_tokens
