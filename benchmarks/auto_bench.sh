@@ -22,7 +22,7 @@ for s in ${*:-tiny zero world cpu1 cpu4}; do
             --max-new-tokens 64 --warmup 1 --repeats 5
           bench zero-cpu-proxy --preset cpu-proxy --acceptance 0 --gammas 5 --auto --no-stock --batch-sizes 1 \
             --max-new-tokens 40 --warmup 1 --repeats 3 ;;
-    world) $PY benchmarks/auto_world.py --batch-sizes 1 8 --prompts 8 --repeats 3 --out "$OUT/world-bench" \
+    world) $PY benchmarks/auto_world.py --batch-sizes 1 8 --prompts 8 --repeats 5 --out "$OUT/world-bench" \
             2>&1 | grep --line-buffered -v "^Loading" | tee "$OUT/world-bench.txt" ;;
     cpu1) bench cpu-proxy-b1 --preset cpu-proxy --acceptance-profile "$profile" "${grid[@]}" --batch-sizes 1 \
             --max-new-tokens 40 --warmup 1 --repeats 3 ;;

@@ -71,7 +71,7 @@ def probe(preset_name: str, batches: list[int], widths: list[int], prompt_tokens
             with torch.inference_mode():
                 positions = target_family(target).positions.bind(target, inputs["input_ids"],
                                                                   inputs["attention_mask"], dict(inputs))
-                kv = StaticSlottedCache.prefill(target, inputs, capacity, positions)
+                kv = StaticSlottedCache.from_prefill(target, inputs, capacity, positions)
                 graphs = counters["stats"]["unique_graphs"]
                 sync(kv.device)
                 start = time.perf_counter()

@@ -88,7 +88,7 @@ def generate_with_decoding_fn(model: Any, decoding_fn: Callable[..., Any], **kwa
     return type(model).generate(model, custom_generate=decoding_fn, **kwargs)
 
 
-def prefill(model: Any, input_ids: torch.Tensor, generation_config: Any, model_kwargs: dict) -> Any:
+def target_prefill(model: Any, input_ids: torch.Tensor, generation_config: Any, model_kwargs: dict) -> Any:
     """First forward of the target, exactly as plain generate does it (multimodal inputs included)."""
     return GenerationMixin._prefill(model, input_ids, generation_config, model_kwargs, is_first_iteration=True)
 

@@ -67,14 +67,14 @@ def int_at_least(low: int) -> Callable[[str], int]:
 
 
 def tree_shape(text: str) -> "TreeShape":
-    """An argparse ``type=``: ``K,D,N`` (top_k, depth, tokens) as a checked :class:`~hf_specmm.trees.TreeShape`."""
+    """An argparse ``type=``: ``K,D,N`` (top_k, depth, nodes) as a checked :class:`~hf_specmm.trees.TreeShape`."""
     from .trees import TreeShape
 
     try:
-        top_k, depth, tokens = (int(part) for part in text.split(","))
-        return TreeShape(top_k=top_k, depth=depth, tokens=tokens)
+        top_k, depth, nodes = (int(part) for part in text.split(","))
+        return TreeShape(top_k=top_k, depth=depth, nodes=nodes)
     except ValueError as error:  # three integers, then TreeShape's own checks
-        raise argparse.ArgumentTypeError(f"expected K,D,N (top_k,depth,tokens), e.g. 8,12,64; got {text!r}: "
+        raise argparse.ArgumentTypeError(f"expected K,D,N (top_k,depth,nodes), e.g. 8,12,64; got {text!r}: "
                                          f"{error}") from None
 
 

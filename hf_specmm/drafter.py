@@ -92,11 +92,11 @@ class Proposal:
     probs: torch.Tensor | None
     start: RoundStart | None = None
     tree: DraftTree | None = None
-    depth: int = 0  # a tree's depth (its γ: the draft forwards of its round)
+    depth: int | None = None  # the round's γ (a tree's depth: its draft forwards); None: one per token
 
     @property
     def gamma(self) -> int:
-        return self.tokens.shape[1] if self.tree is None else self.depth
+        return self.tokens.shape[1] if self.depth is None else self.depth
 
     def drafts_on_path(self, path: torch.Tensor | None) -> torch.Tensor:
         """[B, D] the drafts along each row's kept ``path`` (a tree's root path, root left out; None: the chain)."""

@@ -123,7 +123,7 @@ class SpeculativeDecoding:
             check_left_padded(mask)
         self.backend.prepare_target(target, model_kwargs, generation_config, prompt_len, self.budget.gamma + 1)
         with self.drafter.watch(target):
-            out = _compat.prefill(target, input_ids, generation_config, model_kwargs)
+            out = _compat.target_prefill(target, input_ids, generation_config, model_kwargs)
         self.drafter.observe_prefill(out)
         target_kv = self.backend.wrap_target(target, _compat.output_cache(out), mask, prompt_len, batch, device,
                                              positions)

@@ -287,3 +287,24 @@ def test_a_kind_without_trees_or_plain_steps_takes_chains_only():
         handle.remove()
         hf_specmm.disable(model)
         registry.unregister_draft_kind("chain_only_auto")
+
+
+def test_near_ties_are_retimed_in_turn():
+    """Every 8th drafted round takes a shape predicted within 10 % of the best (in turn), so a near-tie's timings
+    stay as fresh as the taken shape's; shapes outside the band never are."""
+    COSTS.clear()
+    model = target("llava")  # a fresh draft: a pair with no acceptance table yet
+    budget = hf_specmm.Auto(testing.text_draft_from_target(model)).budget(model, 1, False, "dynamic", trees=False,
+                                                                         plain=True, device=torch.device("cpu"))
+    for _ in range(2):  # calibrated: a flat verification, 0.1 s per draft step
+        for w in range(1, 10):
+            budget.costs.add("chain", w, None, 0.0, 1.0)
+        for g in range(1, 9):
+            budget.costs.add("chain", g + 1, f"chain:{g}", 0.1 * g, 1.0)
+    for _ in range(400):  # a draft the target always agrees with: chain 8 (9 / 1.8 = 5.0 tokens/s) before chain 7
+        budget.acceptance.observe_chain([8], [8])  # (8 / 1.7 = 4.7: within 10 %), chain 6 (7 / 1.6 = 4.4: outside)
+    taken = []
+    for _ in range(64):
+        budget.open = None  # no wall-clock timing of these empty rounds
+        taken.append(budget.for_round([100], [True]).gamma)
+    assert [i for i, g in enumerate(taken) if g != 8] == list(range(7, 64, 8)) and set(taken) == {7, 8}, taken

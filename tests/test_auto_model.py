@@ -87,13 +87,22 @@ def test_rounds_are_timed_into_their_live_rows_table_and_chosen_by_a_calibrated_
     budget = AutoBudget(policy, AcceptanceTable(depth=4), tables, 4, ())
     samples = sum(len(v) for widths in four.verify.values() for v in widths.values())
     budget.for_round([20] * 4, [True] * 4)
+    assert budget.calibration_rounds == 0  # bucket 4 is calibrated
     budget.for_round([20] * 4, [True, False, False, False])  # three rows finished: the live bucket is 1
     budget.for_round([20] * 4, [True, False, False, False])
     _, one = tables(1)
-    assert budget.calibration_rounds == 0  # bucket 1 is not calibrated: chosen by the call's bucket-4 table
+    assert budget.calibration_rounds == 2  # bucket 1 is calibrated by the rounds that reach it
     assert sum(len(v) for widths in four.verify.values() for v in widths.values()) == samples + 1
     assert sum(len(v) for widths in one.verify.values() for v in widths.values()) == 1
     assert set(budget.used) == {"batch<=4", "batch<=1"}
+    # where no calibration shape fits the room left (a drafter that cannot take plain steps, one draft of room),
+    # the call's calibrated table chooses
+    chains_only = CostAwarePolicy(max_tokens=16, max_depth=4, plain=False)
+    chain_tables = Tables()
+    calibrate(chains_only, chain_tables(4)[1])
+    near_end = AutoBudget(chains_only, AcceptanceTable(depth=4), chain_tables, 4, ())
+    assert near_end.for_round([2] * 4, [True, False, False, False]).gamma == 1
+    assert near_end.calibration_rounds == 0
     # a call that starts at batch 1 calibrates bucket 1's own table
     fresh = AutoBudget(policy, AcceptanceTable(depth=4), tables, 1, ())
     fresh.for_round([20], [True])

@@ -48,7 +48,7 @@ def test_greedy_parity(family, batch):
             assert stats.drafted_tokens > 0 and max(stats.gammas) == min(gamma, BLOCK - 1)
         for depth in (BLOCK + 1,):  # a block tree from the per-position top-k; depth capped at block_size - 1
             out = model.generate(**inputs, max_new_tokens=16, do_sample=False,
-                                 assistant_model=hf_specmm.Tree(draft, top_k=2, depth=depth, tokens=5))
+                                 assistant_model=hf_specmm.Tree(draft, top_k=2, depth=depth, nodes=5))
             assert torch.equal(out, plain), f"{family} batch={batch} tree depth {depth}:\n{out}\n!=\n{plain}"
             assert max(hf_specmm.last_stats(model).gammas) == min(depth, BLOCK - 1)
     finally:
@@ -143,7 +143,7 @@ def test_context_is_exact_while_planted_drafts_are_accepted_in_part(family, tree
         if tree == "auto":
             shaped = hf_specmm.Auto(draft, shapes=ALTERNATING)
         else:
-            shaped = hf_specmm.Tree(draft, top_k=2, depth=gamma, tokens=6) if tree else draft
+            shaped = hf_specmm.Tree(draft, top_k=2, depth=gamma, nodes=6) if tree else draft
         out = model.generate(**inputs, max_new_tokens=new, do_sample=False, assistant_model=shaped,
                              **({} if tree else {"num_assistant_tokens": gamma}))
         stats = hf_specmm.last_stats(model)
@@ -222,7 +222,7 @@ def test_sampling_matches_plain(tree):
     family = "qwen3_vl"
     model = testing.tiny_target(family, seed=0, eos_bias=-30.0)
     plain = _samples(model, family, seed=1)
-    draft = hf_specmm.Tree(dflash(model), top_k=2, depth=3, tokens=5) if tree else dflash(model)
+    draft = hf_specmm.Tree(dflash(model), top_k=2, depth=3, nodes=5) if tree else dflash(model)
     hf_specmm.enable(model)
     try:
         spec = _samples(model, family, draft, seed=2)

@@ -69,7 +69,7 @@ def test_heads_leave_out_what_only_the_target_stack_runs(family):
     other = testing.feature_head_from_target(target("gemma3"))
     hf_specmm.enable(model)
     try:
-        for assistant in (other, hf_specmm.Tree(other, top_k=2, depth=2, tokens=4)):
+        for assistant in (other, hf_specmm.Tree(other, top_k=2, depth=2, nodes=4)):
             with count_forwards_of(model) as calls, pytest.raises(IncompatibleDraftError, match="made for"):
                 model.generate(**batch_inputs(family, 1), max_new_tokens=4, assistant_model=assistant)
             assert calls["n"] == 0
@@ -209,7 +209,7 @@ def test_head_parity_at_batch_3_with_static_caches_and_trees(family):
         for name, head in heads.items():
             runs = {"static": (dict(assistant_model=head, num_assistant_tokens=3, cache_implementation="static"),
                                static),
-                    "tree": (dict(assistant_model=hf_specmm.Tree(head, top_k=2, depth=3, tokens=6)), plain)}
+                    "tree": (dict(assistant_model=hf_specmm.Tree(head, top_k=2, depth=3, nodes=6)), plain)}
             if name == "eagle3":  # the EAGLE-1 chain at batch 3: test_feature_head's lean cell
                 runs["chain"] = (dict(assistant_model=head, num_assistant_tokens=3), plain)
             for how, (kwargs, expected) in runs.items():

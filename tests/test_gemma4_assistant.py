@@ -49,7 +49,7 @@ def test_greedy_parity(family, batch):
         out, stats = _generate(model, inputs, draft, max_new_tokens=NEW_TOKENS, num_assistant_tokens=gamma)
         assert torch.equal(out, plain), f"{family} batch={batch} γ={gamma}:\n{out}\n!=\n{plain}"
         assert stats.drafted_tokens > 0 and max(stats.gammas) == gamma
-    out, stats = _generate(model, inputs, hf_specmm.Tree(draft, top_k=2, depth=3, tokens=5), max_new_tokens=NEW_TOKENS)
+    out, stats = _generate(model, inputs, hf_specmm.Tree(draft, top_k=2, depth=3, nodes=5), max_new_tokens=NEW_TOKENS)
     assert torch.equal(out, plain), f"{family} batch={batch} tree:\n{out}\n!=\n{plain}"
     assert max(stats.gammas) == 3
 
@@ -230,7 +230,7 @@ def test_sampling_matches_plain(tree):
     a repetition penalty that reads the drafted history)."""
     model = testing.tiny_target("gemma4", seed=0, eos_bias=-30.0)
     draft = assistant(model)
-    assert_sampling_matches_plain(model, "gemma4", hf_specmm.Tree(draft, top_k=2, depth=3, tokens=5) if tree else draft,
+    assert_sampling_matches_plain(model, "gemma4", hf_specmm.Tree(draft, top_k=2, depth=3, nodes=5) if tree else draft,
                                   "gemma4_assistant")
 
 

@@ -225,7 +225,7 @@ def test_trees_are_refused_before_any_work(model, monkeypatch):
     inputs = inputs_for(1)
     for draft in (testing.text_draft_from_target(model), testing.fixture("qwen3_vl").random_draft(model, 3, 128, None)):
         with pytest.raises(SpecMMError, match="linear-attention layers.*per|parent"):
-            model.generate(**inputs, assistant_model=hf_specmm.Tree(draft, top_k=2, depth=2, tokens=4),
+            model.generate(**inputs, assistant_model=hf_specmm.Tree(draft, top_k=2, depth=2, nodes=4),
                            max_new_tokens=4)
     assert calls == []
 

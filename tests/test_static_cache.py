@@ -24,7 +24,7 @@ ACCEPTED = [[4, 1, 2], [1, 4, 1], [2, 2, 4], [1, 1, 1], [4, 3, 1],
 def _static(model, inputs, capacity):
     """The prompt prefilled into a StaticSlottedCache of ``capacity`` slots, as the loop's target cache."""
     positions = target_family(model).positions.bind(model, inputs["input_ids"], inputs["attention_mask"], dict(inputs))
-    return StaticSlottedCache.prefill(model, inputs, capacity, positions)
+    return StaticSlottedCache.from_prefill(model, inputs, capacity, positions)
 
 
 def _without_cache(model, inputs, rows):

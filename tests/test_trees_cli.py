@@ -29,7 +29,7 @@ def test_bad_tree_shapes_are_refused_before_work(shape, capsys, monkeypatch):
 
 
 def test_world_tau_measures_tree_rows_on_the_shipped_world():
-    rows = tau_table.tau_table(per_task=1, gammas=(2,), trees=(TreeShape(top_k=2, depth=2, tokens=3),))
+    rows = tau_table.tau_table(per_task=1, gammas=(2,), trees=(TreeShape(top_k=2, depth=2, nodes=3),))
     chain = [r for r in rows if r["tree"] is None]
     tree = [r for r in rows if r["tree"] == "2,2,3"]
     assert len(chain) == len(tree) > 0 and all(r["gamma"] == 2 for r in tree)

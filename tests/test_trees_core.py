@@ -64,7 +64,7 @@ def reference_expansion(root: int, shape: TreeShape, salt: int = 0) -> list[tupl
         base = len(candidates)
         candidates += [(s, base + i, p) for i, (p, s) in enumerate(level)]
         frontier = [level[i] for i in sorted(range(len(level)), key=lambda i: (-level[i][1], i))[: shape.top_k]]
-    kept = sorted(candidates, key=lambda c: (-c[0], c[1]))[: shape.tokens]
+    kept = sorted(candidates, key=lambda c: (-c[0], c[1]))[: shape.nodes]
     return [(p, s) for s, _, p in sorted(kept, key=lambda c: c[1])]
 
 
@@ -93,9 +93,9 @@ def test_layout_depths_ancestors_and_errors():
     with pytest.raises(ValueError, match="node 0 must be the root"):
         DraftTree.from_parents(torch.zeros(1, 2, dtype=torch.long), torch.tensor([[0, 0]]))
     with pytest.raises(ValueError, match="exceeds the 6 candidates"):
-        TreeShape(top_k=2, depth=2, tokens=7)
+        TreeShape(top_k=2, depth=2, nodes=7)
     with pytest.raises(ValueError, match="top_k must be an integer >= 1"):
-        TreeShape(top_k=0, depth=2, tokens=1)
+        TreeShape(top_k=0, depth=2, nodes=1)
 
 
 def test_attention_mask_prefix_holes_window_and_dtypes():
@@ -131,14 +131,14 @@ def test_expansion_matches_brute_force_eagle2(shape):
     roots = [3, 5, 3]
     draft = PathDraft(roots, salt=shape.top_k)
     tree = expand_tree(torch.tensor(roots), draft.root_logits(), draft, shape)
-    assert tree.tokens.shape == (3, shape.tokens + 1)
+    assert tree.tokens.shape == (3, shape.nodes + 1)
     for b, root in enumerate(roots):
         expected = reference_expansion(root, shape, salt=shape.top_k)
         paths = node_paths(tree, b)
         assert paths[1:] == [p for p, _ in expected], b
         assert tree.scores[b, 1:].tolist() == pytest.approx([s for _, s in expected], abs=1e-5)
         assert bool(tree.valid[b].all()) == all(s > float("-inf") for _, s in expected)
-        for i in range(1, shape.tokens + 1):  # draft_slots: the fed slot that read the node
+        for i in range(1, shape.nodes + 1):  # draft_slots: the fed slot that read the node
             slot = int(tree.draft_slots[b, i])
             assert slot < 0 or draft.fed[b][slot] == paths[i]
             assert slot >= 0 or paths[i] not in draft.fed[b]

@@ -1,4 +1,4 @@
-"""Draft trees in generate (issue 19): ``assistant_model=hf_specmm.Tree(draft, top_k, depth, tokens)``.
+"""Draft trees in generate (issue 19): ``assistant_model=hf_specmm.Tree(draft, top_k, depth, nodes)``.
 
 Greedy outputs equal plain generate for every family and draft kind (batch 1 and 3, left padding, images,
 rows finishing at EOS at different steps); exact copies are accepted along the full depth of every round;
@@ -17,6 +17,7 @@ import torch
 import hf_specmm
 from hf_specmm.drafts import registry
 from hf_specmm import testing
+from hf_specmm.trees import TreeShape
 from conftest import batch_inputs, draft, target, refused_kind
 from test_sampling import ALPHA, chi2_homogeneity_pvalue, noisy_copy
 
@@ -102,7 +103,7 @@ def test_every_draft_kind_parity_and_exact_copies_accept_the_full_depth(family):
     plain = model.generate(**inputs, max_new_tokens=NEW, do_sample=False)
     plain_text = model.generate(**text_inputs, max_new_tokens=NEW, do_sample=False)
     for name, d in exact_drafts(family, model).items():
-        tree = hf_specmm.Tree(d, top_k=3, depth=4, tokens=10)
+        tree = hf_specmm.Tree(d, top_k=3, depth=4, nodes=10)
         out, stats = generate(model, inputs, max_new_tokens=NEW, assistant_model=tree)
         assert torch.equal(out, plain), f"{family} {name}:\n{out}\n!=\n{plain}"
         exact = name != "feature_head" or testing.feature_head_is_exact(model)  # Gemma 4 heads: in part
@@ -164,7 +165,7 @@ def test_return_dict_scores_and_logits_along_the_accepted_path():
 def test_options_with_no_tree_meaning_are_refused_before_any_forward():
     model = target("llava")
     inputs = batch_inputs("llava", 2)
-    tree = hf_specmm.Tree(draft("llava", "self"), top_k=2, depth=3, tokens=5)
+    tree = hf_specmm.Tree(draft("llava", "self"), top_k=2, depth=3, nodes=5)
     calls = []
     handle = model.register_forward_pre_hook(lambda *a: calls.append(1))
     hf_specmm.enable(model)
@@ -182,9 +183,13 @@ def test_options_with_no_tree_meaning_are_refused_before_any_forward():
     finally:
         handle.remove()
         hf_specmm.disable(model)
-    for bad in (dict(top_k=0), dict(depth=1.5), dict(top_k=2, depth=2, tokens=7)):
+    for bad in (dict(top_k=0), dict(depth=1.5), dict(top_k=2, depth=2, nodes=7)):
         with pytest.raises(ValueError, match="Tree"):
-            hf_specmm.Tree(draft("llava", "self"), **{**dict(top_k=2, depth=3, tokens=4), **bad})
+            hf_specmm.Tree(draft("llava", "self"), **{**dict(top_k=2, depth=3, nodes=4), **bad})
+    with pytest.warns(FutureWarning, match="nodes="):  # the count's former name
+        assert hf_specmm.Tree(draft("llava", "self"), 2, 3, tokens=6).shape == TreeShape(2, 3, 6)
+    with pytest.raises(ValueError, match="once"):
+        hf_specmm.Tree(draft("llava", "self"), 2, 3, nodes=6, tokens=6)
 
 
 @pytest.mark.parametrize("family,kind", (("llava", "text_only"), ("qwen2_5_vl", "image_adapter"),
@@ -204,7 +209,7 @@ def test_tree_sampling_matches_plain_sampling(family, kind):
     hf_specmm.enable(model)
     try:
         torch.manual_seed(2)
-        ours = model.generate(**inputs, **sampling, assistant_model=hf_specmm.Tree(d, top_k=3, depth=3, tokens=6))
+        ours = model.generate(**inputs, **sampling, assistant_model=hf_specmm.Tree(d, top_k=3, depth=3, nodes=6))
         stats = hf_specmm.last_stats(model)
     finally:
         hf_specmm.disable(model)
@@ -236,7 +241,7 @@ def test_history_reading_processors_see_each_nodes_root_path(family):
     try:
         for d in (testing.text_draft_from_target(model), testing.random_text_draft(model)):
             for shape in ((2, 3, 5), (3, 4, 10)):
-                tree = hf_specmm.Tree(d, top_k=shape[0], depth=shape[1], tokens=shape[2])
+                tree = hf_specmm.Tree(d, top_k=shape[0], depth=shape[1], nodes=shape[2])
                 out = model.generate(**inputs, **kwargs, assistant_model=tree)
                 assert torch.equal(out, plain), f"{family} {shape}"
                 assert hf_specmm.last_stats(model).drafted_tokens > 0
@@ -261,7 +266,7 @@ def test_pipeline_generate_kwargs_take_a_tree(family):
     plain = call({})
     hf_specmm.enable(pipe.model)
     try:
-        tree = hf_specmm.Tree(testing.text_draft_from_target(pipe.model), top_k=3, depth=4, tokens=8)
+        tree = hf_specmm.Tree(testing.text_draft_from_target(pipe.model), top_k=3, depth=4, nodes=8)
         assert call({"assistant_model": tree}) == plain
         stats = hf_specmm.last_stats(pipe.model)
         assert stats.batch_size == 2 and max(max(r) for r in stats.nodes_per_round) == 8 and stats.accepted_tokens > 0

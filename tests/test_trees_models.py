@@ -166,7 +166,7 @@ def test_text_draft_reads_the_expansion_level_by_level(family):
     mask[0, :3] = 0
     prefix, root_logits = draft_prefill(draft, ids, mask)
     cache, ancestry, fed = copy.deepcopy(prefix), LevelAncestry(), []
-    shape = TreeShape(top_k=3, depth=4, tokens=10)
+    shape = TreeShape(top_k=3, depth=4, nodes=10)
     start = mask.sum(-1)
     chain = ROPE_1D.block_positions(start, None, shape.depth)
 

@@ -48,6 +48,7 @@ class AcceptanceTable:
         self.clock = 0  # rounds of this pair's calls, plain steps included (AutoBudget.ranking's clock)
         #: plain rounds between two probes once plain steps win (doubles after each probe; see AutoBudget)
         self.probe_gap = 8
+        self.explored = 0  # drafted rounds the cost model chose (AutoBudget._contender's clock)
         #: calls run as plain generate in a row, and how many before a speculative one (AutoBudget.runs_plain)
         self.plain_calls, self.plain_gap = 0, 8
         self.plain_ranking: tuple | None = None  # (tables' state, best predicted, loop plain) of the last check

@@ -20,6 +20,8 @@ MIN_PROBE_GAP, MAX_PROBE_GAP = 8, 256
 PLAIN_MARGIN = 1.5
 #: calls run as plain generate only when its measured step beats the best shape's prediction by this factor
 STOCK_MARGIN = 1.05
+#: every EXPLORE_GAP-th drafted round takes, in turn, a contender predicted within EXPLORE_BAND of the best
+EXPLORE_GAP, EXPLORE_BAND = 8, 0.10
 
 
 class AutoBudget(DraftBudget):
@@ -54,7 +56,7 @@ class AutoBudget(DraftBudget):
     # ---- the loop's hooks ------------------------------------------------------------------------------
     def for_round(self, remaining: list[int], unfinished: list[bool]) -> RoundBudget:
         now = time.perf_counter()
-        self._close(now, timed=True)
+        self._close(now, timed=True, unfinished=unfinished)
         room = max(r for r, u in zip(remaining, unfinished) if u) - 1
         rows = sum(unfinished)
         timed, costs = self._costs(rows)
@@ -90,28 +92,29 @@ class AutoBudget(DraftBudget):
     def update(self, kept: list[int], gamma_used: int) -> None:
         if self.open is not None:
             self.open["tokens"] += sum(kept)
+            self.open["kept"] = kept
 
     # ---- choosing --------------------------------------------------------------------------------------
     def _costs(self, rows: int) -> tuple[CostTable, CostTable]:
         """The table a round of ``rows`` live rows is timed into (its batch bucket's: rows that finished leave the
-        batch, and a narrower batch verifies faster) and the table it is chosen by: the same once calibrated,
-        else the call's own (calibrated first), else the round calibrates the live one."""
+        batch, and a narrower batch verifies faster) and the table it is chosen by: the live one (calibrated by
+        the first rounds that reach it), else, where no calibration shape fits the room left, the call's own."""
         if isinstance(self.policy, FixedPolicy):
             return self.costs, self.costs
         key, live = self.tables(rows)
         if key not in self.used:
             self.used[key] = live
-        if live is not self.costs and not self.policy.calibrated(live) and self.policy.calibrated(self.costs):
-            return live, self.costs
         return live, live
 
     def _choose(self, timed: CostTable, costs: CostTable, room: int) -> Choice:
         if isinstance(self.policy, FixedPolicy):
             return Choice(self.policy.next(), None, 0.0)
-        calibrating = self.policy.calibrating(timed, room) if timed is costs else None
+        calibrating = self.policy.calibrating(timed, room)
         if calibrating is not None:
             self.calibration_rounds += 1
             return Choice(calibrating, None, 0.0)
+        if not self.policy.calibrated(costs) and self.policy.calibrated(self.costs):
+            costs = self.costs  # near max_length no calibration shape fits: the call's bucket chooses
         if not self.policy.calibrated(costs):  # the rest does not fit near max_length: no cost model yet
             return Choice(self.policy.fallback, None, 1.0)
         if self.calibration_rounds and self.on_calibrated is not None:
@@ -124,7 +127,7 @@ class AutoBudget(DraftBudget):
         best = self.ranked[0]
         if best.shape.gamma:
             self.plain_run, self.acceptance.probe_gap = 0, MIN_PROBE_GAP
-            return best
+            return self._contender(best)
         self.plain_run += 1
         if self.plain_run > self.acceptance.probe_gap:
             probe = next((c for c in self.ranked if c.shape.gamma), None)
@@ -134,6 +137,21 @@ class AutoBudget(DraftBudget):
                 self.ranked, self.acceptance.ranking = [], None  # rank again after the probe's evidence
                 return probe
         return best
+
+    def _contender(self, best: Choice) -> Choice:
+        """``best``, or every :data:`EXPLORE_GAP`-th round one of the drafted shapes predicted within
+        :data:`EXPLORE_BAND` of it, in turn. A shape's timings are refreshed only by the rounds that take it, and
+        the machine's speed drifts (the same plain pass by up to 1.5x within a minute on shared cores): near-ties
+        timed long ago would otherwise be compared with the taken shape's fresh timings. The cost is at most
+        the band on one round in :data:`EXPLORE_GAP`."""
+        self.acceptance.explored += 1
+        if self.acceptance.explored % EXPLORE_GAP:
+            return best
+        near = [c for c in self.ranked[1:] if c.shape.gamma and
+                c.predicted_tokens_per_s >= (1.0 - EXPLORE_BAND) * best.predicted_tokens_per_s]
+        if not near:
+            return best
+        return near[(self.acceptance.explored // EXPLORE_GAP - 1) % len(near)]
 
     def ranking(self, costs: CostTable) -> list[Choice]:
         """The candidates ranked by ``costs`` and this pair's acceptance, best first (per row: the live rows
@@ -153,8 +171,9 @@ class AutoBudget(DraftBudget):
         self.next_ranking = self.rounds + refresh
         return ranked
 
-    def _close(self, now: float, timed: bool) -> None:
-        """End the running round at ``now``: its timings into the cost table (``timed``), its line into the log."""
+    def _close(self, now: float, timed: bool, unfinished: list[bool] | None = None) -> None:
+        """End the running round at ``now``: its timings into the cost table (``timed``), its line into the log.
+        ``unfinished`` [B]: the rows still generating after it (None: the call ended)."""
         if self.open is None:
             return
         entry, self.open = self.open, None
@@ -164,10 +183,17 @@ class AutoBudget(DraftBudget):
         if timed and not isinstance(self.policy, FixedPolicy):
             entry["table"].add(shape.kind, shape.width, shape.draft_label, draft, max(seconds - draft, 0.0))
         choice = entry["choice"]
-        if choice.predicted_tokens_per_s is not None and shape == choice.shape and shape.gamma and entry["rows"]:
-            # what this shape's rounds realise of the table's expectation (AcceptanceTable.yield_of)
-            self.acceptance.observe_yield(shape.label, shape.family, choice.accepted,
-                                          max(entry["tokens"] / entry["rows"] - 1.0, 0.0))
+        if timed and choice.curve_seconds > 0 and shape == choice.shape and not isinstance(self.policy, FixedPolicy):
+            entry["table"].observe_ratio(shape.label, shape.family, choice.curve_seconds, seconds)
+        kept = entry.get("kept")
+        if choice.predicted_tokens_per_s is not None and shape == choice.shape and shape.gamma and kept and unfinished:
+            # what this shape's rounds realise of the table's expectation (AcceptanceTable.yield_of), from the rows
+            # that go on: a row that stopped in the round (EOS, max_length) kept what its end allowed, whatever
+            # the shape (in the world's short answers, most calls' last round)
+            uncut = [k for k, u in zip(kept, unfinished) if k > 0 and u]
+            if uncut:
+                self.acceptance.observe_yield(shape.label, shape.family, choice.accepted,
+                                              max(sum(uncut) / len(uncut) - 1.0, 0.0))
         per_row = choice.predicted_tokens_per_s
         self.log.append({"shape": shape.label, "predicted": None if per_row is None else per_row * entry["rows"],
                          "tokens": entry["tokens"],

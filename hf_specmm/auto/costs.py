@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 SAMPLES = 9  # timings kept per key
+#: realised / predicted round-time ratios kept per shape and per family, and how many make a factor
+RATIO_SAMPLES, RATIO_MIN = 16, 4
 CALIBRATION_SAMPLES = 2  # timings per calibration shape before the policy chooses (the fit pools widths)
 
 
@@ -74,11 +76,14 @@ class CostTable:
             kind: {int(w): list(v) for w, v in data.get("verify", {}).get(kind, {}).items()} for kind in ("chain", "tree")}
         self.draft: dict[str, list[float]] = {k: list(v) for k, v in data.get("draft", {}).items()}
         self.stock: list[float] = list(data.get("stock", []))  # plain generate's own decoding steps
+        #: per shape label and per family: recent (round seconds measured / predicted by the curves), see
+        #: :meth:`time_factor`
+        self.ratios: dict[str, list[float]] = {k: list(v) for k, v in data.get("ratios", {}).items()}
         self.version = 0  # bumped by every round timed (a ranking made at one version holds until the next)
 
     def to_json(self) -> dict[str, Any]:
         return {"verify": {kind: {str(w): v for w, v in widths.items()} for kind, widths in self.verify.items()},
-                "draft": dict(self.draft), "stock": list(self.stock)}
+                "draft": dict(self.draft), "stock": list(self.stock), "ratios": dict(self.ratios)}
 
     def add_stock_step(self, seconds: float) -> None:
         _push(self.stock, seconds)
@@ -95,6 +100,25 @@ class CostTable:
         _push(self.verify[kind].setdefault(width, []), verify_s)
         if draft_label is not None:
             _push(self.draft.setdefault(draft_label, []), draft_s)
+
+    def observe_ratio(self, label: str, family: str, predicted_s: float, measured_s: float) -> None:
+        """A round of shape ``label`` (of ``family``) took ``measured_s`` where the curves predicted ``predicted_s``."""
+        ratio = min(max(measured_s / predicted_s, 0.25), 4.0)  # one stalled round moves a factor, never owns it
+        for key in (label, family):
+            values = self.ratios.setdefault(key, [])
+            values.append(ratio)
+            del values[:-RATIO_SAMPLES]
+
+    def time_factor(self, label: str, family: str) -> float:
+        """Realised over predicted round time: the mean of the shape's recent ratios once it has
+        :data:`RATIO_MIN`, else its family's, else 1. The curves are fitted to per-width medians and the round's
+        two phases; a round's mean time is what tokens per second divides by, and a shape's own work outside
+        the fitted parts (a tree's masks and paths) shows in its rounds only."""
+        for key in (label, family):
+            values = self.ratios.get(key, [])
+            if len(values) >= RATIO_MIN:
+                return sum(values) / len(values)
+        return 1.0
 
     def samples(self, kind: str, width: int, draft_label: str | None) -> int:
         n = len(self.verify[kind].get(width, []))

@@ -2,11 +2,12 @@
 
 For every candidate shape s (a plain target step, a chain of γ, a tree (top_k, depth, N)):
 
-    tokens/s(s) = rows · (1 + y(s) · E[accepted | s]) / (T_verify(kind, width(s)) + T_draft(s))
+    tokens/s(s) = rows · (1 + y(s) · E[accepted | s]) / (z(s) · (T_verify(kind, width(s)) + T_draft(s)))
 
 with E[accepted] from the learned acceptance (:mod:`hf_specmm.auto.acceptance`), y(s) the share of it that
-rounds of s realised so far (:meth:`~hf_specmm.auto.acceptance.AcceptanceTable.yield_of`) and the times from
-the measured costs (:mod:`hf_specmm.auto.costs`). A plain step has E = 0 and no drafting. Until every calibration shape of
+rounds of s realised so far (:meth:`~hf_specmm.auto.acceptance.AcceptanceTable.yield_of`), the times from
+the measured costs' fitted curves (:mod:`hf_specmm.auto.costs`) and z(s) the realised share of those times
+(:meth:`~hf_specmm.auto.costs.CostTable.time_factor`). A plain step has E = 0 and no drafting. Until every calibration shape of
 the cost key has been timed, rounds take those shapes in turn (real rounds: their tokens count).
 """
 
@@ -38,7 +39,7 @@ class Shape:
     @property
     def width(self) -> int:
         """Tokens the target verifies in the round's one forward."""
-        return 1 + (self.tree.tokens if self.tree is not None else self.gamma)
+        return 1 + (self.tree.nodes if self.tree is not None else self.gamma)
 
     @property
     def draft_label(self) -> str | None:
@@ -55,7 +56,7 @@ class Shape:
     @property
     def label(self) -> str:
         if self.tree is not None:
-            return f"tree {self.tree.top_k},{self.tree.depth},{self.tree.tokens}"
+            return f"tree {self.tree.top_k},{self.tree.depth},{self.tree.nodes}"
         return f"chain {self.gamma}" if self.gamma else "plain"
 
 
@@ -96,6 +97,7 @@ class Choice:
     predicted_tokens_per_s: float | None  # None: a calibration round
     expected_tokens: float  # per row: 1 + y · E[accepted] (see the module)
     accepted: float = 0.0  # per row: E[accepted] by the acceptance table alone
+    curve_seconds: float = 0.0  # the round's time by the fitted cost curves alone (before the realised factor)
 
 
 class CostAwarePolicy:
@@ -133,7 +135,7 @@ class CostAwarePolicy:
             k = s.tree.top_k
             if k not in by_k:
                 by_k[k] = tree_lengths(p, k, self.max_depth, TREE_NODES)
-            out[s] = by_k[k][(s.tree.depth, s.tree.tokens)]
+            out[s] = by_k[k][(s.tree.depth, s.tree.nodes)]
         return out
 
     def rank(self, acceptance: AcceptanceTable, costs: CostTable, rows: int) -> list[Choice]:
@@ -145,7 +147,8 @@ class CostAwarePolicy:
             if seconds is None or seconds <= 0:
                 continue
             tokens = 1.0 + accepted * acceptance.yield_of(shape.label, shape.family) if shape.gamma else 1.0
-            choices.append(Choice(shape, rows * tokens / seconds, tokens, accepted))
+            realised = seconds * costs.time_factor(shape.label, shape.family)
+            choices.append(Choice(shape, rows * tokens / realised, tokens, accepted, seconds))
         choices.sort(key=lambda c: -c.predicted_tokens_per_s)
         return choices
 

@@ -84,7 +84,7 @@ class Auto(DraftWrapper):
         self.shapes = None if shapes is None else list(FixedPolicy(shapes).shapes)  # checked here
         if self.shapes is not None:
             for s in self.shapes:
-                if s.gamma < 0 or (s.tree is None and s.gamma > max_tokens) or (s.tree and s.tree.tokens > max_tokens):
+                if s.gamma < 0 or (s.tree is None and s.gamma > max_tokens) or (s.tree and s.tree.nodes > max_tokens):
                     raise ValueError(f"Auto shapes: {s.label} drafts more than max_tokens={max_tokens}")
 
     def acceptance(self, target: Any, sampling: bool = False) -> AcceptanceTable:

@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="timed runs of each method, interleaved (the median is reported)")
     parser.add_argument("--no-stock", action="store_true", help="skip stock transformers assisted generation")
     parser.add_argument("--tree", type=tree_shape, action="append", default=[], metavar="K,D,N",
-                        help="also time hf_specmm.Tree(draft, top_k=K, depth=D, tokens=N) for every draft kind, in turns "
+                        help="also time hf_specmm.Tree(draft, top_k=K, depth=D, nodes=N) for every draft kind, in turns "
                              "with each batch's first γ (repeatable); under --acceptance a tree's top path follows the "
                              "chain's draws, its other children miss (see hf_specmm.bench.controlled)")
     parser.add_argument("--compile", action="store_true",
@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
                          device_map=args.device_map,
                          dtype=args.dtype, warmup=args.warmup, repeats=args.repeats, stock=not args.no_stock,
                          seed=args.seed, draft_kinds=args.draft_kinds, compile=args.compile,
-                         trees=[[shape.top_k, shape.depth, shape.tokens] for shape in args.tree],
+                         trees=[[shape.top_k, shape.depth, shape.nodes] for shape in args.tree],
                          acceptance_profile=args.acceptance_profile, auto=args.auto,
                          auto_max_tokens=args.auto_max_tokens)
     try:

@@ -85,7 +85,7 @@ class OursMethod:
                               _prompt_positions(run.drafts[self.kind], run.vocabs[self.kind], step.inputs))
             proposer, options = step.proposers[self.kind], {"num_assistant_tokens": step.gamma}
             if self.tree is not None:  # the same (controlled) draft, drafting trees: γ is the depth
-                proposer = Tree(proposer, self.tree.top_k, self.tree.depth, self.tree.tokens)
+                proposer = Tree(proposer, self.tree.top_k, self.tree.depth, self.tree.nodes)
                 options = {"num_assistant_tokens": self.tree.depth}
             if self.auto is not None:  # Auto chooses γ each round
                 proposer, options = self.auto, {}

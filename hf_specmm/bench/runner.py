@@ -92,7 +92,7 @@ class BenchStep:
         self.ours = {kind: OursMethod(self, kind) for kind in run.drafts}
         self.ours_compiled = {kind: OursMethod(self, kind, compiled=True) for kind in run.drafts} if config.compile else {}
         shapes = [TreeShape(*shape) for shape in config.trees] if gamma == config.gammas[0] else []
-        self.ours_tree = {f"{kind}_tree_{'_'.join(map(str, (s.top_k, s.depth, s.tokens)))}": OursMethod(self, kind, tree=s)
+        self.ours_tree = {f"{kind}_tree_{'_'.join(map(str, (s.top_k, s.depth, s.nodes)))}": OursMethod(self, kind, tree=s)
                           for kind in run.drafts for s in shapes}
         self.ours_auto = {f"{kind}_auto": OursMethod(self, kind, auto=True)
                           for kind in run.drafts} if config.auto and gamma == config.gammas[0] else {}

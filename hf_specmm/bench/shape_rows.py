@@ -21,11 +21,11 @@ def tree_row(step: "BenchStep", name: str, timed: dict[str, Any], t1: float) -> 
     measured for the tree's width (N + 1 tokens in one target forward) beside T1."""
     method = step.ours_tree[name]
     stats, shape, new_tokens = method.stats, method.tree, step.batch * step.config.max_new_tokens
-    tv = target_step_costs(step.target, step.inputs, shape.tokens)["Tv"]
+    tv = target_step_costs(step.target, step.inputs, shape.nodes)["Tv"]
     t_plain, (t_ours, ours) = timed["plain"][0], timed[f"ours_{name}"][:2]
     acceptance = [st.acceptance_rate for st in stats if st.acceptance_rate is not None]
     return {
-        "draft_kind": method.kind, "tree": f"{shape.top_k},{shape.depth},{shape.tokens}", "compiled": False,
+        "draft_kind": method.kind, "tree": f"{shape.top_k},{shape.depth},{shape.nodes}", "compiled": False,
         "batch": step.batch, "gamma": shape.depth, "plain_tok_s": new_tokens / t_plain,
         "ours_tok_s": new_tokens / t_ours, "speedup": t_plain / t_ours,
         "tau": statistics.mean(st.round_block_efficiency for st in stats),

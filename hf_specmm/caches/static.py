@@ -119,7 +119,7 @@ class StaticSlottedCache(SlottedCache):
                    linear=linear_states(model, cache, batch_size))
 
     @classmethod
-    def prefill(cls, model: Any, inputs: dict[str, Any], capacity: int, positions: PositionRule) -> "StaticSlottedCache":
+    def from_prefill(cls, model: Any, inputs: dict[str, Any], capacity: int, positions: PositionRule) -> "StaticSlottedCache":
         """Run the prompt ``inputs`` (images included) through ``model`` into a new cache of ``capacity`` slots,
         with the positions plain ``generate`` gives a left-padded prompt (``positions`` bound to it)."""
         ids, mask = inputs["input_ids"], inputs.get("attention_mask")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 from typing import Any
 
 import torch
@@ -29,9 +31,9 @@ class DraftWrapper(torch.nn.Module):
 class Tree(DraftWrapper):
     """Wraps any draft (text-only, image-adapter, vlm, feature head, ``TextOnly(...)``) so that every round
     drafts a tree: level by level up to ``depth``, the ``top_k`` children of the ``top_k`` best frontier nodes
-    (one draft forward per level), the ``tokens`` best nodes by cumulative draft probability kept; the target
+    (one draft forward per level), the ``nodes`` best nodes by cumulative draft probability kept; the target
     verifies all of them in one forward (tree attention mask, positions by depth) and keeps the longest
-    accepted root path plus its own next token. ``Tree(draft, top_k=1, depth=γ, tokens=γ)`` is the chain
+    accepted root path plus its own next token. ``Tree(draft, top_k=1, depth=γ, nodes=γ)`` is the chain
     under greedy decoding (the same outputs, forwards and statistics); under sampling both are exact, but the
     tree draws from the random stream in another order, so a seed gives other samples than the chain's.
 
@@ -44,26 +46,35 @@ class Tree(DraftWrapper):
     logits are returned along the accepted path). Logits processors are honoured at every node, draft side and
     target side: those that read the token history (repetition penalty, n-gram bans, min length, ...) see the
     row's history plus the node's own root path (one processor call per node and depth: slower than a chain
-    with such processors, the same output as plain ``generate``).
+    with such processors, the same output as plain ``generate``). ``tokens=`` is the former name of ``nodes=``
+    (accepted with a ``FutureWarning``).
 
     Example::
 
         >>> import hf_specmm
         >>> from hf_specmm import testing
-        >>> tree = hf_specmm.Tree(testing.text_draft_from_target(testing.tiny_target("llava")), top_k=2, depth=3, tokens=6)
+        >>> tree = hf_specmm.Tree(testing.text_draft_from_target(testing.tiny_target("llava")), top_k=2, depth=3, nodes=6)
         >>> tree.shape
-        TreeShape(top_k=2, depth=3, tokens=6)
+        TreeShape(top_k=2, depth=3, nodes=6)
     """
 
     wrapped_name = "draft"
 
-    def __init__(self, draft: torch.nn.Module, top_k: int = 4, depth: int = 5, tokens: int = 24):
+    def __init__(self, draft: torch.nn.Module, top_k: int = 4, depth: int = 5, nodes: int | None = None, *,
+                 tokens: int | None = None):
         super().__init__()
+        if tokens is not None:  # the count's former name (it is no token: DraftTree.tokens holds the ids)
+            if nodes is not None:
+                raise ValueError(f"Tree(nodes={nodes}, tokens={tokens}): pass the node count once, as nodes=")
+            warnings.warn("Tree(tokens=...) is now Tree(nodes=...): the draft nodes kept per round",
+                          FutureWarning, stacklevel=2)
+            nodes = tokens
+        nodes = 24 if nodes is None else nodes
         if isinstance(draft, Tree):
             raise ValueError("Tree(draft): draft is already a Tree; wrap the draft itself once")
         if not isinstance(draft, torch.nn.Module):
             raise TypeError(f"Tree(draft): draft must be a draft model (torch.nn.Module), got {type(draft).__name__}")
-        self.shape = TreeShape(top_k=top_k, depth=depth, tokens=tokens)  # checked: clear errors on bad shapes
+        self.shape = TreeShape(top_k=top_k, depth=depth, nodes=nodes)  # checked: clear errors on bad shapes
         self.draft = draft
 
     @property

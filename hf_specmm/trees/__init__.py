@@ -15,7 +15,7 @@ Data layout (static shapes: every row of a batch has N + 1 nodes every round, li
 
 Contracts the loop uses, one round per call (P = the target cache's slots before the round)::
 
-    tree = expand_tree(cur, root_logits, step, TreeShape(top_k=K, depth=D, tokens=N))
+    tree = expand_tree(cur, root_logits, step, TreeShape(top_k=K, depth=D, nodes=N))
         # root_logits [B, V]: the draft's logits after reading cur; step(tokens [B, K], parents [B, K])
         # -> logits [B, K, V] reads one level (D - 1 calls); a KV-cached draft builds each call's mask with
         # LevelAncestry.add(parents) / .attention_mask(draft_prefix_mask, dtype, window) and its positions
@@ -41,7 +41,7 @@ Processors: the loop applies its logits processors to the target's scores (``Tre
 drafter to the draft's (``DraftSelector.level_scores``) at every node; a processor that reads the token history
 sees the row's history plus the node's root path (``DraftTree.root_paths``), never another branch's tokens.
 
-In ``generate``: ``assistant_model=hf_specmm.Tree(draft, top_k=K, depth=D, tokens=N)`` (:class:`Tree`). The
+In ``generate``: ``assistant_model=hf_specmm.Tree(draft, top_k=K, depth=D, nodes=N)`` (:class:`Tree`). The
 drafters draft through :class:`~hf_specmm.drafts.cached.CachedDrafter` (one forward per level on their own
 cache), the loop verifies a :class:`~hf_specmm.block.TreeBlock` (one target forward) with the verifier's
 ``tree`` rule, and both caches keep the accepted path in place (``SlottedCache.rollback`` with a path).

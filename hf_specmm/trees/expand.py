@@ -25,25 +25,25 @@ StepFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 @dataclass(frozen=True)
 class TreeShape:
     """A tree round's static shape: ``top_k`` children per expanded node and frontier nodes per level,
-    ``depth`` levels, ``tokens`` draft nodes kept (N). Checked on construction.
+    ``depth`` levels, ``nodes`` draft nodes kept (N, a count: the root is not one). Checked on construction.
 
-        >>> TreeShape(top_k=4, depth=5, tokens=24).candidates
+        >>> TreeShape(top_k=4, depth=5, nodes=24).candidates
         68
     """
 
     top_k: int
     depth: int
-    tokens: int
+    nodes: int
 
     def __post_init__(self) -> None:
-        for name in ("top_k", "depth", "tokens"):
+        for name in ("top_k", "depth", "nodes"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"Tree {name} must be an integer >= 1, got {value!r}")
-        if self.tokens > self.candidates:
+        if self.nodes > self.candidates:
             raise ValueError(
-                f"Tree tokens={self.tokens} exceeds the {self.candidates} candidates a top_k={self.top_k}, "
-                f"depth={self.depth} expansion produces (top_k + (depth - 1) * top_k**2): lower tokens or raise "
+                f"Tree nodes={self.nodes} exceeds the {self.candidates} candidates a top_k={self.top_k}, "
+                f"depth={self.depth} expansion produces (top_k + (depth - 1) * top_k**2): lower nodes or raise "
                 "top_k / depth")
 
     @property
@@ -54,11 +54,11 @@ class TreeShape:
         """The shape ``depth`` levels deep, with no more nodes than those levels can hold (near ``max_length``,
         a block drafter's block).
 
-            >>> TreeShape(top_k=2, depth=4, tokens=12).cut(2)
-            TreeShape(top_k=2, depth=2, tokens=6)
+            >>> TreeShape(top_k=2, depth=4, nodes=12).cut(2)
+            TreeShape(top_k=2, depth=2, nodes=6)
         """
-        shallow = replace(self, depth=depth, tokens=1)
-        return replace(shallow, tokens=min(self.tokens, shallow.candidates))
+        shallow = replace(self, depth=depth, nodes=1)
+        return replace(shallow, nodes=min(self.nodes, shallow.candidates))
 
 
 def top_k_first_index(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,7 +86,7 @@ def _log_probs(logits: torch.Tensor) -> torch.Tensor:
 def expand_tree(root_tokens: torch.Tensor, root_logits: torch.Tensor, step: StepFn, shape: TreeShape) -> DraftTree:
     """EAGLE-2 expansion. ``root_tokens`` [B]: each row's last accepted token; ``root_logits`` [B, V]: the
     draft's logits after reading it (target vocabulary; -inf where a token may not be proposed). ``step`` reads each level (see :data:`StepFn`):
-    ``shape.depth - 1`` calls. Returns a :class:`DraftTree` of ``shape.tokens`` nodes per row, in candidate
+    ``shape.depth - 1`` calls. Returns a :class:`DraftTree` of ``shape.nodes`` nodes per row, in candidate
     order (parents first, each node's children by decreasing draft probability); nodes of draft probability 0
     are invalid, and
     ``draft_slots`` says which of the ``step`` calls' fed slots read each node ((call - 1) * K + k).
@@ -95,7 +95,7 @@ def expand_tree(root_tokens: torch.Tensor, root_logits: torch.Tensor, step: Step
 
         >>> logits = torch.tensor([[0.0, 3.0, 1.0]])
         >>> tree = expand_tree(torch.tensor([7]), logits, lambda t, p: logits[:, None].expand(-1, t.shape[1], -1),
-        ...                    TreeShape(top_k=2, depth=2, tokens=3))
+        ...                    TreeShape(top_k=2, depth=2, nodes=3))
         >>> tree.tokens.tolist(), tree.parents.tolist()
         ([[7, 1, 2, 1]], [[-1, 0, 0, 1]])
     """
@@ -126,7 +126,7 @@ def expand_tree(root_tokens: torch.Tensor, root_logits: torch.Tensor, step: Step
         frontier = (first + order, child_tokens.gather(1, order), cumulative.gather(1, order), order // k)
         first += k * k
     return _keep_best(root_tokens, torch.cat(all_tokens, 1), torch.cat(all_parents, 1), torch.cat(all_scores, 1),
-                      torch.cat(all_slots, 1), shape.tokens)
+                      torch.cat(all_slots, 1), shape.nodes)
 
 
 def _keep_best(root_tokens: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, slots: torch.Tensor,

@@ -20,7 +20,7 @@ from ..devices import execution_device
 from ..train.data import Example, encode_prompts
 from ..trees import TreeShape
 
-PROFILE_SHAPE = TreeShape(top_k=8, depth=8, tokens=64)
+PROFILE_SHAPE = TreeShape(top_k=8, depth=8, nodes=64)
 PROFILE_RANKS = 8
 
 
@@ -28,7 +28,7 @@ def measure_profile(target: Any, processor: Any, draft: Any, examples: list[Exam
                     batch_size: int = 8) -> dict[str, Any]:
     """Greedy generation over ``examples`` with ``PROFILE_SHAPE`` trees; returns the profile
     (``profile[d][r]``, depth 1..8, rank 0..7), the rounds it was learned from and the trials per depth."""
-    auto = Auto(draft, max_tokens=PROFILE_SHAPE.tokens, max_depth=PROFILE_SHAPE.depth, shapes=[PROFILE_SHAPE])
+    auto = Auto(draft, max_tokens=PROFILE_SHAPE.nodes, max_depth=PROFILE_SHAPE.depth, shapes=[PROFILE_SHAPE])
     was_enabled = api.is_enabled(target)
     api.enable(target)
     was_training = draft.training
@@ -45,7 +45,7 @@ def measure_profile(target: Any, processor: Any, draft: Any, examples: list[Exam
     table = auto.acceptance(target)
     return {"profile": table.as_profile(PROFILE_SHAPE.depth, PROFILE_RANKS), "rounds": table.rounds,
             "trials_by_depth": [int(sum(row)) for row in table.trials[:PROFILE_SHAPE.depth]],
-            "shape": f"{PROFILE_SHAPE.top_k},{PROFILE_SHAPE.depth},{PROFILE_SHAPE.tokens}", "prompts": len(examples)}
+            "shape": f"{PROFILE_SHAPE.top_k},{PROFILE_SHAPE.depth},{PROFILE_SHAPE.nodes}", "prompts": len(examples)}
 
 
 def write_profiles(world: Any, examples: dict[str, list[Example]], max_new_tokens: int, output: str) -> list[Path]:

@@ -37,7 +37,7 @@ README_END = "<!-- world-tau:end -->"
 
 def shape_name(shape: TreeShape) -> str:
     """``K,D,N`` as ``--tree`` takes it."""
-    return f"{shape.top_k},{shape.depth},{shape.tokens}"
+    return f"{shape.top_k},{shape.depth},{shape.nodes}"
 
 
 def tau_table(per_task: int = 32, gammas: tuple[int, ...] = GAMMAS, ship_dir: str | Path = CHECKPOINTS,
@@ -51,7 +51,7 @@ def tau_table(per_task: int = 32, gammas: tuple[int, ...] = GAMMAS, ship_dir: st
     for task, examples in eval_examples(per_task, work_dir).items():
         for name, draft in world.drafts.items():
             runs = [(gamma, draft, None) for gamma in gammas]
-            runs += [(shape.depth, Tree(draft, shape.top_k, shape.depth, shape.tokens), shape_name(shape))
+            runs += [(shape.depth, Tree(draft, shape.top_k, shape.depth, shape.nodes), shape_name(shape))
                      for shape in trees]
             for gamma, proposer, tree in runs:
                 m = measure_tau(world.target, world.processor, proposer, examples, gamma, MAX_ANSWER_TOKENS,
@@ -108,7 +108,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gammas", type=int_at_least(1), nargs="+", default=list(GAMMAS),
                         help="draft tokens per round to measure (each >= 1)")
     parser.add_argument("--tree", type=tree_shape, action="append", default=[], metavar="K,D,N",
-                        help="also measure hf_specmm.Tree(draft, top_k=K, depth=D, tokens=N) (repeatable)")
+                        help="also measure hf_specmm.Tree(draft, top_k=K, depth=D, nodes=N) (repeatable)")
     parser.add_argument("--output", default="world_tau", help="writes <output>.json and <output>.md")
     parser.add_argument("--update-readme", metavar="README",
                         help="replace the table between the README's markers (default: leave README files alone)")

@@ -50,16 +50,16 @@ class ModelArgsError(SpecMMError):
 
 
 def parse_tree(text: str) -> TreeShape:
-    """``tree=K:D:N`` (top_k, depth, tokens; colons because ``--model_args`` splits on commas).
+    """``tree=K:D:N`` (top_k, depth, nodes; colons because ``--model_args`` splits on commas).
 
         >>> parse_tree("8:6:48")
-        TreeShape(top_k=8, depth=6, tokens=48)
+        TreeShape(top_k=8, depth=6, nodes=48)
     """
     try:
-        top_k, depth, tokens = (int(part) for part in str(text).split(":"))
-        return TreeShape(top_k=top_k, depth=depth, tokens=tokens)
+        top_k, depth, nodes = (int(part) for part in str(text).split(":"))
+        return TreeShape(top_k=top_k, depth=depth, nodes=nodes)
     except ValueError as error:
-        raise ModelArgsError(f"tree={text!r}: expected K:D:N (top_k:depth:tokens), e.g. tree=8:6:48 "
+        raise ModelArgsError(f"tree={text!r}: expected K:D:N (top_k:depth:nodes), e.g. tree=8:6:48 "
                              f"({error})") from None
 
 
@@ -224,7 +224,7 @@ class _Speculation:
         if draft is not None:
             api.enable(model)
             if shape is not None:
-                self.assistant = Tree(draft, top_k=shape.top_k, depth=shape.depth, tokens=shape.tokens)
+                self.assistant = Tree(draft, top_k=shape.top_k, depth=shape.depth, nodes=shape.nodes)
             else:
                 self.assistant = draft
                 self.extra = {"num_assistant_tokens": gamma, "num_assistant_tokens_schedule": "constant"}
