@@ -126,3 +126,21 @@ def test_a_pairs_calls_share_one_ranking_until_it_is_due():
         budget.for_round([20], [True])
     assert len(ranks) == 2
     assert isinstance(budget.ranked[0].shape, Shape)
+
+
+def test_a_shapes_realised_time_scales_its_prediction_once_it_has_four_rounds():
+    policy = CostAwarePolicy(max_tokens=16, max_depth=4)
+    table = CostTable()
+    calibrate(policy, table)
+    acceptance = AcceptanceTable(depth=4)
+    before = {c.shape.label: c for c in policy.rank(acceptance, table, 1)}
+    for n in range(4):
+        assert table.time_factor("chain 3") == (1.0 if n < 4 else 2.0)
+        table.observe_ratio("chain 3", 1.0, 2.0)  # its rounds took twice what the curves predict
+    table.observe_ratio("chain 2", 1.0, 100.0)  # one round: no factor yet (and a stalled one is clipped at 4x)
+    after = {c.shape.label: c for c in policy.rank(acceptance, table, 1)}
+    assert table.time_factor("chain 3") == pytest.approx(2.0) and table.time_factor("chain 2") == 1.0
+    assert after["chain 3"].predicted_tokens_per_s == pytest.approx(before["chain 3"].predicted_tokens_per_s / 2)
+    assert after["chain 3"].curve_seconds == pytest.approx(before["chain 3"].curve_seconds)
+    assert after["chain 2"].predicted_tokens_per_s == pytest.approx(before["chain 2"].predicted_tokens_per_s)
+    assert CostTable(table.to_json()).time_factor("chain 3") == pytest.approx(2.0)  # kept in a costs file

@@ -56,7 +56,7 @@ class AutoBudget(DraftBudget):
     # ---- the loop's hooks ------------------------------------------------------------------------------
     def for_round(self, remaining: list[int], unfinished: list[bool]) -> RoundBudget:
         now = time.perf_counter()
-        self._close(now, timed=True, unfinished=unfinished)
+        self._close(now, timed=True)
         room = max(r for r, u in zip(remaining, unfinished) if u) - 1
         rows = sum(unfinished)
         timed, costs = self._costs(rows)
@@ -92,7 +92,6 @@ class AutoBudget(DraftBudget):
     def update(self, kept: list[int], gamma_used: int) -> None:
         if self.open is not None:
             self.open["tokens"] += sum(kept)
-            self.open["kept"] = kept
 
     # ---- choosing --------------------------------------------------------------------------------------
     def _costs(self, rows: int) -> tuple[CostTable, CostTable]:
@@ -171,9 +170,8 @@ class AutoBudget(DraftBudget):
         self.next_ranking = self.rounds + refresh
         return ranked
 
-    def _close(self, now: float, timed: bool, unfinished: list[bool] | None = None) -> None:
-        """End the running round at ``now``: its timings into the cost table (``timed``), its line into the log.
-        ``unfinished`` [B]: the rows still generating after it (None: the call ended)."""
+    def _close(self, now: float, timed: bool) -> None:
+        """End the running round at ``now``: its timings into the cost table (``timed``), its line into the log."""
         if self.open is None:
             return
         entry, self.open = self.open, None
@@ -184,16 +182,13 @@ class AutoBudget(DraftBudget):
             entry["table"].add(shape.kind, shape.width, shape.draft_label, draft, max(seconds - draft, 0.0))
         choice = entry["choice"]
         if timed and choice.curve_seconds > 0 and shape == choice.shape and not isinstance(self.policy, FixedPolicy):
-            entry["table"].observe_ratio(shape.label, shape.family, choice.curve_seconds, seconds)
-        kept = entry.get("kept")
-        if choice.predicted_tokens_per_s is not None and shape == choice.shape and shape.gamma and kept and unfinished:
-            # what this shape's rounds realise of the table's expectation (AcceptanceTable.yield_of), from the rows
-            # that go on: a row that stopped in the round (EOS, max_length) kept what its end allowed, whatever
-            # the shape (in the world's short answers, most calls' last round)
-            uncut = [k for k, u in zip(kept, unfinished) if k > 0 and u]
-            if uncut:
-                self.acceptance.observe_yield(shape.label, shape.family, choice.accepted,
-                                              max(sum(uncut) / len(uncut) - 1.0, 0.0))
+            entry["table"].observe_ratio(shape.label, choice.curve_seconds, seconds)
+        if choice.predicted_tokens_per_s is not None and shape == choice.shape and shape.gamma and entry["rows"]:
+            # what this shape's rounds realise of the table's expectation (AcceptanceTable.yield_of), over every
+            # live row: a row that stops in the round (EOS, max_length) keeps only what its end allows, and a
+            # larger shape wastes more there; on short answers those rounds are a large share of the call's
+            self.acceptance.observe_yield(shape.label, shape.family, choice.accepted,
+                                          max(entry["tokens"] / entry["rows"] - 1.0, 0.0))
         per_row = choice.predicted_tokens_per_s
         self.log.append({"shape": shape.label, "predicted": None if per_row is None else per_row * entry["rows"],
                          "tokens": entry["tokens"],

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 SAMPLES = 9  # timings kept per key
-#: realised / predicted round-time ratios kept per shape and per family, and how many make a factor
+#: realised / predicted round-time ratios kept per shape, and how many make a factor
 RATIO_SAMPLES, RATIO_MIN = 16, 4
 CALIBRATION_SAMPLES = 2  # timings per calibration shape before the policy chooses (the fit pools widths)
 
@@ -76,7 +76,7 @@ class CostTable:
             kind: {int(w): list(v) for w, v in data.get("verify", {}).get(kind, {}).items()} for kind in ("chain", "tree")}
         self.draft: dict[str, list[float]] = {k: list(v) for k, v in data.get("draft", {}).items()}
         self.stock: list[float] = list(data.get("stock", []))  # plain generate's own decoding steps
-        #: per shape label and per family: recent (round seconds measured / predicted by the curves), see
+        #: per shape label: recent (round seconds measured / predicted by the curves), see
         #: :meth:`time_factor`
         self.ratios: dict[str, list[float]] = {k: list(v) for k, v in data.get("ratios", {}).items()}
         self.version = 0  # bumped by every round timed (a ranking made at one version holds until the next)
@@ -101,24 +101,22 @@ class CostTable:
         if draft_label is not None:
             _push(self.draft.setdefault(draft_label, []), draft_s)
 
-    def observe_ratio(self, label: str, family: str, predicted_s: float, measured_s: float) -> None:
-        """A round of shape ``label`` (of ``family``) took ``measured_s`` where the curves predicted ``predicted_s``."""
+    def observe_ratio(self, label: str, predicted_s: float, measured_s: float) -> None:
+        """A round of shape ``label`` took ``measured_s`` where the curves predicted ``predicted_s``."""
         ratio = min(max(measured_s / predicted_s, 0.25), 4.0)  # one stalled round moves a factor, never owns it
-        for key in (label, family):
-            values = self.ratios.setdefault(key, [])
-            values.append(ratio)
-            del values[:-RATIO_SAMPLES]
+        values = self.ratios.setdefault(label, [])
+        values.append(ratio)
+        del values[:-RATIO_SAMPLES]
 
-    def time_factor(self, label: str, family: str) -> float:
+    def time_factor(self, label: str) -> float:
         """Realised over predicted round time: the mean of the shape's recent ratios once it has
-        :data:`RATIO_MIN`, else its family's, else 1. The curves are fitted to per-width medians and the round's
-        two phases; a round's mean time is what tokens per second divides by, and a shape's own work outside
-        the fitted parts (a tree's masks and paths) shows in its rounds only."""
-        for key in (label, family):
-            values = self.ratios.get(key, [])
-            if len(values) >= RATIO_MIN:
-                return sum(values) / len(values)
-        return 1.0
+        :data:`RATIO_MIN`, else 1. The curves are fitted to per-width medians and the round's two phases; a
+        round's mean time is what tokens per second divides by, and a shape's own work outside the fitted parts
+        (a tree's masks and paths) shows in its rounds only. Per shape, not pooled over a family: a shape's
+        factor is timed at its own moments, and on a machine whose speed drifts another shape's would carry the
+        drift of other moments into it."""
+        values = self.ratios.get(label, [])
+        return sum(values) / len(values) if len(values) >= RATIO_MIN else 1.0
 
     def samples(self, kind: str, width: int, draft_label: str | None) -> int:
         n = len(self.verify[kind].get(width, []))
