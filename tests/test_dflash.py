@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(not hasattr(transformers, "MuseGlimmerAssistantM
                                 reason="this transformers has no DFlash drafter class")
 
 from conftest import PROMPTS, batch_inputs, processor, target  # noqa: E402
-from test_sampling import ALPHA, NEW, _samples, chi2_homogeneity_pvalue  # noqa: E402
+from test_sampling import assert_sampling_matches_plain  # noqa: E402
 from test_train import count_forwards, image_task, mixed_data, target_dir  # noqa: E402,F401 - pytest fixtures
 
 FAMILIES = ("llava", "qwen3_vl", "gemma3", "muse_glimmer")
@@ -221,20 +221,8 @@ def test_sampling_matches_plain(tree):
     that reads the drafted history)."""
     family = "qwen3_vl"
     model = testing.tiny_target(family, seed=0, eos_bias=-30.0)
-    plain = _samples(model, family, seed=1)
     draft = hf_specmm.Tree(dflash(model), top_k=2, depth=3, nodes=5) if tree else dflash(model)
-    hf_specmm.enable(model)
-    try:
-        spec = _samples(model, family, draft, seed=2)
-        stats = hf_specmm.last_stats(model)
-    finally:
-        hf_specmm.disable(model)
-    assert 0.0 < stats.acceptance_rate < 0.9, stats.acceptance_rate
-    vocab = model.config.text_config.vocab_size
-    for pos in range(NEW):
-        p, stat, dof = chi2_homogeneity_pvalue(plain[:, pos], spec[:, pos], vocab)
-        print(f"{family} dflash pos {pos}: chi2={stat:.1f} dof={dof} p={p:.3g} acceptance={stats.acceptance_rate:.2f}")
-        assert p > ALPHA, f"position {pos}: χ²={stat:.1f} (dof {dof}), p={p:.2g} < {ALPHA}"
+    assert_sampling_matches_plain(model, family, draft, "dflash")
 
 
 @pytest.mark.parametrize("family", ("llava", "gemma3"))
