@@ -289,17 +289,27 @@ def test_saved_drafter_loads_through_automodel_and_load_draft(tmp_path):
     assert torch.equal(a, b)
 
 
-def test_training_raises_heldout_tau(target_dir, image_task):
+def test_training_raises_heldout_tau(target_dir, image_task, monkeypatch):
     """``hf-specmm train --draft-kind dflash``: a fresh one-layer drafter (blocks of 8) trained with the paper's
-    loss (random anchors, decaying position weights) on the tiny target's answers accepts clearly
-    more on held-out images than untrained; saved, it loads back as stock's class."""
+    loss (random anchors, ``anchors`` per line, decaying position weights) on the tiny target's answers accepts
+    clearly more on held-out images than untrained; saved, it loads back as stock's class."""
+    from hf_specmm.drafts.dflash import losses
     from hf_specmm.train import train_draft
 
     from test_train import base_config
 
+    drawn = []
+
+    def spy(mask, count):
+        drawn.append(count)
+        return sample(mask, count)
+
+    sample = losses.sample_anchors
+    monkeypatch.setattr(losses, "sample_anchors", spy)
     root, train, heldout, classes = image_task
     result = train_draft(base_config(target_dir, root, output_dir=str(root / "dflash"), draft_kind="dflash",
-                                     data=train, eval_data=heldout, steps=60, lr=3e-3))
+                                     data=train, eval_data=heldout, steps=60, lr=3e-3, anchors=6))
+    assert len(drawn) == 60 and set(drawn) == {6}
     before, after = result.tau_before, result.tau_after
     print(f"dflash: τ {before['block_efficiency']:.3f} -> {after['block_efficiency']:.3f}, acceptance "
           f"{before['acceptance_rate']:.3f} -> {after['acceptance_rate']:.3f}; losses {result.losses[:3]} ... "
@@ -392,11 +402,16 @@ def test_training_options_are_checked_before_any_forward(target_dir, mixed_data,
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args(["--target", "t", "--data", "d", "--output-dir", "o", "--draft-kind", "dflash",
-                              "--block-size", "5", "--target-layers", "0", "1"])
-    assert (args.block_size, args.target_layers) == (5, [0, 1])
+                              "--block-size", "5", "--target-layers", "0", "1", "--anchors", "3"])
+    assert (args.block_size, args.target_layers, args.anchors) == (5, [0, 1], 3)
     root, data = mixed_data
-    with pytest.raises(TrainingInputError, match="block_size / target_layers are for DFlash"):
+    with pytest.raises(TrainingInputError, match="block_size: for DFlash drafters only"):
         train_draft(base_config(target_dir, root, data=data, output_dir=str(tmp_path / "a"), block_size=5))
+    with pytest.raises(TrainingInputError, match="anchors: for DFlash drafters only"):
+        train_draft(base_config(target_dir, root, data=data, output_dir=str(tmp_path / "a"), anchors=4))
+    with pytest.raises(TrainingInputError, match=r"anchors=0 \(an integer >= 1\)"):
+        train_draft(base_config(target_dir, root, data=data, output_dir=str(tmp_path / "a"), draft_kind="dflash",
+                                anchors=0))
     with count_forwards() as calls, pytest.raises(IncompatibleDraftError, match=r"reads target layers \[0, 9\]"):
         train_draft(base_config(target_dir, root, data=data, output_dir=str(tmp_path / "b"), draft_kind="dflash",
                                 target_layers=[0, 9]))

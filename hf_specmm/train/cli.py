@@ -131,6 +131,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="dflash drafters: the block one drafter forward denoises, >= 2 (proposes up to block - 1; default 8)")
     g.add_argument("--target-layers", type=int, nargs="+", default=None,
                    help="dflash drafters: target layers whose outputs it reads (default: second, middle, second to last)")
+    g.add_argument("--anchors", type=positive, default=None,
+                   help="dflash drafters: answer tokens drawn per line and step as block anchors (default: 8)")
     g.add_argument("--mm-share-start", type=number_in(0.0, 1.0), default=0.5,
                    help="stage 2: first share of image lines per step, in [0, 1] (ramped to 1.0)")
     g.add_argument("--warmup-steps", type=at_least_0, default=0, help="linear learning-rate warm-up steps")

@@ -47,10 +47,11 @@ _NOT_HASHED = frozenset({
 # Fields only a kind's own loss reads: left out of the config hash at their defaults, so that adding them
 # did not change the hash (and resumability) of runs of the other kinds.
 _KIND_LOSS_DEFAULTS = {"feature_loss_weight": 1.0, "token_loss_weight": 0.1, "variant": None, "ttt_steps": 3,
-                       "ttt_decay": 1.0, "draft_vocab_size": None, "block_size": 8, "target_layers": None}
+                       "ttt_decay": 1.0, "draft_vocab_size": None, "block_size": 8, "target_layers": None,
+                       "anchors": 8}
 # settings of one kind only: None means "not set" (so a value given for another kind is refused, not ignored), read
 # as the default (EAGLE-3's training-time test; DFlash's block)
-KIND_DEFAULTS = {"ttt_steps": 3, "ttt_decay": 1.0, "block_size": 8}
+KIND_DEFAULTS = {"ttt_steps": 3, "ttt_decay": 1.0, "block_size": 8, "anchors": 8}
 
 
 @dataclass
@@ -97,6 +98,7 @@ class TrainConfig:
     # DFlash drafters (``draft_kind="dflash"``, built fresh)
     block_size: int | None = None  # the block one drafter forward denoises (γ up to block_size - 1; None: 8)
     target_layers: list[int] | None = None  # target layers whose outputs it reads (None: second, middle, second to last)
+    anchors: int | None = None  # answer tokens drawn per line and step as block anchors (None: 8)
     mm_share_start: float = 0.5  # stage 2: share of image examples per step, ramped linearly to 1.0
     warmup_steps: int = 0
     min_lr_ratio: float = 0.1  # cosine decay to lr × this at the end of each stage
@@ -193,11 +195,14 @@ class TrainConfig:
                 problems.append(f"{name}={value!r} (an integer >= 1)")
         if self.ttt_decay is not None and not self.ttt_decay > 0:
             problems.append(f"ttt_decay={self.ttt_decay!r} (> 0)")
-        if self.draft_kind != "dflash" and (self.block_size is not None or self.target_layers is not None):
-            problems.append("block_size / target_layers are for DFlash drafters (draft_kind='dflash')")
-        if self.block_size is not None and (isinstance(self.block_size, bool) or not isinstance(self.block_size, int)
-                                            or self.block_size < 2):
-            problems.append(f"block_size={self.block_size!r} (an integer >= 2)")
+        given = [n for n in ("block_size", "target_layers", "anchors") if getattr(self, n) is not None]
+        if given and self.draft_kind != "dflash":
+            problems.append(f"{' / '.join(given)}: for DFlash drafters only (draft_kind='dflash'), "
+                            f"not draft_kind={self.draft_kind!r}")
+        for name, low in (("block_size", 2), ("anchors", 1)):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+                problems.append(f"{name}={value!r} (an integer >= {low})")
         if self.target_layers is not None and (not self.target_layers or min(self.target_layers) < 0):
             problems.append(f"target_layers={self.target_layers!r} (non-empty layer indices >= 0)")
         if self.checkpoint_every < 0:

@@ -4,8 +4,8 @@ One teacher-forced target forward over ``[prompt | response]`` gives the feature
 (captured by the training view's ``watch``, as at inference). Every valid response token r is an anchor: its
 block ``[x_r, mask × (block_size - 1)]`` at positions ``pos(r)..`` attends to the context of every position
 before r (its true features) and to its own block, all blocks in ONE drafter forward (a 4-D mask keeps them
-apart). As the paper, the anchors are drawn at random: at most :data:`ANCHORS` distinct answer tokens per line
-(every one of a shorter answer), fresh each step (torch's seeded generator); the sums are scaled by answer tokens /
+apart). As the paper, the anchors are drawn at random: at most ``cfg.anchors`` (:data:`ANCHORS` unset) distinct answer
+tokens per line (every one of a shorter answer), fresh each step (torch's seeded generator); the sums are scaled by answer tokens /
 anchors drawn, so loss and metrics estimate the every-anchor sums the step's token count divides. Block position
 j predicts response token r + j; its token loss (``--loss``, the target's distribution at that token restricted
 to the proposable ids) is weighted ``exp(-(j - 1) / decay)`` (DFlash's decay: early positions decide acceptance),
@@ -81,7 +81,7 @@ def dflash_loss(view: Drafter, batch: Any, target_logits: torch.Tensor | None, c
     block = draft.config.block_size
     positions = (batch.full_mask.long().cumsum(-1) - 1).clamp_min(0)
     answer = batch.response_mask.bool()
-    picked, kept = sample_anchors(answer, ANCHORS)  # [B, R] answer indices and which are real
+    picked, kept = sample_anchors(answer, cfg.anchors or ANCHORS)  # [B, R] answer indices and which are real
     anchors = prompt + picked
     ids = torch.full((*picked.shape, block), draft.config.mask_token_id, dtype=torch.long, device=valid.device)
     ids[:, :, 0] = batch.response_ids.gather(1, picked)
