@@ -54,8 +54,9 @@ class AcceptanceTable:
         self.plain_ranking: tuple | None = None  # (tables' state, best predicted, loop plain) of the last check
         #: per shape label and per family ('chain', 'tree k'): [drafts kept, drafts expected] (see :meth:`yield_of`)
         self.yields: dict[str, list[float]] = {}
-        #: the last ranking of the candidate shapes, shared by this pair's calls (AutoBudget.ranking)
-        self.ranking: dict | None = None
+        #: per cost table (a batch bucket's), the last ranking of the candidate shapes, shared by this pair's calls
+        #: (AutoBudget.ranking): a batch call whose rows finish moves through the buckets every call
+        self.rankings: dict[int, dict] = {}
 
     def set_prior(self, profile: Sequence[Sequence[float]]) -> None:
         """Prior from a profile ``profile[d][r]`` = P(the target's token is the r-th choice at depth d + 1)."""

@@ -133,21 +133,28 @@ class AutoBudget(DraftBudget):
             if probe is not None:
                 self.plain_run = 0
                 self.acceptance.probe_gap = min(2 * self.acceptance.probe_gap, MAX_PROBE_GAP)
-                self.ranked, self.acceptance.ranking = [], None  # rank again after the probe's evidence
+                self.ranked = []  # rank again after the probe's evidence
+                self.acceptance.rankings.clear()
                 return probe
         return best
 
     def _contender(self, best: Choice) -> Choice:
-        """``best``, or every :data:`EXPLORE_GAP`-th round one of the drafted shapes predicted within
-        :data:`EXPLORE_BAND` of it, in turn. A shape's timings are refreshed only by the rounds that take it, and
-        the machine's speed drifts (the same plain pass by up to 1.5x within a minute on shared cores): near-ties
-        timed long ago would otherwise be compared with the taken shape's fresh timings. The cost is at most
-        the band on one round in :data:`EXPLORE_GAP`."""
+        """``best``, or every :data:`EXPLORE_GAP`-th round, in turn, one of the contenders: the drafted shapes
+        predicted within :data:`EXPLORE_BAND` of it, and the best drafted shape of the other kind (the best chain
+        where a tree is best, the best tree where a chain is). A shape's timings and realised share are refreshed
+        only by the rounds that take it, and the machine's speed drifts (the same plain pass by up to 1.5x within
+        a minute on shared cores): contenders timed long ago would otherwise be compared with the taken shape's
+        fresh timings, and a kind whose predictions went stale (its curves timed in a slow minute) would never be
+        taken again (on the world at batch 1, Auto kept taking trees that ran at 0.86x plain where the best fixed
+        chain ran at 0.99x). The cost is one round in :data:`EXPLORE_GAP` at most that much slower."""
         self.acceptance.explored += 1
         if self.acceptance.explored % EXPLORE_GAP:
             return best
         near = [c for c in self.ranked[1:] if c.shape.gamma and
                 c.predicted_tokens_per_s >= (1.0 - EXPLORE_BAND) * best.predicted_tokens_per_s]
+        other = next((c for c in self.ranked[1:] if c.shape.gamma and c.shape.kind != best.shape.kind), None)
+        if other is not None and other not in near:
+            near.append(other)
         if not near:
             return best
         return near[(self.acceptance.explored // EXPLORE_GAP - 1) % len(near)]
@@ -157,7 +164,7 @@ class AutoBudget(DraftBudget):
         change). A ranking is a few ms of Python, so it is shared by the pair's calls and made again only every
         ``refresh`` rounds: :data:`REFRESH`, doubling up to :data:`MAX_REFRESH` while the best shape holds (the
         tables move slowly); a short call mostly reuses the last call's."""
-        shared = self.acceptance.ranking
+        shared = self.acceptance.rankings.get(id(costs))
         rounds = self.acceptance.clock
         if shared is not None and shared["table"] is costs and rounds < shared["until"]:
             self.next_ranking = self.rounds + shared["until"] - rounds
@@ -166,7 +173,8 @@ class AutoBudget(DraftBudget):
         same = shared is not None and bool(ranked) and bool(shared["ranked"]) and \
             ranked[0].shape == shared["ranked"][0].shape
         refresh = min(2 * shared["refresh"], MAX_REFRESH) if same else REFRESH
-        self.acceptance.ranking = {"table": costs, "ranked": ranked, "refresh": refresh, "until": rounds + refresh}
+        self.acceptance.rankings[id(costs)] = {"table": costs, "ranked": ranked, "refresh": refresh,
+                                               "until": rounds + refresh}
         self.next_ranking = self.rounds + refresh
         return ranked
 
@@ -178,11 +186,12 @@ class AutoBudget(DraftBudget):
         shape: Shape = entry["shape"]
         seconds = now - entry["start"]
         draft = (entry["drafted"] - entry["start"]) if entry["drafted"] is not None else 0.0
-        if timed and not isinstance(self.policy, FixedPolicy):
-            entry["table"].add(shape.kind, shape.width, shape.draft_label, draft, max(seconds - draft, 0.0))
         choice = entry["choice"]
-        if timed and choice.curve_seconds > 0 and shape == choice.shape and not isinstance(self.policy, FixedPolicy):
-            entry["table"].observe_ratio(shape.label, choice.curve_seconds, seconds)
+        if timed and not isinstance(self.policy, FixedPolicy) and \
+                not entry["table"].first_round(shape.label, shape.kind, shape.width, shape.draft_label):
+            entry["table"].add(shape.kind, shape.width, shape.draft_label, draft, max(seconds - draft, 0.0))
+            if choice.curve_seconds > 0 and shape == choice.shape:
+                entry["table"].observe_ratio(shape.label, shape.kind, choice.curve_seconds, seconds)
         if choice.predicted_tokens_per_s is not None and shape == choice.shape and shape.gamma and entry["rows"]:
             # what this shape's rounds realise of the table's expectation (AcceptanceTable.yield_of), over every
             # live row: a row that stops in the round (EOS, max_length) keeps only what its end allows, and a

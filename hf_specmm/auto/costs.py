@@ -30,8 +30,10 @@ from pathlib import Path
 from typing import Any
 
 SAMPLES = 9  # timings kept per key
-#: realised / predicted round-time ratios kept per shape, and how many make a factor
-RATIO_SAMPLES, RATIO_MIN = 16, 4
+#: relative round-time ratios kept per shape and per kind (chain, tree), see :meth:`CostTable.time_factor`
+RATIO_SAMPLES, KIND_SAMPLES = 16, 64
+RATIO_STRENGTH = 4.0  # pseudo-rounds pulling a shape's relative factor toward its kind's, and a kind's toward 1
+SPEED_WEIGHT = 0.1  # how far one round moves the machine's speed index
 CALIBRATION_SAMPLES = 2  # timings per calibration shape before the policy chooses (the fit pools widths)
 
 
@@ -76,14 +78,18 @@ class CostTable:
             kind: {int(w): list(v) for w, v in data.get("verify", {}).get(kind, {}).items()} for kind in ("chain", "tree")}
         self.draft: dict[str, list[float]] = {k: list(v) for k, v in data.get("draft", {}).items()}
         self.stock: list[float] = list(data.get("stock", []))  # plain generate's own decoding steps
-        #: per shape label: recent (round seconds measured / predicted by the curves), see
-        #: :meth:`time_factor`
+        #: per shape label and per kind: recent relative ratios (round seconds measured / predicted by the curves,
+        #: over the speed index of the moment), and the speed index itself; see :meth:`time_factor`
         self.ratios: dict[str, list[float]] = {k: list(v) for k, v in data.get("ratios", {}).items()}
+        self.kind_ratios: dict[str, list[float]] = {k: list(v) for k, v in data.get("kind_ratios", {}).items()}
+        self.speed = float(data.get("speed", 1.0))
         self.version = 0  # bumped by every round timed (a ranking made at one version holds until the next)
+        self.seen: set[str] = set(self.ratios)  # shapes timed in this process (see :meth:`first_round`)
 
     def to_json(self) -> dict[str, Any]:
         return {"verify": {kind: {str(w): v for w, v in widths.items()} for kind, widths in self.verify.items()},
-                "draft": dict(self.draft), "stock": list(self.stock), "ratios": dict(self.ratios)}
+                "draft": dict(self.draft), "stock": list(self.stock), "ratios": dict(self.ratios),
+                "kind_ratios": dict(self.kind_ratios), "speed": self.speed}
 
     def add_stock_step(self, seconds: float) -> None:
         _push(self.stock, seconds)
@@ -101,22 +107,48 @@ class CostTable:
         if draft_label is not None:
             _push(self.draft.setdefault(draft_label, []), draft_s)
 
-    def observe_ratio(self, label: str, predicted_s: float, measured_s: float) -> None:
-        """A round of shape ``label`` took ``measured_s`` where the curves predicted ``predicted_s``."""
-        ratio = min(max(measured_s / predicted_s, 0.25), 4.0)  # one stalled round moves a factor, never owns it
-        values = self.ratios.setdefault(label, [])
-        values.append(ratio)
-        del values[:-RATIO_SAMPLES]
+    def first_round(self, label: str, kind: str, width: int, draft_label: str | None) -> bool:
+        """Whether this is shape ``label``'s first round in this table, with nothing timed yet at its width and
+        drafted shape (then the round is not recorded). A first round at a new block width pays one-time costs
+        (the CPU kernels' primitives for new shapes, first allocations). Kept, it stayed in the calibration
+        shapes' medians (two timings each) for as long as no later round took them, and the curves every other
+        shape is read from were up to 2x slow: on the world the cost model then never took a chain."""
+        if label in self.seen:
+            return False
+        self.seen.add(label)
+        return self.samples(kind, width, draft_label) == 0
 
-    def time_factor(self, label: str) -> float:
-        """Realised over predicted round time: the mean of the shape's recent ratios once it has
-        :data:`RATIO_MIN`, else 1. The curves are fitted to per-width medians and the round's two phases; a
-        round's mean time is what tokens per second divides by, and a shape's own work outside the fitted parts
-        (a tree's masks and paths) shows in its rounds only. Per shape, not pooled over a family: a shape's
-        factor is timed at its own moments, and on a machine whose speed drifts another shape's would carry the
-        drift of other moments into it."""
-        values = self.ratios.get(label, [])
-        return sum(values) / len(values) if len(values) >= RATIO_MIN else 1.0
+    def observe_ratio(self, label: str, kind: str, predicted_s: float, measured_s: float) -> None:
+        """A round of shape ``label`` (a ``kind`` 'chain' or 'tree') took ``measured_s`` where the curves predicted
+        ``predicted_s``: its ratio is split into the machine's speed of the moment and the shape's own factor."""
+        ratio = min(max(measured_s / predicted_s, 0.25), 4.0)  # one stalled round moves a factor, never owns it
+        relative = self.relative_factor(label, kind)  # before this round
+        for key, table, keep in ((label, self.ratios, RATIO_SAMPLES), (kind, self.kind_ratios, KIND_SAMPLES)):
+            values = table.setdefault(key, [])
+            values.append(ratio / self.speed)
+            del values[:-keep]
+        self.speed += SPEED_WEIGHT * (ratio / relative - self.speed)
+
+    def relative_factor(self, label: str, kind: str) -> float:
+        """A shape's realised round time over the curves' prediction, at the machine's usual speed: the mean of its
+        recent relative ratios, shrunk (:data:`RATIO_STRENGTH`) toward its kind's, itself toward 1. The curves
+        are fitted to per-width medians and the round's two phases; a round's mean time is what tokens per
+        second divides by, and a shape's own work outside the fitted parts (a tree's masks and paths) shows in
+        its rounds only. A shape never taken borrows its kind's factor: with 1 it would look faster than every
+        shape whose rounds were timed, and the best-predicted of many untried shapes would win by that alone."""
+        pool = self.kind_ratios.get(kind, [])
+        pooled = (sum(pool) + RATIO_STRENGTH) / (len(pool) + RATIO_STRENGTH)
+        own = self.ratios.get(label, [])
+        return (sum(own) + RATIO_STRENGTH * pooled) / (len(own) + RATIO_STRENGTH)
+
+    def time_factor(self, label: str, kind: str) -> float:
+        """Realised over predicted round time of shape ``label`` now: the machine's speed index times the shape's
+        :meth:`relative_factor`. Each round's ratio is read as speed × the shape's factor: the speed index (a
+        moving average of what the rounds imply, :data:`SPEED_WEIGHT`) follows the machine, and a shape's factor
+        is kept apart from the moment it was timed at. On shared cores the speed drifts by up to 1.5x within a
+        minute, and a shape's timings are refreshed only by the rounds that take it: raw ratios of the taken
+        shape (fresh) against those of the others (old) would compare moments, not shapes."""
+        return self.speed * self.relative_factor(label, kind)
 
     def samples(self, kind: str, width: int, draft_label: str | None) -> int:
         n = len(self.verify[kind].get(width, []))

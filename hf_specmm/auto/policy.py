@@ -147,7 +147,7 @@ class CostAwarePolicy:
             if seconds is None or seconds <= 0:
                 continue
             tokens = 1.0 + accepted * acceptance.yield_of(shape.label, shape.family) if shape.gamma else 1.0
-            realised = seconds * costs.time_factor(shape.label)
+            realised = seconds * costs.time_factor(shape.label, shape.kind)
             choices.append(Choice(shape, rows * tokens / realised, tokens, accepted, seconds))
         choices.sort(key=lambda c: -c.predicted_tokens_per_s)
         return choices
