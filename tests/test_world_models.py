@@ -36,7 +36,9 @@ HEADS = ("feature-head (distilled)", "EAGLE-3 head (distilled)")  # a target-wid
 # head's 0.50 per drafted token)
 BLOCK_DRAFTERS = ("DFlash (distilled)",)
 LONG_GAMMA = 8  # the DFlash drafter drafts a whole round in one forward: compared where rounds are long
-DFLASH_BELOW_EAGLE3 = 2.0  # measured gaps at γ = 8 on the 16 scenes: 0.50 (caption), 1.08 (reasoning)
+# issue 26's goal: at γ = 8 the DFlash drafter is not below the EAGLE-3 head; measured on the 16 scenes: caption
+# 6.589 both, reasoning 5.887 vs 5.726 (a float tie at greedy argmax could move one answer: 0.05 of slack)
+DFLASH_BELOW_EAGLE3 = 0.05
 
 
 @pytest.fixture(scope="module")
@@ -159,10 +161,10 @@ def long_taus(world, held):
 
 @pytest.mark.parametrize("task", ["caption", "reasoning"])
 def test_dflash_drafts_long_rounds_from_one_forward(world, long_taus, task):
-    """The DFlash drafter proposes γ = 8 tokens from one forward (blocks of 16): above the distilled text-only
-    draft (by DISTILLED_MARGIN on captioning) and within DFLASH_BELOW_EAGLE3 of the EAGLE-3 head trained on the
-    same answers for as many steps. Measured on these 16 scenes at γ = 8: caption 6.09 (EAGLE-3 6.59, text-only
-    2.92), reasoning 4.64 (5.73, 4.10)."""
+    """The DFlash drafter proposes γ = 8 tokens from one forward (blocks of 9): above the distilled text-only
+    draft (by DISTILLED_MARGIN on captioning) and at least the EAGLE-3 head trained on the same answers for as many
+    steps (within DFLASH_BELOW_EAGLE3). Measured on these 16 scenes at γ = 8: caption 6.59 (EAGLE-3 6.59,
+    text-only 2.92), reasoning 5.89 (5.73, 4.10)."""
     dflash = long_taus[task, "DFlash (distilled)"]["block_efficiency"]
     text = long_taus[task, "text-only (distilled)"]["block_efficiency"]
     eagle3 = long_taus[task, "EAGLE-3 head (distilled)"]["block_efficiency"]
