@@ -56,7 +56,7 @@ class AcceptanceTable:
         self.yields: dict[str, list[float]] = {}
         #: per cost table (a batch bucket's), the last ranking of the candidate shapes, shared by this pair's calls
         #: (AutoBudget.ranking): a batch call whose rows finish moves through the buckets every call
-        self.rankings: dict[int, dict] = {}
+        self.rankings: dict[Any, dict] = {}
 
     def set_prior(self, profile: Sequence[Sequence[float]]) -> None:
         """Prior from a profile ``profile[d][r]`` = P(the target's token is the r-th choice at depth d + 1)."""

@@ -164,17 +164,16 @@ class AutoBudget(DraftBudget):
         change). A ranking is a few ms of Python, so it is shared by the pair's calls and made again only every
         ``refresh`` rounds: :data:`REFRESH`, doubling up to :data:`MAX_REFRESH` while the best shape holds (the
         tables move slowly); a short call mostly reuses the last call's."""
-        shared = self.acceptance.rankings.get(id(costs))
+        shared = self.acceptance.rankings.get(costs)
         rounds = self.acceptance.clock
-        if shared is not None and shared["table"] is costs and rounds < shared["until"]:
+        if shared is not None and rounds < shared["until"]:
             self.next_ranking = self.rounds + shared["until"] - rounds
             return shared["ranked"]
         ranked = self.policy.rank(self.acceptance, costs, 1)
         same = shared is not None and bool(ranked) and bool(shared["ranked"]) and \
             ranked[0].shape == shared["ranked"][0].shape
         refresh = min(2 * shared["refresh"], MAX_REFRESH) if same else REFRESH
-        self.acceptance.rankings[id(costs)] = {"table": costs, "ranked": ranked, "refresh": refresh,
-                                               "until": rounds + refresh}
+        self.acceptance.rankings[costs] = {"ranked": ranked, "refresh": refresh, "until": rounds + refresh}
         self.next_ranking = self.rounds + refresh
         return ranked
 
