@@ -84,7 +84,7 @@ class CostTable:
         self.kind_ratios: dict[str, list[float]] = {k: list(v) for k, v in data.get("kind_ratios", {}).items()}
         self.speed = float(data.get("speed", 1.0))
         self.version = 0  # bumped by every round timed (a ranking made at one version holds until the next)
-        self.seen: set[str] = set(self.ratios)  # shapes timed in this process (see :meth:`first_round`)
+        self.seen: set[str] = set()  # shapes whose first round in this table has passed (see :meth:`first_round`)
 
     def to_json(self) -> dict[str, Any]:
         return {"verify": {kind: {str(w): v for w, v in widths.items()} for kind, widths in self.verify.items()},
