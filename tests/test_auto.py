@@ -206,8 +206,10 @@ def test_costs_file_round_trip(tmp_path):
     path = tmp_path / "costs.json"
     COSTS.clear()
     auto = hf_specmm.Auto(draft("llava", "self"), max_tokens=8, max_depth=3, costs_file=path)
-    for _ in range(3):  # the calibration ends within these calls; the file is written then
-        generate(model, inputs, max_new_tokens=16, assistant_model=auto)
+    for _ in range(8):  # the calibration ends within these calls; the file is written then
+        _, stats = generate(model, inputs, max_new_tokens=16, assistant_model=auto)
+        if path.exists():
+            break
     saved = json.loads(path.read_text())
     (key, table), = saved.items()
     assert "batch<=1" in key and table["verify"]["chain"]["1"] and table["draft"]["chain:2"]
@@ -290,13 +292,17 @@ def test_a_kind_without_trees_or_plain_steps_takes_chains_only():
 
 
 def test_near_ties_are_retimed_in_turn():
-    """Every 8th drafted round takes a shape predicted within 10 % of the best (in turn), so a near-tie's timings
-    stay as fresh as the taken shape's; shapes outside the band never are."""
+    """One drafted round per exploration gap takes a shape predicted within 10 % of the best (in turn), so a
+    near-tie's timings stay fresh; shapes outside the band never are. The gap is 8 rounds while a contender's
+    time factor rests on few contrasts, then follows the ranking's refresh (up to 64) while the best holds."""
+    from hf_specmm.auto.budget import SURE_CONTRASTS
+    from hf_specmm.auto.costs import CALIBRATION_SAMPLES
+
     COSTS.clear()
     model = target("llava")  # a fresh draft: a pair with no acceptance table yet
     budget = hf_specmm.Auto(testing.text_draft_from_target(model)).budget(model, 1, False, "dynamic", trees=False,
                                                                          plain=True, device=torch.device("cpu"))
-    for _ in range(2):  # calibrated: a flat verification, 0.1 s per draft step
+    for _ in range(CALIBRATION_SAMPLES):  # calibrated: a flat verification, 0.1 s per draft step
         for w in range(1, 10):
             budget.costs.add("chain", w, None, 0.0, 1.0)
         for g in range(1, 9):
@@ -304,7 +310,14 @@ def test_near_ties_are_retimed_in_turn():
     for _ in range(400):  # a draft the target always agrees with: chain 8 (9 / 1.8 = 5.0 tokens/s) before chain 7
         budget.acceptance.observe_chain([8], [8])  # (8 / 1.7 = 4.7: within 10 %), chain 6 (7 / 1.6 = 4.4: outside)
     taken = []
-    for _ in range(64):
+    for _ in range(64):  # chain 7's time factor rests on no contrast yet: re-timed every 8th round
         budget.open = None  # no wall-clock timing of these empty rounds
         taken.append(budget.for_round([100], [True]).gamma)
     assert [i for i, g in enumerate(taken) if g != 8] == list(range(7, 64, 8)) and set(taken) == {7, 8}, taken
+    budget.costs.ratios["chain 7"] = [1.0] * SURE_CONTRASTS  # now it does: the gap follows the ranking's refresh
+    taken = []
+    for _ in range(256):
+        budget.open = None
+        taken.append(budget.for_round([100], [True]).gamma)
+    explored = [i for i, g in enumerate(taken) if g != 8]
+    assert set(taken) == {7, 8} and [b - a for a, b in zip(explored, explored[1:])][-2:] == [64, 64], explored

@@ -48,7 +48,8 @@ class AcceptanceTable:
         self.clock = 0  # rounds of this pair's calls, plain steps included (AutoBudget.ranking's clock)
         #: plain rounds between two probes once plain steps win (doubles after each probe; see AutoBudget)
         self.probe_gap = 8
-        self.explored = 0  # drafted rounds the cost model chose (AutoBudget._contender's clock)
+        self.explored = 0  # drafted rounds the cost model chose since the last exploration (AutoBudget._contender)
+        self.contender_turn = 0  # explorations so far: whose turn it is among the contenders
         #: calls run as plain generate in a row, and how many before a speculative one (AutoBudget.runs_plain)
         self.plain_calls, self.plain_gap = 0, 8
         self.plain_ranking: tuple | None = None  # (tables' state, best predicted, loop plain) of the last check

@@ -15,13 +15,19 @@ from .costs import CostTable
 from .policy import PLAIN, Choice, CostAwarePolicy, FixedPolicy, Shape
 
 REFRESH, MAX_REFRESH = 8, 64  # rounds between two rankings of the candidate shapes (the tables move slowly)
+#: the shape ranked best before keeps its place unless another is predicted this much faster (see :meth:`ranking`)
+SWITCH_MARGIN = 0.04
 MIN_PROBE_GAP, MAX_PROBE_GAP = 8, 256
 #: plain generate's step is measured when the best shape's predicted rate is below this × the loop's plain step's
 PLAIN_MARGIN = 1.5
-#: calls run as plain generate only when its measured step beats the best shape's prediction by this factor
+#: calls run as plain generate only when its measured step beats the speculative calls' realised rate (the best
+#: shape's prediction before one is measured) by this factor
 STOCK_MARGIN = 1.05
-#: every EXPLORE_GAP-th drafted round takes, in turn, a contender predicted within EXPLORE_BAND of the best
-EXPLORE_GAP, EXPLORE_BAND = 8, 0.10
+MIN_RATE_ROUNDS = 2  # chosen rounds a call needs in a table for its realised rate to count
+#: one drafted round in EXPLORE_GAP (at first; one per ranking's refresh, up to MAX_REFRESH, once the best holds)
+#: takes, in turn, a contender predicted within EXPLORE_BAND of the best; contenders whose factor has fewer than
+#: SURE_CONTRASTS samples first, at the first gap
+EXPLORE_GAP, EXPLORE_BAND, SURE_CONTRASTS = 8, 0.10, 8
 
 
 class AutoBudget(DraftBudget):
@@ -64,7 +70,7 @@ class AutoBudget(DraftBudget):
         shape = _fit(choice.shape, room)
         # the round starts after the choice: ranking the candidates is no shape's cost
         self.open = {"shape": shape, "choice": choice, "start": time.perf_counter(), "drafted": None, "tokens": 0,
-                     "rows": rows, "table": timed}
+                     "rows": rows, "table": timed, "chooser": self.ranked_by if choice.curve_seconds > 0 else None}
         self.rounds += 1
         self.acceptance.clock += 1
         return RoundBudget(shape.gamma, shape.tree)
@@ -96,19 +102,24 @@ class AutoBudget(DraftBudget):
     # ---- choosing --------------------------------------------------------------------------------------
     def _costs(self, rows: int) -> tuple[CostTable, CostTable]:
         """The table a round of ``rows`` live rows is timed into (its batch bucket's: rows that finished leave the
-        batch, and a narrower batch verifies faster) and the table it is chosen by: the live one (calibrated by
-        the first rounds that reach it), else, where no calibration shape fits the room left, the call's own."""
+        batch, and a narrower batch verifies faster) and the table it is chosen by: the live one once calibrated,
+        else the call's own once that is. A narrower bucket is reached only by a batch call's last rounds (2-3
+        per bucket and call on the world at batch 8): calibrating each there took its calibration shapes, wide
+        trees included, for tens of calls; it fills in from the chosen rounds instead and chooses once it has
+        every calibration timing (a call that starts at its batch size calibrates it)."""
         if isinstance(self.policy, FixedPolicy):
             return self.costs, self.costs
         key, live = self.tables(rows)
         if key not in self.used:
             self.used[key] = live
+        if live is not self.costs and not self.policy.calibrated(live) and self.policy.calibrated(self.costs):
+            return live, self.costs
         return live, live
 
     def _choose(self, timed: CostTable, costs: CostTable, room: int) -> Choice:
         if isinstance(self.policy, FixedPolicy):
             return Choice(self.policy.next(), None, 0.0)
-        calibrating = self.policy.calibrating(timed, room)
+        calibrating = self.policy.calibrating(timed, room) if costs is timed else None
         if calibrating is not None:
             self.calibration_rounds += 1
             return Choice(calibrating, None, 0.0)
@@ -139,39 +150,52 @@ class AutoBudget(DraftBudget):
         return best
 
     def _contender(self, best: Choice) -> Choice:
-        """``best``, or every :data:`EXPLORE_GAP`-th round, in turn, one of the contenders: the drafted shapes
-        predicted within :data:`EXPLORE_BAND` of it, and the best drafted shape of the other kind (the best chain
-        where a tree is best, the best tree where a chain is). A shape's timings and realised share are refreshed
-        only by the rounds that take it, and the machine's speed drifts (the same plain pass by up to 1.5x within
-        a minute on shared cores): contenders timed long ago would otherwise be compared with the taken shape's
-        fresh timings, and a kind whose predictions went stale (its curves timed in a slow minute) would never be
-        taken again (on the world at batch 1, Auto kept taking trees that ran at 0.86x plain where the best fixed
-        chain ran at 0.99x). The cost is one round in :data:`EXPLORE_GAP` at most that much slower."""
-        self.acceptance.explored += 1
-        if self.acceptance.explored % EXPLORE_GAP:
-            return best
+        """``best``, or once per exploration gap, in turn, one of the contenders: the drafted shapes predicted
+        within :data:`EXPLORE_BAND` of it, and the best drafted shape of the other kind (the best chain where a
+        tree is best, the best tree where a chain is). A shape's timings and realised share are refreshed only by
+        the rounds that take it: a kind whose predictions went stale (its curves timed in a slow minute) would
+        otherwise never be taken again (on the world at batch 1, Auto kept taking trees that ran at 0.86x plain
+        where the best fixed chain ran at 0.99x). The gap is :data:`EXPLORE_GAP` drafted rounds while a
+        contender's time factor rests on fewer than :data:`SURE_CONTRASTS` samples (those go first: with rounds
+        20-30 % apart by noise alone, a few samples cannot tell shapes 5-10 % apart), else it grows with the
+        ranking's refresh (up to :data:`MAX_REFRESH`) while the best shape holds: each explored round may be that
+        much slower, and a settled ranking needs them rarely. (Leaving the other kind's best to the slow pace
+        alone let the top-4 trees hold two drafts at batch 1 on the world, 7 % and 19 % behind the best chain.)"""
+        pair = self.acceptance
+        pair.explored += 1
         near = [c for c in self.ranked[1:] if c.shape.gamma and
                 c.predicted_tokens_per_s >= (1.0 - EXPLORE_BAND) * best.predicted_tokens_per_s]
         other = next((c for c in self.ranked[1:] if c.shape.gamma and c.shape.kind != best.shape.kind), None)
         if other is not None and other not in near:
             near.append(other)
-        if not near:
+        costs = self.ranked_by
+        unsure = [c for c in near if costs is None or costs.contrasts(c.shape.label) < SURE_CONTRASTS]
+        shared = pair.rankings.get(costs)
+        gap = EXPLORE_GAP if unsure else max(EXPLORE_GAP, shared["refresh"] if shared else 0)
+        if pair.explored < gap or not near:
             return best
-        return near[(self.acceptance.explored // EXPLORE_GAP - 1) % len(near)]
+        pair.explored = 0
+        pair.contender_turn += 1
+        pool = unsure or near
+        return pool[(pair.contender_turn - 1) % len(pool)]
 
     def ranking(self, costs: CostTable) -> list[Choice]:
         """The candidates ranked by ``costs`` and this pair's acceptance, best first (per row: the live rows
         change). A ranking is a few ms of Python, so it is shared by the pair's calls and made again only every
         ``refresh`` rounds: :data:`REFRESH`, doubling up to :data:`MAX_REFRESH` while the best shape holds (the
-        tables move slowly); a short call mostly reuses the last call's."""
+        tables move slowly); a short call mostly reuses the last call's. The last best keeps its place unless
+        another shape is predicted :data:`SWITCH_MARGIN` faster: predictions of shapes a few % apart swing by
+        more than that between minutes, and each switch of shape pays for timing the newcomer (on the world
+        at batch 1 the chosen chain went 6 -> 7 -> 3 between passes, 7-17 % behind the best fixed chain)."""
         shared = self.acceptance.rankings.get(costs)
         rounds = self.acceptance.clock
         if shared is not None and rounds < shared["until"]:
             self.next_ranking = self.rounds + shared["until"] - rounds
             return shared["ranked"]
         ranked = self.policy.rank(self.acceptance, costs, 1)
-        same = shared is not None and bool(ranked) and bool(shared["ranked"]) and \
-            ranked[0].shape == shared["ranked"][0].shape
+        last = shared["ranked"][0].shape if shared is not None and shared["ranked"] else None
+        ranked = hold(ranked, last)
+        same = bool(ranked) and ranked[0].shape == last
         refresh = min(2 * shared["refresh"], MAX_REFRESH) if same else REFRESH
         self.acceptance.rankings[costs] = {"ranked": ranked, "refresh": refresh, "until": rounds + refresh}
         self.next_ranking = self.rounds + refresh
@@ -188,9 +212,10 @@ class AutoBudget(DraftBudget):
         choice = entry["choice"]
         if timed and not isinstance(self.policy, FixedPolicy) and \
                 not entry["table"].first_round(shape.label, shape.kind, shape.width, shape.draft_label):
-            entry["table"].add(shape.kind, shape.width, shape.draft_label, draft, max(seconds - draft, 0.0))
-            if choice.curve_seconds > 0 and shape == choice.shape:
+            if choice.curve_seconds > 0 and shape == choice.shape and entry["chooser"] is entry["table"]:
+                # the speed index first: add() divides by it (a round chosen by another bucket's curves: no ratio)
                 entry["table"].observe_ratio(shape.label, shape.kind, choice.curve_seconds, seconds)
+            entry["table"].add(shape.kind, shape.width, shape.draft_label, draft, max(seconds - draft, 0.0))
         if choice.predicted_tokens_per_s is not None and shape == choice.shape and shape.gamma and entry["rows"]:
             # what this shape's rounds realise of the table's expectation (AcceptanceTable.yield_of), over every
             # live row: a row that stops in the round (EOS, max_length) keeps only what its end allows, and a
@@ -199,18 +224,20 @@ class AutoBudget(DraftBudget):
                                           max(entry["tokens"] / entry["rows"] - 1.0, 0.0))
         per_row = choice.predicted_tokens_per_s
         self.log.append({"shape": shape.label, "predicted": None if per_row is None else per_row * entry["rows"],
-                         "tokens": entry["tokens"],
+                         "tokens": entry["tokens"], "table": entry["table"],
                          "seconds": seconds, "rows": entry["rows"],
                          "expected": choice.expected_tokens if choice.predicted_tokens_per_s is not None else None})
 
     # ---- whole calls as plain generate -------------------------------------------------------------------
     def runs_plain(self) -> bool:
         """Whether this call is best run as plain ``generate`` (stock's own decoding loop, no draft): once the
-        costs are calibrated, when plain generate's measured step is :data:`STOCK_MARGIN` faster than every round
-        shape's predicted tokens per second (an overhead-bound machine: the speculative loop's own plain step
-        costs more than stock's). Plain
-        generate's step is measured the first time the best shape is not clearly ahead of the loop's plain step;
-        every ``plain_gap``-th call still runs speculatively (doubling), so costs and acceptance stay current."""
+        costs are calibrated, when plain generate's measured step is :data:`STOCK_MARGIN` faster than the tokens
+        per second the speculative calls realised (an overhead-bound machine: the speculative loop's own plain
+        step costs more than stock's). Plain generate's step is measured the first time the best shape's
+        prediction is not clearly ahead of the loop's plain step; every ``plain_gap``-th call still runs
+        speculatively (doubling), so costs, acceptance and the realised rate stay current. The decision goes by
+        realised rates, not predictions: one pessimistic prediction (on the world, an image-adapter draft
+        predicted below plain generate while its chain 5 ran at 1.13x plain) would hold for up to 64 calls."""
         if isinstance(self.policy, FixedPolicy) or not self.policy.calibrated(self.costs):
             return False
         state = (id(self.costs), self.costs.version, self.acceptance.rounds)
@@ -221,13 +248,13 @@ class AutoBudget(DraftBudget):
             loop_plain = next((c.predicted_tokens_per_s for c in ranked if c.shape == PLAIN), None)
             self.acceptance.plain_ranking = (state, ranked[0].predicted_tokens_per_s, loop_plain, ranked[0].shape)
         _, best, loop_plain, best_shape = self.acceptance.plain_ranking
-        stock = self.costs.stock_step_time()
+        stock, realised = self.costs.stock_step_time(), self.costs.call_rate()
         if best_shape == PLAIN:  # the loop would only take plain steps: plain generate's own loop does it cheaper
             wins = True
         elif stock is None:  # not measured yet: measure it where plain generate may win
             wins = loop_plain is None or best < PLAIN_MARGIN * loop_plain
         else:  # plain generate only where it is clearly faster
-            wins = best * STOCK_MARGIN < 1.0 / stock
+            wins = (realised if realised is not None else best) * STOCK_MARGIN < 1.0 / stock
         if not wins:
             self.acceptance.plain_calls = 0
             return False
@@ -278,6 +305,11 @@ class AutoBudget(DraftBudget):
             s["expected_tokens_per_round"] = sum(expected) / len(expected) if expected else None
         chosen = [e for e in self.log if e["predicted"] is not None]
         tokens, seconds = sum(e["tokens"] for e in chosen), sum(e["seconds"] for e in chosen)
+        for table in {id(e["table"]): e["table"] for e in chosen}.values():  # runs_plain's evidence
+            mine = [e for e in chosen if e["table"] is table]
+            row_seconds = sum(e["seconds"] * e["rows"] for e in mine)
+            if len(mine) >= MIN_RATE_ROUNDS and row_seconds > 0:
+                table.add_call_rate(sum(e["tokens"] for e in mine) / row_seconds)
         return {
             "shapes": [e["shape"] for e in self.log],
             "per_shape": per_shape,
@@ -287,6 +319,20 @@ class AutoBudget(DraftBudget):
             "acceptance": self.acceptance.as_profile(min(self.gamma, 8), 4),
             "cost_key": self.cost_key,
         }
+
+
+def hold(ranked: list[Choice], last: Shape | None, margin: float = SWITCH_MARGIN) -> list[Choice]:
+    """``ranked`` with ``last`` (the best of the ranking before) moved first unless the best is predicted more than
+    ``margin`` faster than it.
+
+    >>> a, b = Choice(Shape(3), 103.0, 3.0), Choice(Shape(4), 100.0, 3.5)
+    >>> [c.shape.label for c in hold([a, b], Shape(4))], [c.shape.label for c in hold([a, b], Shape(4), 0.02)]
+    (['chain 4', 'chain 3'], ['chain 3', 'chain 4'])
+    """
+    kept = next((i for i, c in enumerate(ranked) if c.shape == last), None)
+    if not kept or ranked[0].predicted_tokens_per_s > (1.0 + margin) * ranked[kept].predicted_tokens_per_s:
+        return ranked
+    return [ranked[kept]] + ranked[:kept] + ranked[kept + 1:]
 
 
 def _fit(shape: Shape, room: int) -> Shape:

@@ -29,12 +29,13 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-SAMPLES = 9  # timings kept per key
+SAMPLES = 9  # timings per key (curve points are fixed once they have these; stock steps: the recent ones)
 #: relative round-time ratios kept per shape and per kind (chain, tree), see :meth:`CostTable.time_factor`
 RATIO_SAMPLES, KIND_SAMPLES = 16, 64
 RATIO_STRENGTH = 4.0  # pseudo-rounds pulling a shape's relative factor toward its kind's, and a kind's toward 1
-SPEED_WEIGHT = 0.1  # how far one round moves the machine's speed index
-CALIBRATION_SAMPLES = 2  # timings per calibration shape before the policy chooses (the fit pools widths)
+SPEED_WEIGHT = 0.2  # how far one round moves the machine's speed index (fast: curves are fixed, see add)
+CALIBRATION_SAMPLES = 3  # timings per calibration shape before the policy chooses (curve points are fixed: a median of 3
+# is robust to one slow round, one of 2 is not)
 
 
 def _median(samples: list[float]) -> float:
@@ -78,17 +79,20 @@ class CostTable:
             kind: {int(w): list(v) for w, v in data.get("verify", {}).get(kind, {}).items()} for kind in ("chain", "tree")}
         self.draft: dict[str, list[float]] = {k: list(v) for k, v in data.get("draft", {}).items()}
         self.stock: list[float] = list(data.get("stock", []))  # plain generate's own decoding steps
+        #: per speculative call, the tokens per row-second its chosen rounds realised (see :meth:`add_call_rate`)
+        self.rates: list[float] = list(data.get("rates", []))
         #: per shape label and per kind: recent relative ratios (round seconds measured / predicted by the curves,
         #: over the speed index of the moment), and the speed index itself; see :meth:`time_factor`
         self.ratios: dict[str, list[float]] = {k: list(v) for k, v in data.get("ratios", {}).items()}
         self.kind_ratios: dict[str, list[float]] = {k: list(v) for k, v in data.get("kind_ratios", {}).items()}
         self.speed = float(data.get("speed", 1.0))
+        self.last_label: str | None = None  # the shape of the last round observe_ratio saw
         self.version = 0  # bumped by every round timed (a ranking made at one version holds until the next)
         self.seen: set[str] = set()  # shapes whose first round in this table has passed (see :meth:`first_round`)
 
     def to_json(self) -> dict[str, Any]:
         return {"verify": {kind: {str(w): v for w, v in widths.items()} for kind, widths in self.verify.items()},
-                "draft": dict(self.draft), "stock": list(self.stock), "ratios": dict(self.ratios),
+                "draft": dict(self.draft), "stock": list(self.stock), "rates": list(self.rates), "ratios": dict(self.ratios),
                 "kind_ratios": dict(self.kind_ratios), "speed": self.speed}
 
     def add_stock_step(self, seconds: float) -> None:
@@ -98,14 +102,33 @@ class CostTable:
         """Seconds of one step of plain generate's own loop (None: never measured)."""
         return _median(self.stock) if self.stock else None
 
+    def add_call_rate(self, tokens_per_row_s: float) -> None:
+        """What a speculative call's rounds (those the cost model chose, in this table) realised: tokens kept per
+        row and second, everything in the round included (drafting, verification, the loop's bookkeeping)."""
+        _push(self.rates, tokens_per_row_s)
+
+    def call_rate(self) -> float | None:
+        """The recent speculative calls' realised tokens per row-second (None: none yet)."""
+        return _median(self.rates) if self.rates else None
+
     # ---- timings ---------------------------------------------------------------------------------------
     def add(self, kind: str, width: int, draft_label: str | None, draft_s: float, verify_s: float) -> None:
         """One round: ``kind`` 'chain' (a plain step is the chain of width 1) or 'tree', its block ``width``,
-        its drafted shape's label (None for a plain step) and the two phases' seconds."""
+        its drafted shape's label (None for a plain step) and the two phases' seconds, kept at the machine's usual
+        speed (divided by the speed index; predictions are multiplied by it again in :meth:`time_factor`) until a
+        key has :data:`SAMPLES` timings: then its curve point is fixed, and what its shapes' rounds realise after
+        that goes to the speed index and their relative factors. Only the widths being taken are timed: curves
+        that kept taking in new raw timings put the speed of the minute they were timed in into those widths
+        only, and the widths not taken (the other kind's) looked that much cheaper or dearer for as long as
+        nothing took them (one explored round in a median of nine moves nothing). Simulated
+        (``benchmarks/auto_cost_drift.py``: a chain taken, a tree explored, per-round noise and a drifting speed),
+        the predicted ratio of the two was off by 11-28 % on average and 3.6x at worst that way; with fixed
+        points and factors learned from contrasts (:meth:`observe_ratio`) by 5 %, 1.25x at worst."""
         self.version += 1
-        _push(self.verify[kind].setdefault(width, []), verify_s)
-        if draft_label is not None:
-            _push(self.draft.setdefault(draft_label, []), draft_s)
+        for values, seconds in ((self.verify[kind].setdefault(width, []), verify_s),
+                                (self.draft.setdefault(draft_label, []) if draft_label is not None else None, draft_s)):
+            if values is not None and len(values) < SAMPLES:
+                values.append(seconds / self.speed)
 
     def first_round(self, label: str, kind: str, width: int, draft_label: str | None) -> bool:
         """Whether this is shape ``label``'s first round in this table, with nothing timed yet at its width and
@@ -120,14 +143,25 @@ class CostTable:
 
     def observe_ratio(self, label: str, kind: str, predicted_s: float, measured_s: float) -> None:
         """A round of shape ``label`` (a ``kind`` 'chain' or 'tree') took ``measured_s`` where the curves predicted
-        ``predicted_s``: its ratio is split into the machine's speed of the moment and the shape's own factor."""
+        ``predicted_s``: its ratio is the machine's speed of the moment times the shape's own factor.
+
+        Which of the two moved is known only from a contrast: a round whose shape differs from the round before
+        (an explored shape, a switch) is read against the speed index the rounds before it left, and sets its
+        shape's relative factor; a round of the same shape as before moves the speed index only. Learning both
+        from the same rounds split every change of the taken shape's time between the two at random, and a
+        slow spell timed on the taken shape made the others look faster by part of it."""
         ratio = min(max(measured_s / predicted_s, 0.25), 4.0)  # one stalled round moves a factor, never owns it
-        relative = self.relative_factor(label, kind)  # before this round
-        for key, table, keep in ((label, self.ratios, RATIO_SAMPLES), (kind, self.kind_ratios, KIND_SAMPLES)):
-            values = table.setdefault(key, [])
-            values.append(ratio / self.speed)
-            del values[:-keep]
-        self.speed += SPEED_WEIGHT * (ratio / relative - self.speed)
+        if label != self.last_label:
+            for key, table, keep in ((label, self.ratios, RATIO_SAMPLES), (kind, self.kind_ratios, KIND_SAMPLES)):
+                values = table.setdefault(key, [])
+                values.append(ratio / self.speed)
+                del values[:-keep]
+            self.last_label = label
+        self.speed += SPEED_WEIGHT * (ratio / self.relative_factor(label, kind) - self.speed)
+
+    def contrasts(self, label: str) -> int:
+        """Samples of shape ``label``'s own factor (its contrast rounds, the recent ones)."""
+        return len(self.ratios.get(label, ()))
 
     def relative_factor(self, label: str, kind: str) -> float:
         """A shape's realised round time over the curves' prediction, at the machine's usual speed: the mean of its
