@@ -305,11 +305,13 @@ class AutoBudget(DraftBudget):
             s["expected_tokens_per_round"] = sum(expected) / len(expected) if expected else None
         chosen = [e for e in self.log if e["predicted"] is not None]
         tokens, seconds = sum(e["tokens"] for e in chosen), sum(e["seconds"] for e in chosen)
-        for table in {id(e["table"]): e["table"] for e in chosen}.values():  # runs_plain's evidence
-            mine = [e for e in chosen if e["table"] is table]
+        by_table: dict[int, list[dict[str, Any]]] = {}  # runs_plain's evidence: what each table's rounds realised
+        for e in chosen:
+            by_table.setdefault(id(e["table"]), []).append(e)
+        for mine in by_table.values():
             row_seconds = sum(e["seconds"] * e["rows"] for e in mine)
             if len(mine) >= MIN_RATE_ROUNDS and row_seconds > 0:
-                table.add_call_rate(sum(e["tokens"] for e in mine) / row_seconds)
+                mine[0]["table"].add_call_rate(sum(e["tokens"] for e in mine) / row_seconds)
         return {
             "shapes": [e["shape"] for e in self.log],
             "per_shape": per_shape,

@@ -125,10 +125,13 @@ class CostTable:
         the predicted ratio of the two was off by 11-28 % on average and 3.6x at worst that way; with fixed
         points and factors learned from contrasts (:meth:`observe_ratio`) by 5 %, 1.25x at worst."""
         self.version += 1
-        for values, seconds in ((self.verify[kind].setdefault(width, []), verify_s),
-                                (self.draft.setdefault(draft_label, []) if draft_label is not None else None, draft_s)):
-            if values is not None and len(values) < SAMPLES:
-                values.append(seconds / self.speed)
+        self._fill(self.verify[kind].setdefault(width, []), verify_s)
+        if draft_label is not None:
+            self._fill(self.draft.setdefault(draft_label, []), draft_s)
+
+    def _fill(self, values: list[float], seconds: float) -> None:
+        if len(values) < SAMPLES:  # a filled curve point stays as it is
+            values.append(seconds / self.speed)
 
     def first_round(self, label: str, kind: str, width: int, draft_label: str | None) -> bool:
         """Whether this is shape ``label``'s first round in this table, with nothing timed yet at its width and
