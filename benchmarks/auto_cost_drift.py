@@ -17,16 +17,21 @@ import argparse
 import math
 import random
 
-from hf_specmm.auto.costs import KIND_SAMPLES, RATIO_SAMPLES, SAMPLES, CostTable
+from hf_specmm.auto.costs import KIND_SAMPLES, RATIO_STRENGTH, SAMPLES, CostTable
 from hf_specmm.auto.policy import Shape, round_time
 from hf_specmm.trees import TreeShape
 
 CHAIN, TREE = Shape(5), Shape(4, TreeShape(2, 4, 8))
 TRUE = {CHAIN: (0.010, 0.015), TREE: (0.012, 0.020)}  # seconds: drafting, verification
+REPLACED_SHAPE_SAMPLES = 16
 
 
 class ReplacedCostTable(CostTable):
     """The design before: raw timings rolling into the curves, every round's ratio into its shape's factor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shape_ratios: dict[str, list[float]] = {}
 
     def add(self, kind: str, width: int, draft_label: str | None, draft_s: float, verify_s: float) -> None:
         self.version += 1
@@ -36,13 +41,19 @@ class ReplacedCostTable(CostTable):
                 values.append(seconds)
                 del values[:-SAMPLES]
 
-    def observe_ratio(self, label: str, kind: str, predicted_s: float, measured_s: float) -> None:
+    def observe_ratio(self, kind: str, predicted_s: float, measured_s: float) -> None:
+        # the simulation has one shape per kind, so the replaced per-shape factors are keyed by kind here
         ratio = min(max(measured_s / predicted_s, 0.25), 4.0)
-        relative = self.relative_factor(label, kind)
-        for key, table, keep in ((label, self.ratios, RATIO_SAMPLES), (kind, self.kind_ratios, KIND_SAMPLES)):
-            table.setdefault(key, []).append(ratio / self.speed)
-            del table[key][:-keep]
+        relative = self.relative_factor(kind)
+        for table, keep in ((self.shape_ratios, REPLACED_SHAPE_SAMPLES), (self.kind_ratios, KIND_SAMPLES)):
+            table.setdefault(kind, []).append(ratio / self.speed)
+            del table[kind][:-keep]
         self.speed += 0.1 * (ratio / relative - self.speed)
+
+    def relative_factor(self, kind: str) -> float:
+        pooled = super().relative_factor(kind)
+        own = self.shape_ratios.get(kind, [])
+        return (sum(own) + RATIO_STRENGTH * pooled) / (len(own) + RATIO_STRENGTH)
 
 
 def simulate(table: CostTable, seed: int, rounds: int, gap: int, noise: float, walk: float) -> tuple[float, float]:
@@ -62,9 +73,9 @@ def simulate(table: CostTable, seed: int, rounds: int, gap: int, noise: float, w
         speed = min(max(speed * math.exp(rng.gauss(0.0, walk)), 0.5), 2.0)
         shape = TREE if i % gap == gap - 1 else CHAIN
         draft_s, verify_s = timed(shape)
-        table.observe_ratio(shape.label, shape.kind, round_time(table, shape), draft_s + verify_s)
+        table.observe_ratio(shape.kind, round_time(table, shape), draft_s + verify_s)
         table.add(shape.kind, shape.width, shape.draft_label, draft_s, verify_s)
-        predicted = [round_time(table, s) * table.time_factor(s.label, s.kind) for s in (TREE, CHAIN)]
+        predicted = [round_time(table, s) * table.time_factor(s.kind) for s in (TREE, CHAIN)]
         errors.append(abs(math.log(predicted[0] / predicted[1] / truth)))
     tail = errors[500:]
     return sum(tail) / len(tail), max(tail)

@@ -67,9 +67,11 @@ class DraftBudget:
     def drafted(self) -> None:
         """The round's drafts are proposed (its verification starts)."""
 
-    def observe(self, proposal: Any, accepted: Any, unfinished: list[bool]) -> None:
+    def observe(self, proposal: Any, accepted: Any, unfinished: list[bool], kept: list[int],
+                stopped: list[bool]) -> None:
         """The round's ``proposal`` and the verifier's ``accepted``, per cache row (``unfinished``: rows that
-        were generating)."""
+        were generating; ``kept``: the tokens each kept, fewer than accepted + 1 where its end, EOS or
+        ``max_length``, came inside the accepted drafts; ``stopped``: rows that ended before ``max_length``)."""
 
     def runs_plain(self) -> bool:
         """Whether the call is best run as plain ``generate`` (a budget that measured so; a fixed one never)."""

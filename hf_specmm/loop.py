@@ -184,7 +184,8 @@ class SpeculativeDecoding:
         del out
         self.stats.record_round(gamma, kept.kept, kept.accepted, kept.drafted, start_rows.remaining,
                                 start_rows.unfinished, tree=block.is_tree)
-        self.budget.observe(proposal, accepted, start_rows.unfinished_in_cache)
+        self.budget.observe(proposal, accepted, start_rows.unfinished_in_cache, rows.to_cache(kept.kept),
+                            rows.stopped(start_rows, kept.kept))
         self.budget.update(kept.kept, gamma)
 
         # 4. roll back both caches: each row keeps [cur, d_1..d_keep], keep = kept - 1; emitted[keep] is the new cur

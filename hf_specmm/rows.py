@@ -104,6 +104,11 @@ class Rows:
         return KeptRows(kept, self.to_batch(accepted.n).tolist(), self.to_batch(drafted).tolist(),
                         accepted.n.new_tensor(self.to_cache(kept)))
 
+    def stopped(self, start: RoundRows, kept: list[int]) -> list[bool]:
+        """Per cache row: whether it stopped in the round before ``max_length`` (EOS, a stop string or another
+        stopping criterion), after :meth:`keep` (``kept`` per batch row)."""
+        return [start.unfinished[r] and not self.unfinished[r] and kept[r] < start.remaining[r] for r in self.in_cache]
+
     def emit(self, block: torch.Tensor, counts: torch.Tensor) -> list[int]:
         """Offer ``counts`` [B] tokens of ``block`` [B, m] per row; returns how many each row kept."""
         self.history.write(block)

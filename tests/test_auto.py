@@ -294,7 +294,7 @@ def test_a_kind_without_trees_or_plain_steps_takes_chains_only():
 def test_near_ties_are_retimed_in_turn():
     """One drafted round per exploration gap takes a shape predicted within 10 % of the best (in turn), so a
     near-tie's timings stay fresh; shapes outside the band never are. The gap is 8 rounds while a contender's
-    time factor rests on few contrasts, then follows the ranking's refresh (up to 64) while the best holds."""
+    kind's time factor rests on few contrasts, then follows the ranking's refresh (up to 64) while the best holds."""
     from hf_specmm.auto.budget import SURE_CONTRASTS
     from hf_specmm.auto.costs import CALIBRATION_SAMPLES
 
@@ -310,14 +310,60 @@ def test_near_ties_are_retimed_in_turn():
     for _ in range(400):  # a draft the target always agrees with: chain 8 (9 / 1.8 = 5.0 tokens/s) before chain 7
         budget.acceptance.observe_chain([8], [8])  # (8 / 1.7 = 4.7: within 10 %), chain 6 (7 / 1.6 = 4.4: outside)
     taken = []
-    for _ in range(64):  # chain 7's time factor rests on no contrast yet: re-timed every 8th round
+    for _ in range(64):  # the chains' time factor rests on no contrast yet: chain 7 re-timed every 8th round
         budget.open = None  # no wall-clock timing of these empty rounds
         taken.append(budget.for_round([100], [True]).gamma)
     assert [i for i, g in enumerate(taken) if g != 8] == list(range(7, 64, 8)) and set(taken) == {7, 8}, taken
-    budget.costs.ratios["chain 7"] = [1.0] * SURE_CONTRASTS  # now it does: the gap follows the ranking's refresh
+    budget.costs.kind_ratios["chain"] = [1.0] * SURE_CONTRASTS  # now it does: the gap follows the ranking's refresh
     taken = []
     for _ in range(256):
         budget.open = None
         taken.append(budget.for_round([100], [True]).gamma)
     explored = [i for i, g in enumerate(taken) if g != 8]
     assert set(taken) == {7, 8} and [b - a for a, b in zip(explored, explored[1:])][-2:] == [64, 64], explored
+
+
+def test_an_answers_end_is_no_trial_and_sets_the_end_hazard():
+    """A copy of the target (every draft accepted) whose rows stop at EOS inside a round's drafts: what was drafted
+    past EOS is no trial (the table counts up to the end only), and the end hazard counts the answers that ended
+    per kept token; rows cut by max_length are no end."""
+    model = testing.tiny_target("llava", seed=5, eos_bias=2.0)
+    inputs = batch_inputs("llava", 3, with_images=False)
+    new = 24
+    plain = model.generate(**inputs, max_new_tokens=new, do_sample=False)
+    eos = torch.tensor(model.generation_config.eos_token_id).flatten()
+    generated = plain[:, inputs["input_ids"].shape[1]:]
+    ended = [bool(torch.isin(row, eos).any()) for row in generated]
+    auto = hf_specmm.Auto(testing.text_draft_from_target(model), shapes=[8])
+    out, stats = generate(model, inputs, max_new_tokens=new, assistant_model=auto)
+    assert torch.equal(out, plain)
+    rounds = [(kept, gamma) for row in zip(*stats.tokens_per_round) for kept, gamma in zip(row, stats.gammas) if kept]
+    assert any(0 < kept < gamma for kept, gamma in rounds) and 0 < sum(ended) < len(ended), \
+        "rows must end at EOS inside a round's drafts, and some at max_length, for this test to mean anything"
+    table = auto.acceptance(model)
+    assert table.hits[0][0] == table.trials[0][0]  # an exact copy: nothing failed
+    trials = sum(row[0] for row in table.trials)
+    assert trials == sum(min(kept, gamma) for kept, gamma in rounds)  # counted: gamma in every round
+    assert table.ends == [sum(ended), sum(kept for kept, _ in rounds)]
+    assert 0 < table.end_hazard() < 1
+
+
+def test_the_end_hazard_discounts_what_deeper_drafts_keep():
+    """With answers ending at λ per kept token, a draft at depth d is kept only where the d - 1 tokens before it
+    were no end: (1 - λ)^(d - 1), so a long chain expects that much less (and the policy ranks by that)."""
+    from hf_specmm.auto.acceptance import END_PRIOR_TOKENS
+
+    table = AcceptanceTable(depth=8)
+    for _ in range(100):
+        table.observe_chain([8], [8])
+    assert table.end_hazard() == 0.0 and table.kept_probabilities(8, 2) == table.probabilities(8, 2)
+    table.observe_ends(100 - END_PRIOR_TOKENS, 25)
+    keep = 1.0 - table.end_hazard()
+    assert keep == pytest.approx(0.75)
+    plain_p, kept_p = table.probabilities(8, 2), table.kept_probabilities(8, 2)
+    assert kept_p[0] == plain_p[0] and kept_p[3] == pytest.approx([p * keep for p in plain_p[3]])
+    lengths, before = chain_lengths(kept_p, 8), chain_lengths(plain_p, 8)
+    reach = [b - a for a, b in zip([0.0] + before, before)]  # P(the target takes drafts 1..d)
+    assert lengths[7] == pytest.approx(sum(r * keep ** d for d, r in enumerate(reach)))
+    policy = CostAwarePolicy(max_tokens=16, max_depth=8, trees=False)
+    assert policy.expected_accepted(table)[Shape(8)] == pytest.approx(lengths[7])

@@ -46,20 +46,17 @@ def test_the_realised_share_of_the_expected_acceptance_steers_the_choice():
     acceptance = AcceptanceTable(depth=8)
     for _ in range(400):
         acceptance.observe_tree([3], [[4, 4, 4, 4]], [[1, 1, 1]])  # only the draft's 2nd choice is ever right
-    assert acceptance.yield_of("tree 4,6,24", "tree 4") == 1.0  # no round of it yet
+    assert acceptance.yield_of("tree 4") == 1.0  # no round of the family yet
     best = policy.rank(acceptance, flat_costs(), 1)[0]
     assert best.shape.tree is not None and best.accepted > 1
     # its rounds keep a tenth of what the table expects (a draft whose confidence ranks the tree badly)
     for _ in range(50):
-        acceptance.observe_yield(best.shape.label, best.shape.family, best.accepted, 0.1 * best.accepted)
-    assert acceptance.yield_of(best.shape.label, best.shape.family) == pytest.approx(0.1, abs=0.02)
-    family = acceptance.yield_of("tree 9,9,9", best.shape.family)  # never taken: its family's share
-    assert 0.1 < family < 0.2
-    assert acceptance.yield_of("chain 3", "chain") == 1.0
+        acceptance.observe_yield(best.shape.family, best.accepted, 0.1 * best.accepted)
+    assert acceptance.yield_of(best.shape.family) == pytest.approx(0.1, abs=0.03)  # 4 pseudo-drafts at 1
+    assert acceptance.yield_of("chain") == 1.0
     again = policy.rank(acceptance, flat_costs(), 1)[0]
     assert again.shape.family != best.shape.family
-    assert again.expected_tokens == pytest.approx(1 + again.accepted * acceptance.yield_of(again.shape.label,
-                                                                                        again.shape.family))
+    assert again.expected_tokens == pytest.approx(1 + again.accepted * acceptance.yield_of(again.shape.family))
 
 
 class Tables:
@@ -143,44 +140,42 @@ def test_a_pairs_calls_share_one_ranking_until_it_is_due():
     assert len(ranks) <= 2  # bucket 2's first ranking, and bucket 1's if its refresh fell due
 
 
-def test_a_shapes_realised_time_scales_its_prediction_and_an_untimed_shape_borrows_its_kinds():
+def test_a_kinds_realised_time_scales_its_shapes_predictions():
     policy = CostAwarePolicy(max_tokens=16, max_depth=4)
     table = CostTable()
     calibrate(policy, table)
     acceptance = AcceptanceTable(depth=4)
     before = {c.shape.label: c for c in policy.rank(acceptance, table, 1)}
     f = table.time_factor
-    assert f("chain 3", "chain") == 1.0  # nothing realised yet: the curves as they are
-    for _ in range(100):  # taken in turn: chain 3's rounds take twice what the curves predict, the tree's as predicted
-        table.observe_ratio("chain 3", "chain", 1.0, 2.0)
-        table.observe_ratio("tree 2,3,8", "tree", 1.0, 1.0)
+    assert f("chain") == 1.0  # nothing realised yet: the curves as they are
+    for _ in range(100):  # taken in turn: chain rounds take twice what the curves predict, tree rounds as predicted
+        table.observe_ratio("chain", 1.0, 2.0)
+        table.observe_ratio("tree", 1.0, 1.0)
     after = {c.shape.label: c for c in policy.rank(acceptance, table, 1)}
 
-    def chain_over_tree(ranked: dict) -> float:
-        return ranked["chain 3"].predicted_tokens_per_s / ranked["tree 2,3,8"].predicted_tokens_per_s
+    def chain_over_tree(ranked: dict, chain: str, tree: str) -> float:
+        return ranked[chain].predicted_tokens_per_s / ranked[tree].predicted_tokens_per_s
 
-    assert f("chain 3", "chain") / f("tree 2,3,8", "tree") == pytest.approx(2.0, rel=0.05)
-    assert chain_over_tree(after) == pytest.approx(chain_over_tree(before) / 2, rel=0.05)
+    assert f("chain") / f("tree") == pytest.approx(2.0, rel=0.05)
+    for chain, tree in (("chain 3", "tree 2,3,8"), ("chain 2", "tree 2,4,8")):  # every shape of the kind alike
+        assert chain_over_tree(after, chain, tree) == pytest.approx(chain_over_tree(before, chain, tree) / 2, rel=0.05)
     assert after["chain 3"].curve_seconds == pytest.approx(before["chain 3"].curve_seconds)
-    # a shape never taken borrows its kind's factor (with 1 it would beat every timed shape by that alone)
-    assert f("chain 2", "chain") == pytest.approx(f("chain 3", "chain"), rel=0.05)
-    assert f("tree 2,4,8", "tree") == pytest.approx(f("tree 2,3,8", "tree"), rel=0.05)
-    table.observe_ratio("chain 2", "chain", 1.0, 100.0)  # a stalled round is clipped at 4x and moves, never owns
-    assert f("chain 2", "chain") < 4.0 * 0.75 * f("tree 2,3,8", "tree")
-    assert CostTable(table.to_json()).time_factor("chain 3", "chain") == pytest.approx(
-        table.time_factor("chain 3", "chain"))  # kept in a costs file
+    factor = f("chain")
+    table.observe_ratio("chain", 1.0, 100.0)  # a stalled round is clipped at 4x: it moves the prediction, never owns it
+    assert factor < f("chain") < 1.5 * factor
+    assert CostTable(table.to_json()).time_factor("chain") == pytest.approx(table.time_factor("chain"))  # kept in a file
 
 
-def test_time_factors_compare_shapes_not_the_moments_they_were_timed_at():
-    """The machine slows down 2x while the taken shape changes: two shapes with the same true cost keep the same
+def test_time_factors_compare_kinds_not_the_moments_they_were_timed_at():
+    """The machine slows down 2x while the taken kind changes: two kinds with the same true cost keep the same
     factor (raw recent ratios would make the one timed earlier look 1.5x faster)."""
     table = CostTable()
     for t in range(400):
         speed = 1.0 + min(t, 300) / 300  # a drift over hundreds of rounds, as on shared cores
-        table.observe_ratio("chain 3" if t < 200 else "chain 5", "chain", 1.0, speed)
-    a, b = table.time_factor("chain 3", "chain"), table.time_factor("chain 5", "chain")
+        table.observe_ratio("chain" if t < 200 else "tree", 1.0, speed)
+    a, b = table.time_factor("chain"), table.time_factor("tree")
     assert a == pytest.approx(b, rel=0.1)
-    assert b == pytest.approx(2.0, rel=0.1)  # the shape taken now: its realised time at today's speed
+    assert b == pytest.approx(2.0, rel=0.1)  # the kind taken now: its realised time at today's speed
 
 def test_a_shapes_first_round_at_a_width_never_timed_is_not_recorded():
     """One-time costs of a new block width (kernels' primitives, first allocations) stay out of the medians the
@@ -213,7 +208,7 @@ def test_the_best_shape_of_the_other_kind_is_re_timed_however_far_behind_it_is_p
     assert taken.count(tree) == 4 * EXPLORE_GAP - 4
     assert taken.count(far_tree) == 2 and taken.count(chain) == 2  # 40 % behind, re-timed all the same
     assert Shape(0) not in taken  # plain steps are the probes' business, not exploration's
-    table.ratios[chain.label] = [1.0] * SURE_CONTRASTS  # the chain is sure now: the unsure near-tie goes alone
+    table.kind_ratios["chain"] = [1.0] * SURE_CONTRASTS  # the chains are sure now: the unsure near-tie goes alone
     taken = [budget._contender(budget.ranked[0]).shape for _ in range(4 * EXPLORE_GAP)]
     assert taken.count(far_tree) == 4 and chain not in taken
 
@@ -234,24 +229,25 @@ def test_a_slow_spell_timed_on_one_shape_slows_every_shapes_prediction_alike():
             table.add(shape.kind, shape.width, shape.draft_label, *seconds)
 
     def predicted(shape: Shape) -> float:
-        return round_time(table, shape) * table.time_factor(shape.label, shape.kind)
+        return round_time(table, shape) * table.time_factor(shape.kind)
 
     usual = {chain: 0.030, tree: 0.045}
     for shape in (chain, tree, chain, tree, chain, chain):  # in turn at the usual speed, then chain 3 is taken
-        table.observe_ratio(shape.label, shape.kind, round_time(table, shape), usual[shape])
+        table.observe_ratio(shape.kind, round_time(table, shape), usual[shape])
     before = predicted(tree) / predicted(chain)
     for _ in range(200):  # chain 3's rounds take twice their usual time
         curve = round_time(table, chain)
-        table.observe_ratio(chain.label, chain.kind, curve, 2 * 0.030)
+        table.observe_ratio(chain.kind, curve, 2 * 0.030)
         table.add(chain.kind, chain.width, chain.draft_label, 2 * 0.010, 2 * 0.020)
     assert predicted(chain) == pytest.approx(0.060, rel=0.05)  # the taken shape: as timed now
     assert predicted(tree) / predicted(chain) == pytest.approx(before, rel=0.15)  # raw curves: half of it
     assert table.speed == pytest.approx(2.0, rel=0.15)
 
 
-def test_calls_run_as_plain_generate_by_the_rates_speculative_calls_realised_not_by_predictions():
-    """A pessimistic prediction must not hold a draft in plain generate: once speculative calls realised a rate,
-    plain generate runs only where its measured step beats that rate by STOCK_MARGIN."""
+def test_calls_run_as_plain_generate_by_whole_calls_measured_not_by_predictions():
+    """A prediction must neither hold a draft in plain generate nor keep it out: plain generate is measured once
+    calibrated (one call), and calls run so where the recent calls' lengths would take STOCK_MARGIN less time
+    that way: each way its overhead plus the tokens at its rate (the speculative rounds' realised rate)."""
     from hf_specmm.auto.budget import STOCK_MARGIN
 
     policy = CostAwarePolicy(max_tokens=16, max_depth=4)
@@ -260,11 +256,17 @@ def test_calls_run_as_plain_generate_by_the_rates_speculative_calls_realised_not
     budget = AutoBudget(policy, AcceptanceTable(depth=4), tables, 1, ())
     best = budget.ranking(budget.costs)[0]
     assert best.shape.gamma  # a drafted shape is predicted best
-    budget.costs.add_stock_step(1.0 / (2.0 * best.predicted_tokens_per_s))  # plain generate: 2x the prediction
-    assert budget.runs_plain()  # no speculative call realised a rate yet: the prediction decides
-    for _ in range(3):
-        budget.costs.add_call_rate(3.0 * best.predicted_tokens_per_s)  # the rounds realised 1.5x plain generate
+    assert budget.runs_plain()  # never measured: one call as plain generate measures it
+    costs = budget.costs
+    costs.add_stock_step(2.0 / best.predicted_tokens_per_s)
+    assert not budget.runs_plain()  # its step: half the best shape's predicted rate
+    step = costs.stock_step_time()
+    costs.add_stock_call(1.0, step, 20)  # plain generate: 1 s outside its 20 steps
+    for _ in range(3):  # speculative calls: twice plain generate's rate in their rounds, the same overhead
+        costs.add_call(2.0 / step, 1.0, 20)
+    assert costs.stock_share() == pytest.approx((1.0 + 20 * step) / (1.0 + 10 * step)) and not budget.runs_plain()
+    costs.add_call(0.01 / step, 1.0, 1)  # one short answer's slow round moves the median rate by nothing
     assert not budget.runs_plain()
-    for _ in range(6):
-        budget.costs.add_call_rate(2.0 * best.predicted_tokens_per_s / STOCK_MARGIN * 0.99)  # not 5 % behind
-    assert budget.runs_plain()
+    for _ in range(9):  # their draft's prefill and set-up grew to 20 plain steps: plain generate is faster, whole
+        costs.add_call(2.0 / step, 1.0 + 20 * step, 20)
+    assert costs.stock_share() * STOCK_MARGIN < 1.0 and budget.runs_plain()

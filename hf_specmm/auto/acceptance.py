@@ -28,9 +28,11 @@ RANK_PRIOR_RATIO = 0.4
 PRIOR_STRENGTH = 2.0  # pseudo-trials of the pooled prior
 DEPTH_STRENGTH = 4.0  # pseudo-trials pulling a depth toward its rank's pooled hazard
 COUNT_CAP = 400.0  # trials at one (depth, rank) before its counts are halved
-#: pseudo-tokens pulling a shape's realised / expected accepted drafts toward its family's, and a family's toward 1
+#: pseudo-drafts pulling a family's realised / expected accepted drafts toward 1
 YIELD_STRENGTH = 4.0
 YIELD_CAP = 200.0  # expected drafts of one shape or family before its sums are halved
+END_PRIOR_TOKENS = 32.0  # kept tokens without an answer's end that the end hazard starts from
+END_CAP = 2000.0  # kept tokens before the end counts are halved
 
 
 class AcceptanceTable:
@@ -52,9 +54,10 @@ class AcceptanceTable:
         self.contender_turn = 0  # explorations so far: whose turn it is among the contenders
         #: calls run as plain generate in a row, and how many before a speculative one (AutoBudget.runs_plain)
         self.plain_calls, self.plain_gap = 0, 8
-        self.plain_ranking: tuple | None = None  # (tables' state, best predicted, loop plain) of the last check
-        #: per shape label and per family ('chain', 'tree k'): [drafts kept, drafts expected] (see :meth:`yield_of`)
+        self.plain_ranking: tuple | None = None  # (tables' state, best predicted, best shape) of the last check
+        #: per family ('chain', 'tree k'): [drafts kept, drafts expected] (see :meth:`yield_of`)
         self.yields: dict[str, list[float]] = {}
+        self.ends = [0.0, 0.0]  # answers that ended before max_length, tokens kept (see end_hazard)
         #: per cost table (a batch bucket's), the last ranking of the candidate shapes, shared by this pair's calls
         #: (AutoBudget.ranking): a batch call whose rows finish moves through the buckets every call
         self.rankings: dict[Any, dict] = {}
@@ -87,35 +90,48 @@ class AcceptanceTable:
         self.rounds += 1
 
     def observe_tree(self, accepted: Sequence[int], children: Sequence[Sequence[int]],
-                     ranks: Sequence[Sequence[int]]) -> None:
+                     ranks: Sequence[Sequence[int]], ended: Sequence[bool] | None = None) -> None:
         """Per row: ``accepted`` nodes n, ``children[j]`` valid children of the j-th path node (j = 0 the
-        root), ``ranks[j]`` the rank of the (j+1)-th path node among them (read for j < n)."""
-        for n, counts, taken in zip(accepted, children, ranks):
-            for j in range(n + 1):
+        root), ``ranks[j]`` the rank of the (j+1)-th path node among them (read for j < n); ``ended[i]``: the
+        row's answer ended at its n-th node (nothing past it was a trial)."""
+        for i, (n, counts, taken) in enumerate(zip(accepted, children, ranks)):
+            for j in range(n if ended is not None and ended[i] else n + 1):
                 if j < len(counts) and counts[j] > 0:
                     self.observe(j + 1, counts[j], taken[j] if j < n else None)
         self.rounds += 1
 
-    def observe_yield(self, label: str, family: str, expected: float, kept: float) -> None:
-        """A round of shape ``label`` (of ``family``) whose rows kept ``kept`` drafts each on average where the
-        table expected ``expected`` (both without the target's own token)."""
-        for key in (label, family):
-            sums = self.yields.setdefault(key, [0.0, 0.0])
-            sums[0] += kept
-            sums[1] += expected
-            if sums[1] > YIELD_CAP:
-                sums[0] /= 2.0
-                sums[1] /= 2.0
+    def observe_ends(self, tokens: float, ended: int) -> None:
+        """A round's live rows kept ``tokens`` tokens and ``ended`` of them ended their answer (EOS, a stop
+        string: not ``max_length``, which the rounds' shapes are cut to)."""
+        self.ends[0] += ended
+        self.ends[1] += tokens
+        if self.ends[1] > END_CAP:
+            self.ends = [self.ends[0] / 2.0, self.ends[1] / 2.0]
 
-    def yield_of(self, label: str, family: str) -> float:
-        """Drafts a round of this shape keeps per draft the table expects: the table is a marginal over contexts
-        and positions (a draft whose confidence ranks a tree's nodes well beats it, a poorly calibrated one
-        falls short; rows that stop at EOS or max_length keep less), so each shape's realised share is learned
-        from the rounds that took it, shrunk toward its family's (chains; trees of one top_k), itself toward 1."""
+    def end_hazard(self) -> float:
+        """λ: the probability that a kept token is its answer's last (answers that end taken as geometric)."""
+        return self.ends[0] / (self.ends[1] + END_PRIOR_TOKENS)
+
+    def observe_yield(self, family: str, expected: float, kept: float) -> None:
+        """A round of a shape of ``family`` whose rows kept ``kept`` drafts each on average where the table
+        expected ``expected`` (both without the target's own token)."""
+        sums = self.yields.setdefault(family, [0.0, 0.0])
+        sums[0] += kept
+        sums[1] += expected
+        if sums[1] > YIELD_CAP:
+            sums[0] /= 2.0
+            sums[1] /= 2.0
+
+    def yield_of(self, family: str) -> float:
+        """Drafts a round of a shape of ``family`` (chains; trees of one top_k) keeps per draft the table expects,
+        shrunk toward 1. The table is a marginal over contexts and positions: a draft whose confidence ranks a
+        tree's nodes well beats it, a poorly calibrated one falls short, and answers' ends are a geometric
+        guess (:meth:`end_hazard`). Learned per family, not per shape: what separates two chains of one draft
+        is their depth, which the table has; per shape, each share rested on the few rounds exploration gave
+        it, and one of them in an answer that ended at once moved it by half (on the shipped world: chain 5
+        expected 3.9 tokens per round in one run, 4.8 in another, where its rounds keep 4.8)."""
         kept, expected = self.yields.get(family, (0.0, 0.0))
-        pooled = (kept + YIELD_STRENGTH) / (expected + YIELD_STRENGTH)
-        kept, expected = self.yields.get(label, (0.0, 0.0))
-        return (kept + YIELD_STRENGTH * pooled) / (expected + YIELD_STRENGTH)
+        return (kept + YIELD_STRENGTH) / (expected + YIELD_STRENGTH)
 
     # ---- estimates -------------------------------------------------------------------------------------
     def pooled_hazard(self, rank: int, prior: float | None = None) -> float:
@@ -151,6 +167,15 @@ class AcceptanceTable:
                 left *= 1.0 - h
             table.append(row)
         return table
+
+    def kept_probabilities(self, depth: int | None = None, ranks: int | None = None) -> list[list[float]]:
+        """:meth:`probabilities` with the answer's end: a draft at depth d is kept if the target takes it and the
+        answer did not end at one of the d - 1 tokens before it, (1 - λ)^(d - 1) with λ the :meth:`end_hazard`
+        — so a node's path value (Π p along it) carries the end, and a shape reaching past answers that end
+        soon expects that much less. (The table itself counts no trial past an answer's end.)"""
+        keep = 1.0 - self.end_hazard()
+        return [[p * (keep if d else 1.0) for p in row]
+                for d, row in enumerate(self.probabilities(depth, ranks))]
 
     def as_profile(self, depth: int | None = None, ranks: int | None = None) -> list[list[float]]:
         """:meth:`probabilities` rounded, as ``--acceptance-profile`` and :meth:`set_prior` take it."""

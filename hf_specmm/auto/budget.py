@@ -15,18 +15,16 @@ from .costs import CostTable
 from .policy import PLAIN, Choice, CostAwarePolicy, FixedPolicy, Shape
 
 REFRESH, MAX_REFRESH = 8, 64  # rounds between two rankings of the candidate shapes (the tables move slowly)
-#: the shape ranked best before keeps its place unless another is predicted this much faster (see :meth:`ranking`)
+#: the shape ranked best before keeps its place unless one of its family or one predicted this much faster is best
+#: (see :func:`hold`)
 SWITCH_MARGIN = 0.04
 MIN_PROBE_GAP, MAX_PROBE_GAP = 8, 256
-#: plain generate's step is measured when the best shape's predicted rate is below this × the loop's plain step's
-PLAIN_MARGIN = 1.5
-#: calls run as plain generate only when its measured step beats the speculative calls' realised rate (the best
-#: shape's prediction before one is measured) by this factor
+#: calls run as plain generate only when a typical call is predicted this much faster so (see :meth:`runs_plain`)
 STOCK_MARGIN = 1.05
-MIN_RATE_ROUNDS = 2  # chosen rounds a call needs in a table for its realised rate to count
+MIN_RATE_ROUNDS = 2  # chosen rounds a call needs for its realised rate to count
 #: one drafted round in EXPLORE_GAP (at first; one per ranking's refresh, up to MAX_REFRESH, once the best holds)
-#: takes, in turn, a contender predicted within EXPLORE_BAND of the best; contenders whose factor has fewer than
-#: SURE_CONTRASTS samples first, at the first gap
+#: takes, in turn, a contender predicted within EXPLORE_BAND of the best; contenders whose kind's time factor has
+#: fewer than SURE_CONTRASTS samples first, at the first gap
 EXPLORE_GAP, EXPLORE_BAND, SURE_CONTRASTS = 8, 0.10, 8
 
 
@@ -58,6 +56,8 @@ class AutoBudget(DraftBudget):
         self.plain_run = 0
         self.calibration_rounds = 0
         self.plain_forwards: list[float] = []  # a call run as plain generate: when each target forward started
+        self.created = time.perf_counter()  # the call's start (the budget is made as it starts)
+        self.row_tokens: list[int] = [0] * batch  # tokens each batch row kept in the call's rounds
 
     # ---- the loop's hooks ------------------------------------------------------------------------------
     def for_round(self, remaining: list[int], unfinished: list[bool]) -> RoundBudget:
@@ -81,23 +81,33 @@ class AutoBudget(DraftBudget):
                 torch.cuda.synchronize(device)
             self.open["drafted"] = time.perf_counter()
 
-    def observe(self, proposal: Any, accepted: Any, unfinished: list[bool]) -> None:
-        """A verified round: which drafted ranks the target took, per row still generating."""
-        if proposal.gamma == 0:
-            return
+    def observe(self, proposal: Any, accepted: Any, unfinished: list[bool], kept: list[int],
+                stopped: list[bool]) -> None:
+        """A verified round: which drafted ranks the target took, per row still generating. A row whose end (EOS,
+        ``max_length``) came inside its accepted drafts kept ``kept`` ≤ n of them: what was drafted past its end
+        is no trial (the target's tokens after EOS are no answer), so its observation stops there, a success.
+        (Counted, every answer's last round added a failure at a random depth: on the shipped world, 4-5 rounds
+        per answer, the table expected 4.1 tokens per round of chain 4 where its rounds kept 4.7.)"""
         live = [i for i, u in enumerate(unfinished) if u]
-        if not live:
+        self.acceptance.observe_ends(sum(kept[i] for i in live), sum(stopped[i] for i in live))
+        if proposal.gamma == 0 or not live:
             return
         n = accepted.n.tolist()
+        ended = [kept[i] <= n[i] for i in live]  # the end came at draft kept[i]
+        taken = [kept[i] if end else n[i] for i, end in zip(live, ended)]
         if proposal.tree is None:
-            self.acceptance.observe_chain([n[i] for i in live], [proposal.gamma] * len(live))
+            self.acceptance.observe_chain(taken, [k if end else proposal.gamma for k, end in zip(taken, ended)])
             return
         counts, ranks = tree_observations(proposal.tree, accepted.n, accepted.path)
-        self.acceptance.observe_tree([n[i] for i in live], [counts[i] for i in live], [ranks[i] for i in live])
+        self.acceptance.observe_tree(taken, [counts[i] for i in live], [ranks[i] for i in live], ended)
 
     def update(self, kept: list[int], gamma_used: int) -> None:
         if self.open is not None:
             self.open["tokens"] += sum(kept)
+        if len(kept) > len(self.row_tokens):
+            self.row_tokens += [0] * (len(kept) - len(self.row_tokens))
+        for i, k in enumerate(kept):
+            self.row_tokens[i] += k
 
     # ---- choosing --------------------------------------------------------------------------------------
     def _costs(self, rows: int) -> tuple[CostTable, CostTable]:
@@ -156,8 +166,8 @@ class AutoBudget(DraftBudget):
         the rounds that take it: a kind whose predictions went stale (its curves timed in a slow minute) would
         otherwise never be taken again (on the world at batch 1, Auto kept taking trees that ran at 0.86x plain
         where the best fixed chain ran at 0.99x). The gap is :data:`EXPLORE_GAP` drafted rounds while a
-        contender's time factor rests on fewer than :data:`SURE_CONTRASTS` samples (those go first: with rounds
-        20-30 % apart by noise alone, a few samples cannot tell shapes 5-10 % apart), else it grows with the
+        contender's kind's time factor rests on fewer than :data:`SURE_CONTRASTS` samples (those go first: with
+        rounds 20-30 % apart by noise alone, a few samples cannot tell kinds 5-10 % apart), else it grows with the
         ranking's refresh (up to :data:`MAX_REFRESH`) while the best shape holds: each explored round may be that
         much slower, and a settled ranking needs them rarely. (Leaving the other kind's best to the slow pace
         alone let the top-4 trees hold two drafts at batch 1 on the world, 7 % and 19 % behind the best chain.)"""
@@ -169,7 +179,7 @@ class AutoBudget(DraftBudget):
         if other is not None and other not in near:
             near.append(other)
         costs = self.ranked_by
-        unsure = [c for c in near if costs is None or costs.contrasts(c.shape.label) < SURE_CONTRASTS]
+        unsure = [c for c in near if costs is None or costs.contrasts(c.shape.kind) < SURE_CONTRASTS]
         shared = pair.rankings.get(costs)
         gap = EXPLORE_GAP if unsure else max(EXPLORE_GAP, shared["refresh"] if shared else 0)
         if pair.explored < gap or not near:
@@ -183,10 +193,10 @@ class AutoBudget(DraftBudget):
         """The candidates ranked by ``costs`` and this pair's acceptance, best first (per row: the live rows
         change). A ranking is a few ms of Python, so it is shared by the pair's calls and made again only every
         ``refresh`` rounds: :data:`REFRESH`, doubling up to :data:`MAX_REFRESH` while the best shape holds (the
-        tables move slowly); a short call mostly reuses the last call's. The last best keeps its place unless
-        another shape is predicted :data:`SWITCH_MARGIN` faster: predictions of shapes a few % apart swing by
-        more than that between minutes, and each switch of shape pays for timing the newcomer (on the world
-        at batch 1 the chosen chain went 6 -> 7 -> 3 between passes, 7-17 % behind the best fixed chain)."""
+        tables move slowly); a short call mostly reuses the last call's. The last best keeps its place unless a
+        shape of its family or one predicted :data:`SWITCH_MARGIN` faster is best (:func:`hold`): a switch to
+        another family pays for learning its realised share and time factor again, one within a family does not
+        (a margin there held chain 4 on the shipped world where chain 5 was predicted 2 % and ran 7 % faster)."""
         shared = self.acceptance.rankings.get(costs)
         rounds = self.acceptance.clock
         if shared is not None and rounds < shared["until"]:
@@ -214,30 +224,30 @@ class AutoBudget(DraftBudget):
                 not entry["table"].first_round(shape.label, shape.kind, shape.width, shape.draft_label):
             if choice.curve_seconds > 0 and shape == choice.shape and entry["chooser"] is entry["table"]:
                 # the speed index first: add() divides by it (a round chosen by another bucket's curves: no ratio)
-                entry["table"].observe_ratio(shape.label, shape.kind, choice.curve_seconds, seconds)
+                entry["table"].observe_ratio(shape.kind, choice.curve_seconds, seconds)
             entry["table"].add(shape.kind, shape.width, shape.draft_label, draft, max(seconds - draft, 0.0))
         if choice.predicted_tokens_per_s is not None and shape == choice.shape and shape.gamma and entry["rows"]:
-            # what this shape's rounds realise of the table's expectation (AcceptanceTable.yield_of), over every
-            # live row: a row that stops in the round (EOS, max_length) keeps only what its end allows, and a
-            # larger shape wastes more there; on short answers those rounds are a large share of the call's
-            self.acceptance.observe_yield(shape.label, shape.family, choice.accepted,
+            # what this family's rounds realise of the table's expectation (AcceptanceTable.yield_of), over every
+            # live row: a row that stops in the round (EOS, max_length) keeps only what its end allows
+            self.acceptance.observe_yield(shape.family, choice.accepted,
                                           max(entry["tokens"] / entry["rows"] - 1.0, 0.0))
         per_row = choice.predicted_tokens_per_s
         self.log.append({"shape": shape.label, "predicted": None if per_row is None else per_row * entry["rows"],
-                         "tokens": entry["tokens"], "table": entry["table"],
+                         "tokens": entry["tokens"],
                          "seconds": seconds, "rows": entry["rows"],
                          "expected": choice.expected_tokens if choice.predicted_tokens_per_s is not None else None})
 
     # ---- whole calls as plain generate -------------------------------------------------------------------
     def runs_plain(self) -> bool:
-        """Whether this call is best run as plain ``generate`` (stock's own decoding loop, no draft): once the
-        costs are calibrated, when plain generate's measured step is :data:`STOCK_MARGIN` faster than the tokens
-        per second the speculative calls realised (an overhead-bound machine: the speculative loop's own plain
-        step costs more than stock's). Plain generate's step is measured the first time the best shape's
-        prediction is not clearly ahead of the loop's plain step; every ``plain_gap``-th call still runs
-        speculatively (doubling), so costs, acceptance and the realised rate stay current. The decision goes by
-        realised rates, not predictions: one pessimistic prediction (on the world, an image-adapter draft
-        predicted below plain generate while its chain 5 ran at 1.13x plain) would hold for up to 64 calls."""
+        """Whether this call is best run as plain ``generate`` (stock's own decoding loop, no draft). Once the
+        costs are calibrated, one call runs as plain generate (it is plain generate: no slower than plain), its
+        steps and what it spent outside them (set-up, the prefill) timed; from then on a call runs so where the
+        recent calls' lengths would take :data:`STOCK_MARGIN` less time that way, whole calls compared (the
+        draft's prefill and set-up included; :meth:`CostTable.stock_share`): an overhead-bound machine (tiny
+        models, a fast GPU at small batches). Every ``plain_gap``-th call still runs speculatively (doubling),
+        so costs, acceptance and the rates stay current. Measured calls, not predictions: one pessimistic
+        prediction (on the world, an image-adapter draft predicted below plain generate while its chain 5 ran
+        at 1.13x plain) would hold for up to 64 calls."""
         if isinstance(self.policy, FixedPolicy) or not self.policy.calibrated(self.costs):
             return False
         state = (id(self.costs), self.costs.version, self.acceptance.rounds)
@@ -245,16 +255,14 @@ class AutoBudget(DraftBudget):
             ranked = self.ranking(self.costs)  # unchanged while calls run as plain generate
             if not ranked:
                 return False
-            loop_plain = next((c.predicted_tokens_per_s for c in ranked if c.shape == PLAIN), None)
-            self.acceptance.plain_ranking = (state, ranked[0].predicted_tokens_per_s, loop_plain, ranked[0].shape)
-        _, best, loop_plain, best_shape = self.acceptance.plain_ranking
-        stock, realised = self.costs.stock_step_time(), self.costs.call_rate()
-        if best_shape == PLAIN:  # the loop would only take plain steps: plain generate's own loop does it cheaper
+            self.acceptance.plain_ranking = (state, ranked[0].predicted_tokens_per_s, ranked[0].shape)
+        _, best, best_shape = self.acceptance.plain_ranking
+        stock = self.costs.stock_step_time()
+        if best_shape == PLAIN or stock is None:  # the loop would take plain steps only, or never measured
             wins = True
-        elif stock is None:  # not measured yet: measure it where plain generate may win
-            wins = loop_plain is None or best < PLAIN_MARGIN * loop_plain
-        else:  # plain generate only where it is clearly faster
-            wins = (realised if realised is not None else best) * STOCK_MARGIN < 1.0 / stock
+        else:  # whole calls; the prediction only until a speculative call's rate is measured
+            share = self.costs.stock_share()
+            wins = share * STOCK_MARGIN < 1.0 if share is not None else best * STOCK_MARGIN < 1.0 / stock
         if not wins:
             self.acceptance.plain_calls = 0
             return False
@@ -284,7 +292,9 @@ class AutoBudget(DraftBudget):
     def report(self) -> dict[str, Any]:
         """``last_stats(model).auto``: per shape taken, its rounds, tokens, measured and predicted tokens per
         second (predictions exist for rounds the cost model chose: not for calibration or fixed rounds)."""
-        self._close(time.perf_counter(), timed=False)  # the last round ends with the call
+        now = time.perf_counter()
+        self._close(now, timed=False)  # the last round ends with the call
+        self._time_call(now - self.created)
         per_shape: dict[str, dict[str, Any]] = {}
         for entry in self.log:
             s = per_shape.setdefault(entry["shape"], {"rounds": 0, "tokens": 0, "seconds": 0.0, "row_rounds": 0,
@@ -305,13 +315,6 @@ class AutoBudget(DraftBudget):
             s["expected_tokens_per_round"] = sum(expected) / len(expected) if expected else None
         chosen = [e for e in self.log if e["predicted"] is not None]
         tokens, seconds = sum(e["tokens"] for e in chosen), sum(e["seconds"] for e in chosen)
-        by_table: dict[int, list[dict[str, Any]]] = {}  # runs_plain's evidence: what each table's rounds realised
-        for e in chosen:
-            by_table.setdefault(id(e["table"]), []).append(e)
-        for mine in by_table.values():
-            row_seconds = sum(e["seconds"] * e["rows"] for e in mine)
-            if len(mine) >= MIN_RATE_ROUNDS and row_seconds > 0:
-                mine[0]["table"].add_call_rate(sum(e["tokens"] for e in mine) / row_seconds)
         return {
             "shapes": [e["shape"] for e in self.log],
             "per_shape": per_shape,
@@ -322,17 +325,39 @@ class AutoBudget(DraftBudget):
             "cost_key": self.cost_key,
         }
 
+    def _time_call(self, seconds: float) -> None:
+        """The call into the call's cost table (:meth:`runs_plain`): a speculative call's realised rate, its
+        seconds outside its rounds and its longest row (not a call with calibration rounds: their shapes are no
+        choice); plain generate's seconds outside its decoding steps, its mean step and its longest row."""
+        if isinstance(self.policy, FixedPolicy) or not self.log:
+            return
+        if self.log[0]["shape"] == "plain generate":
+            starts = self.plain_forwards  # the prefill's forward, then one per decoding step
+            if len(starts) >= 3:
+                step = (starts[-1] - starts[1]) / (len(starts) - 2)
+                self.costs.add_stock_call(max(seconds - (len(starts) - 1) * step, 0.0), step, len(starts) - 1)
+        elif not self.calibration_rounds:
+            chosen = [e for e in self.log if e["predicted"] is not None]
+            row_seconds = sum(e["seconds"] * e["rows"] for e in chosen)
+            rate = sum(e["tokens"] for e in chosen) / row_seconds if len(chosen) >= MIN_RATE_ROUNDS and row_seconds else None
+            self.costs.add_call(rate, max(seconds - sum(e["seconds"] for e in self.log), 0.0), max(self.row_tokens))
+
 
 def hold(ranked: list[Choice], last: Shape | None, margin: float = SWITCH_MARGIN) -> list[Choice]:
-    """``ranked`` with ``last`` (the best of the ranking before) moved first unless the best is predicted more than
-    ``margin`` faster than it.
+    """``ranked`` with ``last`` (the best of the ranking before) moved first unless the best is of its family
+    (chains; trees of one top_k: their shares and factors are one) or predicted more than ``margin`` faster.
 
-    >>> a, b = Choice(Shape(3), 103.0, 3.0), Choice(Shape(4), 100.0, 3.5)
-    >>> [c.shape.label for c in hold([a, b], Shape(4))], [c.shape.label for c in hold([a, b], Shape(4), 0.02)]
-    (['chain 4', 'chain 3'], ['chain 3', 'chain 4'])
+    >>> from hf_specmm.trees import TreeShape
+    >>> tree = Shape(4, TreeShape(2, 4, 8))
+    >>> a, b, c = Choice(Shape(3), 103.0, 3.0), Choice(tree, 100.0, 3.5), Choice(Shape(4), 101.0, 3.4)
+    >>> [x.shape.label for x in hold([a, b], tree)], [x.shape.label for x in hold([a, b], tree, 0.02)]
+    (['tree 2,4,8', 'chain 3'], ['chain 3', 'tree 2,4,8'])
+    >>> [x.shape.label for x in hold([a, c], Shape(4))]  # one family: the best goes first
+    ['chain 3', 'chain 4']
     """
     kept = next((i for i, c in enumerate(ranked) if c.shape == last), None)
-    if not kept or ranked[0].predicted_tokens_per_s > (1.0 + margin) * ranked[kept].predicted_tokens_per_s:
+    if not kept or ranked[0].shape.family == ranked[kept].shape.family or \
+            ranked[0].predicted_tokens_per_s > (1.0 + margin) * ranked[kept].predicted_tokens_per_s:
         return ranked
     return [ranked[kept]] + ranked[:kept] + ranked[kept + 1:]
 

@@ -14,8 +14,10 @@ counts (costs do not shrink with width, so a non-monotone pair of medians is noi
 beyond the fitted points, linear interpolation. So a few calibration widths predict every shape, and a noisy
 sample at one width is averaged with its neighbours' instead of steering the choice. The verification time is
 such a curve in the block width (chain blocks and tree blocks separately: a tree's mask and path bookkeeping
-cost more), a chain's drafting time one in γ, a tree's drafting time a chain of 1 (the pending read and the
-root) plus (depth - 1) levels whose cost is one in their width top_k.
+cost more), a tree's drafting time a chain of 1 (the pending read and the root) plus (depth - 1) levels whose
+cost is one in their width top_k. A chain's drafting time is a line in γ (:func:`line`: each step is one forward
+of the same draft), fitted to every γ's median at once: per-γ medians of nine rounds 20-30 % apart put chains
+5 and 6 at the same cost on the shipped world, where their rounds took 19.3 and 22.0 ms.
 """
 
 from __future__ import annotations
@@ -30,9 +32,8 @@ from pathlib import Path
 from typing import Any
 
 SAMPLES = 9  # timings per key (curve points are fixed once they have these; stock steps: the recent ones)
-#: relative round-time ratios kept per shape and per kind (chain, tree), see :meth:`CostTable.time_factor`
-RATIO_SAMPLES, KIND_SAMPLES = 16, 64
-RATIO_STRENGTH = 4.0  # pseudo-rounds pulling a shape's relative factor toward its kind's, and a kind's toward 1
+KIND_SAMPLES = 64  # relative round-time ratios kept per kind (chain, tree), see :meth:`CostTable.time_factor`
+RATIO_STRENGTH = 4.0  # pseudo-rounds pulling a kind's relative factor toward 1
 SPEED_WEIGHT = 0.2  # how far one round moves the machine's speed index (fast: curves are fixed, see add)
 CALIBRATION_SAMPLES = 3  # timings per calibration shape before the policy chooses (curve points are fixed: a median of 3
 # is robust to one slow round, one of 2 is not)
@@ -79,20 +80,26 @@ class CostTable:
             kind: {int(w): list(v) for w, v in data.get("verify", {}).get(kind, {}).items()} for kind in ("chain", "tree")}
         self.draft: dict[str, list[float]] = {k: list(v) for k, v in data.get("draft", {}).items()}
         self.stock: list[float] = list(data.get("stock", []))  # plain generate's own decoding steps
-        #: per speculative call, the tokens per row-second its chosen rounds realised (see :meth:`add_call_rate`)
+        #: per speculative call, the tokens per row-second its chosen rounds realised and the seconds it spent
+        #: outside its rounds (set-up, the target's and the draft's prefills); per call run as plain generate, its
+        #: seconds outside its decoding steps and its mean step; per call of either, its longest row's tokens
         self.rates: list[float] = list(data.get("rates", []))
-        #: per shape label and per kind: recent relative ratios (round seconds measured / predicted by the curves,
-        #: over the speed index of the moment), and the speed index itself; see :meth:`time_factor`
-        self.ratios: dict[str, list[float]] = {k: list(v) for k, v in data.get("ratios", {}).items()}
+        self.overheads: list[float] = list(data.get("overheads", []))
+        self.lengths: list[float] = list(data.get("lengths", []))
+        self.stock_calls: list[list[float]] = [list(c) for c in data.get("stock_calls", [])]
+        #: per kind: recent relative ratios (round seconds measured / predicted by the curves, over the speed index
+        #: of the moment), and the speed index itself; see :meth:`time_factor`
         self.kind_ratios: dict[str, list[float]] = {k: list(v) for k, v in data.get("kind_ratios", {}).items()}
         self.speed = float(data.get("speed", 1.0))
-        self.last_label: str | None = None  # the shape of the last round observe_ratio saw
+        self.last_kind: str | None = None  # the kind of the last round observe_ratio saw
         self.version = 0  # bumped by every round timed (a ranking made at one version holds until the next)
         self.seen: set[str] = set()  # shapes whose first round in this table has passed (see :meth:`first_round`)
 
     def to_json(self) -> dict[str, Any]:
         return {"verify": {kind: {str(w): v for w, v in widths.items()} for kind, widths in self.verify.items()},
-                "draft": dict(self.draft), "stock": list(self.stock), "rates": list(self.rates), "ratios": dict(self.ratios),
+                "draft": dict(self.draft), "stock": list(self.stock), "rates": list(self.rates),
+                "overheads": list(self.overheads), "lengths": list(self.lengths),
+                "stock_calls": [list(c) for c in self.stock_calls],
                 "kind_ratios": dict(self.kind_ratios), "speed": self.speed}
 
     def add_stock_step(self, seconds: float) -> None:
@@ -102,14 +109,37 @@ class CostTable:
         """Seconds of one step of plain generate's own loop (None: never measured)."""
         return _median(self.stock) if self.stock else None
 
-    def add_call_rate(self, tokens_per_row_s: float) -> None:
-        """What a speculative call's rounds (those the cost model chose, in this table) realised: tokens kept per
-        row and second, everything in the round included (drafting, verification, the loop's bookkeeping)."""
-        _push(self.rates, tokens_per_row_s)
+    def add_call(self, tokens_per_row_s: float | None, overhead_s: float, tokens: int) -> None:
+        """A speculative call (no calibration round in it): the tokens per row-second its chosen rounds realised
+        (None: too few of them), its seconds outside its rounds and its longest row's tokens."""
+        if tokens_per_row_s is not None:
+            _push(self.rates, tokens_per_row_s)
+        _push(self.overheads, overhead_s)
+        _push(self.lengths, float(tokens))
 
-    def call_rate(self) -> float | None:
-        """The recent speculative calls' realised tokens per row-second (None: none yet)."""
-        return _median(self.rates) if self.rates else None
+    def add_stock_call(self, overhead_s: float, step_s: float, tokens: int) -> None:
+        """A call run as plain generate: its seconds outside its decoding steps (set-up, the prefill), its mean
+        decoding step (over the whole call: a median of the last 9 steps alone moved by 2x between calls) and
+        its longest row's tokens."""
+        _push(self.stock_calls, [overhead_s, step_s])
+        _push(self.lengths, float(tokens))
+
+    def stock_share(self) -> float | None:
+        """Plain generate's time over the speculative loop's, for the recent calls' lengths (their longest rows'
+        tokens, calls of either kind): each way its overhead (medians over its recent calls: set-up, prefills,
+        the draft's included) plus the tokens at its rate (plain generate's mean step; the speculative rounds'
+        realised tokens per row-second, median of 9 calls). None until both were measured. Whole calls, not
+        rounds: on tiny models at batch 4 a chain's rounds realised more tokens per second than plain generate's
+        steps while its calls ran at 0.78x plain. Rates and lengths apart, not the calls' times: while plain
+        generate wins, a speculative call runs only every 8th..64th call, the same prompt each time where the
+        prompts cycle, and its times alone decided (the world's EAGLE-3 head stayed in plain generate, 0.84x
+        its best chain, after the one 2-token answer it drew)."""
+        if not self.rates or not self.stock_calls or not self.lengths:
+            return None
+        overhead, step = (_median([c[i] for c in self.stock_calls]) for i in (0, 1))
+        rate, spec_overhead = _median(self.rates), _median(self.overheads)
+        plain = sum(overhead + n * step for n in self.lengths)
+        return plain / sum(spec_overhead + n / rate for n in self.lengths)
 
     # ---- timings ---------------------------------------------------------------------------------------
     def add(self, kind: str, width: int, draft_label: str | None, draft_s: float, verify_s: float) -> None:
@@ -144,48 +174,46 @@ class CostTable:
         self.seen.add(label)
         return self.samples(kind, width, draft_label) == 0
 
-    def observe_ratio(self, label: str, kind: str, predicted_s: float, measured_s: float) -> None:
-        """A round of shape ``label`` (a ``kind`` 'chain' or 'tree') took ``measured_s`` where the curves predicted
-        ``predicted_s``: its ratio is the machine's speed of the moment times the shape's own factor.
+    def observe_ratio(self, kind: str, predicted_s: float, measured_s: float) -> None:
+        """A round of a ``kind`` ('chain': plain steps included, or 'tree') took ``measured_s`` where the curves
+        predicted ``predicted_s``: its ratio is the machine's speed of the moment times the kind's own factor.
 
-        Which of the two moved is known only from a contrast: a round whose shape differs from the round before
+        Which of the two moved is known only from a contrast: a round of the other kind than the round before
         (an explored shape, a switch) is read against the speed index the rounds before it left, and sets its
-        shape's relative factor; a round of the same shape as before moves the speed index only. Learning both
+        kind's relative factor; a round of the same kind as before moves the speed index only. Learning both
         from the same rounds split every change of the taken shape's time between the two at random, and a
-        slow spell timed on the taken shape made the others look faster by part of it."""
+        slow spell timed on the taken kind made the other look faster by part of it."""
         ratio = min(max(measured_s / predicted_s, 0.25), 4.0)  # one stalled round moves a factor, never owns it
-        if label != self.last_label:
-            for key, table, keep in ((label, self.ratios, RATIO_SAMPLES), (kind, self.kind_ratios, KIND_SAMPLES)):
-                values = table.setdefault(key, [])
-                values.append(ratio / self.speed)
-                del values[:-keep]
-            self.last_label = label
-        self.speed += SPEED_WEIGHT * (ratio / self.relative_factor(label, kind) - self.speed)
+        if kind != self.last_kind:
+            values = self.kind_ratios.setdefault(kind, [])
+            values.append(ratio / self.speed)
+            del values[:-KIND_SAMPLES]
+            self.last_kind = kind
+        self.speed += SPEED_WEIGHT * (ratio / self.relative_factor(kind) - self.speed)
 
-    def contrasts(self, label: str) -> int:
-        """Samples of shape ``label``'s own factor (its contrast rounds, the recent ones)."""
-        return len(self.ratios.get(label, ()))
+    def contrasts(self, kind: str) -> int:
+        """Samples of a kind's own factor (its contrast rounds, the recent ones)."""
+        return len(self.kind_ratios.get(kind, ()))
 
-    def relative_factor(self, label: str, kind: str) -> float:
-        """A shape's realised round time over the curves' prediction, at the machine's usual speed: the mean of its
-        recent relative ratios, shrunk (:data:`RATIO_STRENGTH`) toward its kind's, itself toward 1. The curves
-        are fitted to per-width medians and the round's two phases; a round's mean time is what tokens per
-        second divides by, and a shape's own work outside the fitted parts (a tree's masks and paths) shows in
-        its rounds only. A shape never taken borrows its kind's factor: with 1 it would look faster than every
-        shape whose rounds were timed, and the best-predicted of many untried shapes would win by that alone."""
-        pool = self.kind_ratios.get(kind, [])
-        pooled = (sum(pool) + RATIO_STRENGTH) / (len(pool) + RATIO_STRENGTH)
-        own = self.ratios.get(label, [])
-        return (sum(own) + RATIO_STRENGTH * pooled) / (len(own) + RATIO_STRENGTH)
+    def relative_factor(self, kind: str) -> float:
+        """A kind's realised round time over the curves' prediction, at the machine's usual speed: the mean of its
+        recent relative ratios, shrunk (:data:`RATIO_STRENGTH`) toward 1. The curves are fitted to the round's two
+        phases; a round's mean time is what tokens per second divides by, and a tree's work outside the fitted
+        parts (its masks and paths) shows in its rounds only. Per kind, not per shape: chains of one draft
+        differ by what the curves have (width, steps); per shape, each factor rested on the few rounds
+        exploration gave it and moved by 10-20 % between runs (on the shipped world chain 6 was predicted 16.7
+        ms per round where its rounds took 22.0, and Auto took chain 8 at 1.16x chain 5's wall time)."""
+        own = self.kind_ratios.get(kind, [])
+        return (sum(own) + RATIO_STRENGTH) / (len(own) + RATIO_STRENGTH)
 
-    def time_factor(self, label: str, kind: str) -> float:
-        """Realised over predicted round time of shape ``label`` now: the machine's speed index times the shape's
-        :meth:`relative_factor`. Each round's ratio is read as speed × the shape's factor: the speed index (a
-        moving average of what the rounds imply, :data:`SPEED_WEIGHT`) follows the machine, and a shape's factor
-        is kept apart from the moment it was timed at. On shared cores the speed drifts by up to 1.5x within a
-        minute, and a shape's timings are refreshed only by the rounds that take it: raw ratios of the taken
-        shape (fresh) against those of the others (old) would compare moments, not shapes."""
-        return self.speed * self.relative_factor(label, kind)
+    def time_factor(self, kind: str) -> float:
+        """Realised over predicted round time of a ``kind``'s shapes now: the machine's speed index times the
+        kind's :meth:`relative_factor`. Each round's ratio is read as speed × the kind's factor: the speed index
+        (a moving average of what the rounds imply, :data:`SPEED_WEIGHT`) follows the machine, and a kind's
+        factor is kept apart from the moment it was timed at. On shared cores the speed drifts by up to 1.5x
+        within a minute, and a kind is timed only by the rounds that take it: raw ratios of the taken kind
+        (fresh) against those of the other (old) would compare moments, not kinds."""
+        return self.speed * self.relative_factor(kind)
 
     def samples(self, kind: str, width: int, draft_label: str | None) -> int:
         n = len(self.verify[kind].get(width, []))
@@ -219,6 +247,27 @@ def isotonic(points: dict[int, list[float]]) -> dict[int, float]:
     return {xs[i]: v for v, _, a, b in blocks for i in range(a, b + 1)}
 
 
+def line(points: dict[int, list[float]]) -> dict[int, float]:
+    """The weighted least-squares line through each x's median (weighted by its sample count), non-decreasing,
+    read at those x: a chain's drafting time, whose every step is one forward of the same draft.
+
+    >>> line({1: [3.0], 2: [5.0, 5.0], 4: [9.0, 9.0, 9.0]})
+    {1: 3.0, 2: 5.0, 4: 9.0}
+    >>> line({2: [6.0], 4: [4.0]})  # falling medians are noise: their weighted mean
+    {2: 5.0, 4: 5.0}
+    """
+    xs = sorted(x for x in points if points[x])
+    if not xs:
+        return {}
+    w = [float(len(points[x])) for x in xs]
+    y = [_median(points[x]) for x in xs]
+    total = sum(w)
+    mx, my = sum(wi * x for wi, x in zip(w, xs)) / total, sum(wi * yi for wi, yi in zip(w, y)) / total
+    sxx = sum(wi * (x - mx) ** 2 for wi, x in zip(w, xs))
+    slope = max(sum(wi * (x - mx) * (yi - my) for wi, x, yi in zip(w, xs, y)) / sxx, 0.0) if sxx > 0 else 0.0
+    return {x: max(my + slope * (x - mx), 0.0) for x in xs}
+
+
 class CostModel:
     """Predicted seconds from a :class:`CostTable`'s fitted curves (see the module): built once per ranking."""
 
@@ -226,7 +275,7 @@ class CostModel:
         self.verify = {kind: isotonic(widths) for kind, widths in table.verify.items()}
         if not self.verify["tree"]:  # no tree timed: its width's chain time (a lower bound)
             self.verify["tree"] = dict(self.verify["chain"])
-        self.chain = isotonic({int(k.split(":")[1]): v for k, v in table.draft.items() if k.startswith("chain:")})
+        self.chain = line({int(k.split(":")[1]): v for k, v in table.draft.items() if k.startswith("chain:")})
         self.base = interpolate(self.chain, 1)
         per_level: dict[int, list[float]] = {}
         for label, values in table.draft.items():

@@ -5,7 +5,7 @@ For every candidate shape s (a plain target step, a chain of γ, a tree (top_k, 
     tokens/s(s) = rows · (1 + y(s) · E[accepted | s]) / (z(s) · (T_verify(kind, width(s)) + T_draft(s)))
 
 with E[accepted] from the learned acceptance (:mod:`hf_specmm.auto.acceptance`), y(s) the share of it that
-rounds of s realised so far (:meth:`~hf_specmm.auto.acceptance.AcceptanceTable.yield_of`), the times from
+rounds of s's family (chains; trees of one top_k) realised so far (:meth:`~hf_specmm.auto.acceptance.AcceptanceTable.yield_of`), the times from
 the measured costs' fitted curves (:mod:`hf_specmm.auto.costs`) and z(s) the realised share of those times
 (:meth:`~hf_specmm.auto.costs.CostTable.time_factor`). A plain step has E = 0 and no drafting. Until every calibration shape of
 the cost key has been timed, rounds take those shapes in turn (real rounds: their tokens count).
@@ -124,7 +124,7 @@ class CostAwarePolicy:
 
     def expected_accepted(self, acceptance: AcceptanceTable) -> dict[Shape, float]:
         """E[accepted drafts] of every candidate shape."""
-        p = acceptance.probabilities(self.max_depth, max(TOP_KS))
+        p = acceptance.kept_probabilities(self.max_depth, max(TOP_KS))
         chains = chain_lengths(p, self.max_depth)
         out: dict[Shape, float] = {}
         by_k: dict[int, dict[tuple[int, int], float]] = {}
@@ -146,8 +146,8 @@ class CostAwarePolicy:
             seconds = round_time(model, shape)
             if seconds is None or seconds <= 0:
                 continue
-            tokens = 1.0 + accepted * acceptance.yield_of(shape.label, shape.family) if shape.gamma else 1.0
-            realised = seconds * costs.time_factor(shape.label, shape.kind)
+            tokens = 1.0 + accepted * acceptance.yield_of(shape.family) if shape.gamma else 1.0
+            realised = seconds * costs.time_factor(shape.kind)
             choices.append(Choice(shape, rows * tokens / realised, tokens, accepted, seconds))
         choices.sort(key=lambda c: -c.predicted_tokens_per_s)
         return choices
