@@ -294,7 +294,8 @@ class AutoBudget(DraftBudget):
         second (predictions exist for rounds the cost model chose: not for calibration or fixed rounds)."""
         now = time.perf_counter()
         self._close(now, timed=False)  # the last round ends with the call
-        self._time_call(now - self.created)
+        chosen = [e for e in self.log if e["predicted"] is not None]  # the rounds the cost model chose
+        self._time_call(now - self.created, chosen)
         per_shape: dict[str, dict[str, Any]] = {}
         for entry in self.log:
             s = per_shape.setdefault(entry["shape"], {"rounds": 0, "tokens": 0, "seconds": 0.0, "row_rounds": 0,
@@ -313,7 +314,6 @@ class AutoBudget(DraftBudget):
             # tokens a row kept per round: measured, and as the acceptance table expected it
             s["measured_tokens_per_round"] = s["tokens"] / row_rounds if row_rounds else None
             s["expected_tokens_per_round"] = sum(expected) / len(expected) if expected else None
-        chosen = [e for e in self.log if e["predicted"] is not None]
         tokens, seconds = sum(e["tokens"] for e in chosen), sum(e["seconds"] for e in chosen)
         return {
             "shapes": [e["shape"] for e in self.log],
@@ -325,7 +325,7 @@ class AutoBudget(DraftBudget):
             "cost_key": self.cost_key,
         }
 
-    def _time_call(self, seconds: float) -> None:
+    def _time_call(self, seconds: float, chosen: list[dict[str, Any]]) -> None:
         """The call into the call's cost table (:meth:`runs_plain`): a speculative call's realised rate, its
         seconds outside its rounds and its longest row (not a call with calibration rounds: their shapes are no
         choice); plain generate's seconds outside its decoding steps, its mean step and its longest row."""
@@ -337,9 +337,9 @@ class AutoBudget(DraftBudget):
                 step = (starts[-1] - starts[1]) / (len(starts) - 2)
                 self.costs.add_stock_call(max(seconds - (len(starts) - 1) * step, 0.0), step, len(starts) - 1)
         elif not self.calibration_rounds:
-            chosen = [e for e in self.log if e["predicted"] is not None]
             row_seconds = sum(e["seconds"] * e["rows"] for e in chosen)
-            rate = sum(e["tokens"] for e in chosen) / row_seconds if len(chosen) >= MIN_RATE_ROUNDS and row_seconds else None
+            enough = len(chosen) >= MIN_RATE_ROUNDS and row_seconds > 0
+            rate = sum(e["tokens"] for e in chosen) / row_seconds if enough else None
             self.costs.add_call(rate, max(seconds - sum(e["seconds"] for e in self.log), 0.0), max(self.row_tokens))
 
 

@@ -5,8 +5,9 @@ For every candidate shape s (a plain target step, a chain of γ, a tree (top_k, 
     tokens/s(s) = rows · (1 + y(s) · E[accepted | s]) / (z(s) · (T_verify(kind, width(s)) + T_draft(s)))
 
 with E[accepted] from the learned acceptance (:mod:`hf_specmm.auto.acceptance`), y(s) the share of it that
-rounds of s's family (chains; trees of one top_k) realised so far (:meth:`~hf_specmm.auto.acceptance.AcceptanceTable.yield_of`), the times from
-the measured costs' fitted curves (:mod:`hf_specmm.auto.costs`) and z(s) the realised share of those times
+rounds of s's family (chains; trees of one top_k) realised so far
+(:meth:`~hf_specmm.auto.acceptance.AcceptanceTable.yield_of`), the times from the measured costs' fitted curves
+(:mod:`hf_specmm.auto.costs`) and z(s) the realised share of those times for s's kind
 (:meth:`~hf_specmm.auto.costs.CostTable.time_factor`). A plain step has E = 0 and no drafting. Until every calibration shape of
 the cost key has been timed, rounds take those shapes in turn (real rounds: their tokens count).
 """
