@@ -46,17 +46,32 @@ def test_the_realised_share_of_the_expected_acceptance_steers_the_choice():
     acceptance = AcceptanceTable(depth=8)
     for _ in range(400):
         acceptance.observe_tree([3], [[4, 4, 4, 4]], [[1, 1, 1]])  # only the draft's 2nd choice is ever right
-    assert acceptance.yield_of("tree 4") == 1.0  # no round of the family yet
+    assert acceptance.yield_of("tree 4") == 1.0  # no round of any family yet
     best = policy.rank(acceptance, flat_costs(), 1)[0]
     assert best.shape.tree is not None and best.accepted > 1
-    # its rounds keep a tenth of what the table expects (a draft whose confidence ranks the tree badly)
+    acceptance.observe_yield("chain", 200.0, 200.0)  # chains keep what the table expects
+    # the best shape's rounds keep a tenth of it (a draft whose confidence ranks the tree badly)
     for _ in range(50):
         acceptance.observe_yield(best.shape.family, best.accepted, 0.1 * best.accepted)
-    assert acceptance.yield_of(best.shape.family) == pytest.approx(0.1, abs=0.03)  # 4 pseudo-drafts at 1
-    assert acceptance.yield_of("chain") == 1.0
+    pooled = acceptance.pooled_yield()
+    assert acceptance.yield_of(best.shape.family) < 0.4 < pooled < acceptance.yield_of("chain")
+    unseen = next(f for f in ("tree 2", "tree 4", "tree 8") if f != best.shape.family)
+    assert acceptance.yield_of(unseen) == pytest.approx(pooled)  # a family without rounds: the pooled share
     again = policy.rank(acceptance, flat_costs(), 1)[0]
     assert again.shape.family != best.shape.family
     assert again.expected_tokens == pytest.approx(1 + again.accepted * acceptance.yield_of(again.shape.family))
+
+
+def test_a_family_known_from_few_rounds_keeps_near_the_pooled_share():
+    acceptance = AcceptanceTable(depth=8)
+    acceptance.observe_yield("chain", 200.0, 180.0)  # many rounds at 0.9
+    acceptance.observe_yield("tree 4", 10.0, 3.0)  # a few explored rounds that happened to keep little
+    pooled = acceptance.pooled_yield()
+    assert pooled == pytest.approx((180.0 + 3.0 + 4.0) / (210.0 + 4.0))
+    assert 0.8 < acceptance.yield_of("tree 4") < pooled < acceptance.yield_of("chain") < 0.9
+    for _ in range(49):  # many more rounds at 0.3: the family's own share wins
+        acceptance.observe_yield("tree 4", 10.0, 3.0)
+    assert acceptance.yield_of("tree 4") < 0.4
 
 
 class Tables:
@@ -189,11 +204,12 @@ def test_a_shapes_first_round_at_a_width_never_timed_is_not_recorded():
     assert table.first_round("tree 2,3,8", "tree", 9, "tree:2,3") is True
 
 
-def test_the_best_shape_of_the_other_kind_is_re_timed_however_far_behind_it_is_predicted():
+def test_the_best_shape_of_the_other_kind_is_re_timed_while_within_its_band():
     """Once per exploration gap a drafted round takes, in turn, a contender: the near-ties and the best shape of
-    the other kind (a chain where a tree is best), so a kind whose predictions went stale is timed again; those
-    whose factor rests on few contrasts first, every EXPLORE_GAP-th round."""
-    from hf_specmm.auto.budget import EXPLORE_GAP, SURE_CONTRASTS
+    the other kind (a chain where a tree is best) while predicted within OTHER_KIND_BAND, so a kind whose
+    predictions went stale is timed again; those whose factor rests on few contrasts first, every EXPLORE_GAP-th
+    round. One predicted far behind is not: each of its explored rounds would cost that much."""
+    from hf_specmm.auto.budget import EXPLORE_GAP, OTHER_KIND_BAND, SURE_CONTRASTS
     from hf_specmm.trees import TreeShape
 
     policy = CostAwarePolicy(max_tokens=16, max_depth=4)
@@ -202,15 +218,20 @@ def test_the_best_shape_of_the_other_kind_is_re_timed_however_far_behind_it_is_p
     calibrate(policy, table)
     budget = AutoBudget(policy, AcceptanceTable(depth=4), tables, 1, ())
     tree, chain, far_tree = Shape(3, TreeShape(2, 3, 8)), Shape(4), Shape(4, TreeShape(4, 4, 16))
+    behind = 100.0 * (1.0 - OTHER_KIND_BAND) + 1.0
     budget.ranked, budget.ranked_by = [Choice(tree, 100.0, 3.0), Choice(far_tree, 95.0, 3.0),
-                                       Choice(chain, 60.0, 3.0), Choice(Shape(0), 50.0, 1.0)], table
+                                       Choice(chain, behind, 3.0), Choice(Shape(0), 50.0, 1.0)], table
     taken = [budget._contender(budget.ranked[0]).shape for _ in range(4 * EXPLORE_GAP)]
     assert taken.count(tree) == 4 * EXPLORE_GAP - 4
-    assert taken.count(far_tree) == 2 and taken.count(chain) == 2  # 40 % behind, re-timed all the same
+    assert taken.count(far_tree) == 2 and taken.count(chain) == 2  # outside the near band, re-timed all the same
     assert Shape(0) not in taken  # plain steps are the probes' business, not exploration's
     table.kind_ratios["chain"] = [1.0] * SURE_CONTRASTS  # the chains are sure now: the unsure near-tie goes alone
     taken = [budget._contender(budget.ranked[0]).shape for _ in range(4 * EXPLORE_GAP)]
     assert taken.count(far_tree) == 4 and chain not in taken
+    del table.kind_ratios["chain"]
+    budget.ranked[2] = Choice(chain, behind - 2.0, 3.0)  # just outside the band: no longer explored
+    taken = [budget._contender(budget.ranked[0]).shape for _ in range(4 * EXPLORE_GAP)]
+    assert chain not in taken and taken.count(far_tree) == 4
 
 
 def test_a_slow_spell_timed_on_one_shape_slows_every_shapes_prediction_alike():
@@ -259,14 +280,47 @@ def test_calls_run_as_plain_generate_by_whole_calls_measured_not_by_predictions(
     assert budget.runs_plain()  # never measured: one call as plain generate measures it
     costs = budget.costs
     costs.add_stock_step(2.0 / best.predicted_tokens_per_s)
-    assert not budget.runs_plain()  # its step: half the best shape's predicted rate
+    assert not budget.runs_plain()  # no speculative call timed beside it yet: one is, whatever the prediction
     step = costs.stock_step_time()
     costs.add_stock_call(1.0, step, 20)  # plain generate: 1 s outside its 20 steps
     for _ in range(3):  # speculative calls: twice plain generate's rate in their rounds, the same overhead
-        costs.add_call(2.0 / step, 1.0, 20)
+        costs.add_call(2.0 / step, step, 1.0, 20)
     assert costs.stock_share() == pytest.approx((1.0 + 20 * step) / (1.0 + 10 * step)) and not budget.runs_plain()
-    costs.add_call(0.01 / step, 1.0, 1)  # one short answer's slow round moves the median rate by nothing
+    costs.add_call(None, None, 1.0, 1)  # a one-token answer: one round, as long as plain generate's step
     assert not budget.runs_plain()
-    for _ in range(9):  # their draft's prefill and set-up grew to 20 plain steps: plain generate is faster, whole
-        costs.add_call(2.0 / step, 1.0 + 20 * step, 20)
+    for _ in range(5):  # their draft's prefill and set-up grew to 20 plain steps, plain generate timed beside them
+        for _ in range(3):
+            costs.add_call(2.0 / step, step, 1.0 + 20 * step, 20)
+        costs.add_stock_call(1.0, step, 20)
     assert costs.stock_share() * STOCK_MARGIN < 1.0 and budget.runs_plain()
+
+
+def test_plain_generate_is_compared_with_the_speculative_calls_next_to_it_in_time():
+    """A slow spell of the speculative calls alone does not make plain generate (timed before it) win: each
+    side is read beside the other's calls of the same moment; the calls not chosen run now and then."""
+    table, step = CostTable(), 0.01
+    table.add_stock_call(1.0, step, 20)
+    for _ in range(3):
+        table.add_call(2.0 / step, step, 1.0, 20)
+    before = table.stock_share()
+    assert before == pytest.approx((1.0 + 20 * step) / (1.0 + 10 * step))
+    for _ in range(6):  # the machine at half speed: the speculative calls take twice as long
+        table.add_call(1.0 / step, 2 * step, 2.0, 20)
+    assert table.stock_share() == pytest.approx(before)  # (their own medians over plain generate's old step: 0.55)
+    table.add_stock_call(2.0, 2 * step, 20)  # plain generate in the slow spell too
+    assert table.stock_share() == pytest.approx(before)
+    short = CostTable()  # one-token answers take a whole round of the speculative loop
+    short.add_stock_call(0.0, step, 1)
+    short.add_call(10.0 / step, 5 * step, 0.0, 1)
+    assert short.stock_share() == pytest.approx(0.2)
+
+    policy = CostAwarePolicy(max_tokens=16, max_depth=4)
+    tables = Tables()
+    calibrate(policy, tables(1)[1])
+    budget = AutoBudget(policy, AcceptanceTable(depth=4), tables, 1, ())
+    costs = budget.costs
+    costs.add_stock_step(step)
+    costs.add_stock_call(1.0, step, 20)
+    costs.add_call(2.0 / step, step, 1.0, 20)
+    runs = [budget.runs_plain() for _ in range(40)]  # speculative calls win: plain generate at the 8th, 16th, ...
+    assert [i for i, plain in enumerate(runs) if plain] == [7, 23]

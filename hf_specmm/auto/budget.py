@@ -22,10 +22,13 @@ MIN_PROBE_GAP, MAX_PROBE_GAP = 8, 256
 #: calls run as plain generate only when a typical call is predicted this much faster so (see :meth:`runs_plain`)
 STOCK_MARGIN = 1.05
 MIN_RATE_ROUNDS = 2  # chosen rounds a call needs for its realised rate to count
+MAX_CALL_GAP = 64  # calls between two of the kind not chosen (plain generate, speculative), doubling from 8
 #: one drafted round in EXPLORE_GAP (at first; one per ranking's refresh, up to MAX_REFRESH, once the best holds)
 #: takes, in turn, a contender predicted within EXPLORE_BAND of the best; contenders whose kind's time factor has
 #: fewer than SURE_CONTRASTS samples first, at the first gap
 EXPLORE_GAP, EXPLORE_BAND, SURE_CONTRASTS = 8, 0.10, 8
+#: the other kind's best drafted shape is a contender too while predicted within this of the best
+OTHER_KIND_BAND = 0.25
 
 
 class AutoBudget(DraftBudget):
@@ -160,23 +163,25 @@ class AutoBudget(DraftBudget):
         return best
 
     def _contender(self, best: Choice) -> Choice:
-        """``best``, or once per exploration gap, in turn, one of the contenders: the drafted shapes predicted
-        within :data:`EXPLORE_BAND` of it, and the best drafted shape of the other kind (the best chain where a
-        tree is best, the best tree where a chain is). A shape's timings and realised share are refreshed only by
-        the rounds that take it: a kind whose predictions went stale (its curves timed in a slow minute) would
-        otherwise never be taken again (on the world at batch 1, Auto kept taking trees that ran at 0.86x plain
-        where the best fixed chain ran at 0.99x). The gap is :data:`EXPLORE_GAP` drafted rounds while a
+        """``best``, or once per exploration gap, in turn, one of the contenders: the drafted shapes predicted within
+        :data:`EXPLORE_BAND` of it, and the best drafted shape of the other kind (the best chain where a tree is
+        best, the best tree where a chain is) while within :data:`OTHER_KIND_BAND` (an explored round costs what its
+        shape is predicted to lose, one round in 8 at first). A shape's timings and realised share are refreshed
+        only by the rounds that take it: a kind whose predictions went stale (its curves timed in a slow minute)
+        would otherwise never be taken again (on the world at batch 1, Auto kept taking trees that ran at 0.86x
+        plain where the best fixed chain ran at 0.99x). The gap is :data:`EXPLORE_GAP` drafted rounds while a
         contender's kind's time factor rests on fewer than :data:`SURE_CONTRASTS` samples (those go first: with
         rounds 20-30 % apart by noise alone, a few samples cannot tell kinds 5-10 % apart), else it grows with the
         ranking's refresh (up to :data:`MAX_REFRESH`) while the best shape holds: each explored round may be that
-        much slower, and a settled ranking needs them rarely. (Leaving the other kind's best to the slow pace
-        alone let the top-4 trees hold two drafts at batch 1 on the world, 7 % and 19 % behind the best chain.)"""
+        much slower, and a settled ranking needs them rarely. (Leaving the other kind's best to the slow pace alone
+        let the top-4 trees hold two drafts at batch 1 on the world, 7 % and 19 % behind the best chain.)"""
         pair = self.acceptance
         pair.explored += 1
         near = [c for c in self.ranked[1:] if c.shape.gamma and
                 c.predicted_tokens_per_s >= (1.0 - EXPLORE_BAND) * best.predicted_tokens_per_s]
         other = next((c for c in self.ranked[1:] if c.shape.gamma and c.shape.kind != best.shape.kind), None)
-        if other is not None and other not in near:
+        if other is not None and other not in near and \
+                other.predicted_tokens_per_s >= (1.0 - OTHER_KIND_BAND) * best.predicted_tokens_per_s:
             near.append(other)
         costs = self.ranked_by
         unsure = [c for c in near if costs is None or costs.contrasts(c.shape.kind) < SURE_CONTRASTS]
@@ -244,10 +249,12 @@ class AutoBudget(DraftBudget):
         steps and what it spent outside them (set-up, the prefill) timed; from then on a call runs so where the
         recent calls' lengths would take :data:`STOCK_MARGIN` less time that way, whole calls compared (the
         draft's prefill and set-up included; :meth:`CostTable.stock_share`): an overhead-bound machine (tiny
-        models, a fast GPU at small batches). Every ``plain_gap``-th call still runs speculatively (doubling),
-        so costs, acceptance and the rates stay current. Measured calls, not predictions: one pessimistic
-        prediction (on the world, an image-adapter draft predicted below plain generate while its chain 5 ran
-        at 1.13x plain) would hold for up to 64 calls."""
+        models, a fast GPU at small batches). Whichever wins, a call of the other now and then (the 8th, 16th, ...
+        up to every :data:`MAX_CALL_GAP`-th) keeps both sides measured next to each other in time: costs,
+        acceptance and the rates current, and plain generate's side no older than the speculative one's (measured
+        once, a slow spell of the speculative calls alone flipped the choice). Measured calls, not predictions:
+        one pessimistic prediction (on the world, an image-adapter draft predicted below plain generate while its
+        chain 5 ran at 1.13x plain) would hold for up to 64 calls."""
         if isinstance(self.policy, FixedPolicy) or not self.policy.calibrated(self.costs):
             return False
         state = (id(self.costs), self.costs.version, self.acceptance.rounds)
@@ -255,22 +262,26 @@ class AutoBudget(DraftBudget):
             ranked = self.ranking(self.costs)  # unchanged while calls run as plain generate
             if not ranked:
                 return False
-            self.acceptance.plain_ranking = (state, ranked[0].predicted_tokens_per_s, ranked[0].shape)
-        _, best, best_shape = self.acceptance.plain_ranking
+            self.acceptance.plain_ranking = (state, ranked[0].shape)
+        best_shape = self.acceptance.plain_ranking[1]
         stock = self.costs.stock_step_time()
         if best_shape == PLAIN or stock is None:  # the loop would take plain steps only, or never measured
             wins = True
-        else:  # whole calls; the prediction only until a speculative call's rate is measured
+        else:  # whole calls, once a speculative call was timed beside plain generate (until then: speculative)
             share = self.costs.stock_share()
-            wins = share * STOCK_MARGIN < 1.0 if share is not None else best * STOCK_MARGIN < 1.0 / stock
-        if not wins:
-            self.acceptance.plain_calls = 0
-            return False
+            wins = share is not None and share * STOCK_MARGIN < 1.0
+        pair = self.acceptance
         if stock is None:
             return True
-        self.acceptance.plain_calls += 1
-        if self.acceptance.plain_calls >= self.acceptance.plain_gap:  # a speculative call now and then
-            self.acceptance.plain_calls, self.acceptance.plain_gap = 0, min(2 * self.acceptance.plain_gap, 64)
+        if not wins:  # plain generate now and then, compared with the calls next to it (CostTable.stock_share)
+            pair.plain_calls, pair.spec_calls = 0, pair.spec_calls + 1
+            if pair.spec_calls >= pair.spec_gap:
+                pair.spec_calls, pair.spec_gap = 0, min(2 * pair.spec_gap, MAX_CALL_GAP)
+                return True
+            return False
+        pair.spec_calls, pair.plain_calls = 0, pair.plain_calls + 1
+        if pair.plain_calls >= pair.plain_gap:  # a speculative call now and then
+            pair.plain_calls, pair.plain_gap = 0, min(2 * pair.plain_gap, MAX_CALL_GAP)
             return False
         return True
 
@@ -340,7 +351,9 @@ class AutoBudget(DraftBudget):
             row_seconds = sum(e["seconds"] * e["rows"] for e in chosen)
             enough = len(chosen) >= MIN_RATE_ROUNDS and row_seconds > 0
             rate = sum(e["tokens"] for e in chosen) / row_seconds if enough else None
-            self.costs.add_call(rate, max(seconds - sum(e["seconds"] for e in self.log), 0.0), max(self.row_tokens))
+            round_s = sum(e["seconds"] for e in chosen) / len(chosen) if enough else None
+            self.costs.add_call(rate, round_s, max(seconds - sum(e["seconds"] for e in self.log), 0.0),
+                                max(self.row_tokens))
 
 
 def hold(ranked: list[Choice], last: Shape | None, margin: float = SWITCH_MARGIN) -> list[Choice]:

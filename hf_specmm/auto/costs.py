@@ -35,6 +35,7 @@ SAMPLES = 9  # timings per key (curve points are fixed once they have these; sto
 KIND_SAMPLES = 64  # relative round-time ratios kept per kind (chain, tree), see :meth:`CostTable.time_factor`
 RATIO_STRENGTH = 4.0  # pseudo-rounds pulling a kind's relative factor toward 1
 SPEED_WEIGHT = 0.2  # how far one round moves the machine's speed index (fast: curves are fixed, see add)
+PAIR_CALLS = 3  # the speculative calls' recent ones a plain generate call is compared with (see CostTable._pair)
 CALIBRATION_SAMPLES = 3  # timings per calibration shape before the policy chooses (curve points are fixed: a median of 3
 # is robust to one slow round, one of 2 is not)
 
@@ -87,6 +88,11 @@ class CostTable:
         self.overheads: list[float] = list(data.get("overheads", []))
         self.lengths: list[float] = list(data.get("lengths", []))
         self.stock_calls: list[list[float]] = [list(c) for c in data.get("stock_calls", [])]
+        self.round_seconds: list[float] = list(data.get("round_seconds", []))  # per speculative call: mean round
+        #: plain generate's call beside the speculative calls next to it in time: [its overhead, its step, their
+        #: overhead, rate and mean round] (see :meth:`stock_share`); which kind the last call was
+        self.pairs: list[list[float]] = [list(p) for p in data.get("pairs", [])]
+        self.last_call: str | None = None
         #: per kind: recent relative ratios (round seconds measured / predicted by the curves, over the speed index
         #: of the moment), and the speed index itself; see :meth:`time_factor`
         self.kind_ratios: dict[str, list[float]] = {k: list(v) for k, v in data.get("kind_ratios", {}).items()}
@@ -99,8 +105,8 @@ class CostTable:
         return {"verify": {kind: {str(w): v for w, v in widths.items()} for kind, widths in self.verify.items()},
                 "draft": dict(self.draft), "stock": list(self.stock), "rates": list(self.rates),
                 "overheads": list(self.overheads), "lengths": list(self.lengths),
-                "stock_calls": [list(c) for c in self.stock_calls],
-                "kind_ratios": dict(self.kind_ratios), "speed": self.speed}
+                "stock_calls": [list(c) for c in self.stock_calls], "round_seconds": list(self.round_seconds),
+                "pairs": [list(p) for p in self.pairs], "kind_ratios": dict(self.kind_ratios), "speed": self.speed}
 
     def add_stock_step(self, seconds: float) -> None:
         _push(self.stock, seconds)
@@ -109,37 +115,57 @@ class CostTable:
         """Seconds of one step of plain generate's own loop (None: never measured)."""
         return _median(self.stock) if self.stock else None
 
-    def add_call(self, tokens_per_row_s: float | None, overhead_s: float, tokens: int) -> None:
+    def add_call(self, tokens_per_row_s: float | None, round_s: float | None, overhead_s: float, tokens: int) -> None:
         """A speculative call (no calibration round in it): the tokens per row-second its chosen rounds realised
-        (None: too few of them), its seconds outside its rounds and its longest row's tokens."""
-        if tokens_per_row_s is not None:
-            _push(self.rates, tokens_per_row_s)
+        and their mean seconds (None: too few of them), its seconds outside its rounds and its longest row's
+        tokens."""
         _push(self.overheads, overhead_s)
         _push(self.lengths, float(tokens))
+        if tokens_per_row_s is None or round_s is None:
+            return
+        _push(self.rates, tokens_per_row_s)
+        _push(self.round_seconds, round_s)
+        if self.last_call == "plain":
+            self._pair()
+        self.last_call = "spec"
 
     def add_stock_call(self, overhead_s: float, step_s: float, tokens: int) -> None:
-        """A call run as plain generate: its seconds outside its decoding steps (set-up, the prefill), its mean
-        decoding step (over the whole call: a median of the last 9 steps alone moved by 2x between calls) and
-        its longest row's tokens."""
+        """A call run as plain generate: its seconds outside its decoding steps, its mean step, its longest row's
+        tokens (its decoding steps)."""
         _push(self.stock_calls, [overhead_s, step_s])
         _push(self.lengths, float(tokens))
+        if self.last_call == "spec":
+            self._pair()
+        self.last_call = "plain"
+
+    def _pair(self) -> None:
+        """Plain generate's last call beside the recent speculative calls (the last :data:`PAIR_CALLS`): next to
+        each other in time, so the machine's speed of the moment is in both."""
+        overhead, step = self.stock_calls[-1]
+        spec = [_median(values[-PAIR_CALLS:]) for values in (self.overheads, self.rates, self.round_seconds)]
+        _push(self.pairs, [overhead, step, *spec])
 
     def stock_share(self) -> float | None:
-        """Plain generate's time over the speculative loop's, for the recent calls' lengths (their longest rows'
-        tokens, calls of either kind): each way its overhead (medians over its recent calls: set-up, prefills,
-        the draft's included) plus the tokens at its rate (plain generate's mean step; the speculative rounds'
-        realised tokens per row-second, median of 9 calls). None until both were measured. Whole calls, not
-        rounds: on tiny models at batch 4 a chain's rounds realised more tokens per second than plain generate's
-        steps while its calls ran at 0.78x plain. Rates and lengths apart, not the calls' times: while plain
-        generate wins, a speculative call runs only every 8th..64th call, the same prompt each time where the
-        prompts cycle, and its times alone decided (the world's EAGLE-3 head stayed in plain generate, 0.84x
-        its best chain, after the one 2-token answer it drew)."""
-        if not self.rates or not self.stock_calls or not self.lengths:
+        """Plain generate's time over the speculative loop's for the recent calls' lengths (their longest rows'
+        tokens, calls of either kind), the median over the recent pairs of calls next to each other in time
+        (:meth:`_pair`; None before the first pair): plain generate, its overhead (set-up, the prefill) plus a step
+        per token; the speculative loop, its overhead (set-up, the target's and the draft's prefills) plus the
+        tokens at its rounds' realised rate, at least one round (an answer of one token takes a whole round).
+
+        Whole calls, not rounds: on tiny models at batch 4 a chain's rounds realised more tokens per second than
+        plain generate's steps while its calls ran at 0.78x plain. Rates and lengths apart, not the calls' times:
+        a speculative call that runs every 8th..64th call draws the same prompt each time where the prompts
+        cycle. Pairs, not each kind's recent calls: plain generate's side rested on calls minutes older than the
+        speculative side's, and a slow spell on one side only flipped the choice (on the shipped world the
+        EAGLE-3 head's share fell from 1.3 to 0.98 with plain generate's step measured once, and its calls ran
+        as plain generate at 0.85x its chain's speed)."""
+        if not self.pairs or not self.lengths:
             return None
-        overhead, step = (_median([c[i] for c in self.stock_calls]) for i in (0, 1))
-        rate, spec_overhead = _median(self.rates), _median(self.overheads)
-        plain = sum(overhead + n * step for n in self.lengths)
-        return plain / sum(spec_overhead + n / rate for n in self.lengths)
+        shares = []
+        for plain_overhead, step, overhead, rate, round_s in self.pairs:
+            plain = sum(plain_overhead + n * step for n in self.lengths)
+            shares.append(plain / sum(overhead + max(n / rate, round_s) for n in self.lengths))
+        return _median(shares)
 
     # ---- timings ---------------------------------------------------------------------------------------
     def add(self, kind: str, width: int, draft_label: str | None, draft_s: float, verify_s: float) -> None:

@@ -5,7 +5,7 @@ For every candidate shape s (a plain target step, a chain of γ, a tree (top_k, 
     tokens/s(s) = rows · (1 + y(s) · E[accepted | s]) / (z(s) · (T_verify(kind, width(s)) + T_draft(s)))
 
 with E[accepted] from the learned acceptance (:mod:`hf_specmm.auto.acceptance`), y(s) the share of it that
-rounds of s's family (chains; trees of one top_k) realised so far
+rounds realised so far, every family's pooled and s's family's own (chains; trees of one top_k) shrunk toward it
 (:meth:`~hf_specmm.auto.acceptance.AcceptanceTable.yield_of`), the times from the measured costs' fitted curves
 (:mod:`hf_specmm.auto.costs`) and z(s) the realised share of those times for s's kind
 (:meth:`~hf_specmm.auto.costs.CostTable.time_factor`). A plain step has E = 0 and no drafting. Until every calibration shape of
@@ -143,11 +143,14 @@ class CostAwarePolicy:
         """Every candidate with a predicted cost, best first."""
         choices = []
         model = costs.model()
+        shares: dict[str, float] = {}
         for shape, accepted in self.expected_accepted(acceptance).items():
             seconds = round_time(model, shape)
             if seconds is None or seconds <= 0:
                 continue
-            tokens = 1.0 + accepted * acceptance.yield_of(shape.family) if shape.gamma else 1.0
+            if shape.gamma and shape.family not in shares:
+                shares[shape.family] = acceptance.yield_of(shape.family)
+            tokens = 1.0 + accepted * shares[shape.family] if shape.gamma else 1.0
             realised = seconds * costs.time_factor(shape.kind)
             choices.append(Choice(shape, rows * tokens / realised, tokens, accepted, seconds))
         choices.sort(key=lambda c: -c.predicted_tokens_per_s)
