@@ -56,8 +56,8 @@ def test_profile_argument_numbers_and_files(tmp_path, capsys):
 
 
 def test_a_call_plain_generate_wins_runs_as_plain_generate():
-    """Once plain generate's own step is measured faster than any round shape, calls run stock's loop without
-    the draft (the output is plain generate's); every plain_gap-th call still runs speculatively."""
+    """Once plain generate's whole calls are measured faster than the speculative ones, calls run stock's loop
+    without the draft (the output is plain generate's); every plain_gap-th call still runs speculatively."""
     model = target("llava")
     inputs = batch_inputs("llava", 2, with_images=False)
     plain = model.generate(**inputs, max_new_tokens=12, do_sample=False)
@@ -71,7 +71,7 @@ def test_a_call_plain_generate_wins_runs_as_plain_generate():
     assert table.overheads and all(o > 0 for o in table.overheads) and set(table.lengths) == {11.0}  # whole calls
     assert table.stock and table.stock_calls  # one call ran as plain generate once calibrated: its steps timed
     measured = list(table.stock)
-    table.stock_step_time = lambda: 1e-9  # plain generate's step measured (as) free: nothing drafted can beat it
+    table.stock_share = lambda: 1e-9  # plain generate's calls measured (as) free beside the speculative ones
     table_of_pair = auto.acceptance(model)
     table_of_pair.plain_calls, table_of_pair.plain_gap = 0, 8  # whatever the calibration calls left
     shapes = []

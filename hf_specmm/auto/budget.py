@@ -263,16 +263,14 @@ class AutoBudget(DraftBudget):
             if not ranked:
                 return False
             self.acceptance.plain_ranking = (state, ranked[0].shape)
-        best_shape = self.acceptance.plain_ranking[1]
-        stock = self.costs.stock_step_time()
-        if best_shape == PLAIN or stock is None:  # the loop would take plain steps only, or never measured
+        if self.costs.stock_step_time() is None:  # plain generate never measured: this call measures it
+            return True
+        if self.acceptance.plain_ranking[1] == PLAIN:  # the loop would take plain steps only
             wins = True
         else:  # whole calls, once a speculative call was timed beside plain generate (until then: speculative)
             share = self.costs.stock_share()
             wins = share is not None and share * STOCK_MARGIN < 1.0
         pair = self.acceptance
-        if stock is None:
-            return True
         if not wins:  # plain generate now and then, compared with the calls next to it (CostTable.stock_share)
             pair.plain_calls, pair.spec_calls = 0, pair.spec_calls + 1
             if pair.spec_calls >= pair.spec_gap:
