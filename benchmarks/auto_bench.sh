@@ -11,13 +11,14 @@ PY=${PY:-python3}
 mkdir -p "$OUT"
 export PYTHONPATH=$(pwd)${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 profile=$OUT/world_profile_text-only-distilled.json  # hf-specmm world-tau --profile --per-task 16 --gammas 5
+# the best grid row is then re-timed beside Auto and plain (--auto-eval-repeats: the best of 12 noisy rows is biased high)
 grid=(--gammas 1 2 3 4 5 6 7 8 --tree 2,4,8 --tree 4,6,24 --tree 8,6,48 --tree 8,8,64 --auto --no-stock)
 bench() { local name=$1; shift; echo "hf-specmm bench $*" > "$OUT/$name.command.txt"
           $PY -m hf_specmm.cli bench "$@" --out "$OUT/$name" 2>&1 | grep --line-buffered -v "^bench:" | tee "$OUT/$name.txt"; }
 for s in ${*:-tiny zero world cpu1 cpu4}; do
   case $s in
     tiny) bench tiny --preset tiny --acceptance-profile "$profile" "${grid[@]}" --batch-sizes 1 4 \
-            --max-new-tokens 64 --warmup 1 --repeats 5 ;;
+            --max-new-tokens 64 --warmup 1 --repeats 5 --auto-eval-repeats 15 ;;
     zero) bench zero-tiny --preset tiny --acceptance 0 --gammas 5 --auto --no-stock --batch-sizes 1 4 \
             --max-new-tokens 64 --warmup 1 --repeats 5
           bench zero-cpu-proxy --preset cpu-proxy --acceptance 0 --gammas 5 --auto --no-stock --batch-sizes 1 \
@@ -25,9 +26,9 @@ for s in ${*:-tiny zero world cpu1 cpu4}; do
     world) $PY benchmarks/auto_world.py --batch-sizes 1 8 --prompts 8 --repeats 5 --out "$OUT/world-bench" \
             2>&1 | grep --line-buffered -v "^Loading" | tee "$OUT/world-bench.txt" ;;
     cpu1) bench cpu-proxy-b1 --preset cpu-proxy --acceptance-profile "$profile" "${grid[@]}" --batch-sizes 1 \
-            --max-new-tokens 40 --warmup 1 --repeats 3 ;;
+            --max-new-tokens 40 --warmup 1 --repeats 3 --auto-eval-repeats 7 ;;
     cpu4) bench cpu-proxy-b4 --preset cpu-proxy --acceptance-profile "$profile" "${grid[@]}" --batch-sizes 4 \
-            --max-new-tokens 40 --warmup 1 --repeats 3 ;;
+            --max-new-tokens 40 --warmup 1 --repeats 3 --auto-eval-repeats 7 ;;
     *) echo "unknown section $s (tiny zero world cpu1 cpu4)"; exit 2 ;;
   esac
 done

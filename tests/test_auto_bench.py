@@ -26,11 +26,19 @@ def test_profile_rank_zero_is_the_chain_alpha_and_trees_gain_from_lower_ranks():
     flat = run_benchmark(BenchConfig(acceptance_profile=[[0.7]], **common), progress=False)["rows"][0]
     assert flat["tau"] == pytest.approx(alpha["tau"]) and flat["expected_tau"] == pytest.approx(alpha["expected_tau"])
     ranked = run_benchmark(BenchConfig(acceptance_profile=[[0.5, 0.4], [0.5, 0.4], [0.5, 0.4]], trees=[[2, 3, 10]],
-                                       auto=True, auto_max_tokens=16, **common), progress=False)["rows"]
+                                       auto=True, auto_max_tokens=16, auto_eval_repeats=2, **common),
+                           progress=False)["rows"]
     chain, tree, auto = ranked
     assert chain.get("tree") is None and tree["tree"] == "2,3,10" and auto["tree"] == "auto"
     assert tree["tau"] > chain["tau"] + 0.5, (tree["tau"], chain["tau"])
     assert all(row["lossless"] is True for row in ranked)
+    # the evaluation: the faster grid row re-timed beside Auto and plain, in turns (2 passes each)
+    best = max((chain, tree), key=lambda r: r["speedup"])
+    assert auto["best_fixed"] == ("chain 3" if best is chain else "2,3,10"), (auto["best_fixed"], best["speedup"])
+    assert auto["eval"]["lossless"] is True and auto["eval"]["repeats"] == 2
+    assert all(len(v) == 2 for v in auto["eval"]["times_s"].values()) and sum(auto["eval"]["auto_shapes"].values())
+    assert auto["auto_over_best"] == pytest.approx(auto["eval"]["best_speedup"] / auto["eval"]["auto_speedup"])
+    assert "best_fixed" not in chain and "auto_over_best" not in tree
     assert auto["auto_shapes"] and auto["auto_calibration_calls"] >= 1
     learned = auto["auto_acceptance"]  # the profile, learned back from the rounds
     # rank 0 is seen in every round; rank 1 only in tree rounds, whose number follows the measured costs: the
@@ -51,6 +59,11 @@ def test_profile_argument_numbers_and_files(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli.main(["bench", "--preset", "tiny", "--acceptance-profile", "0.5", "--acceptance", "0.5",
                   "--out", str(tmp_path)])
+    with pytest.raises(SystemExit) as info:
+        cli.main(["bench", "--preset", "tiny", "--auto", "--auto-eval-repeats", "-1", "--out", str(tmp_path)])
+    assert info.value.code == 2 and "--auto-eval-repeats" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="auto_eval_repeats=-1"):
+        run_benchmark(BenchConfig(preset="tiny", auto=True, auto_eval_repeats=-1), progress=False)
     with pytest.raises(ValueError, match="acceptance and acceptance_profile"):
         run_benchmark(BenchConfig(preset="tiny", acceptance=0.5, acceptance_profile=[[0.5]]), progress=False)
 

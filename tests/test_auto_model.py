@@ -324,3 +324,27 @@ def test_plain_generate_is_compared_with_the_speculative_calls_next_to_it_in_tim
     costs.add_call(2.0 / step, step, 1.0, 20)
     runs = [budget.runs_plain() for _ in range(40)]  # speculative calls win: plain generate at the 8th, 16th, ...
     assert [i for i, plain in enumerate(runs) if plain] == [7, 23]
+
+
+def test_plain_steps_ranked_best_by_the_prior_alone_leave_calls_speculative():
+    """A new pair on calibrated costs whose prior ranks plain steps best (a draft step twice a verification): its
+    calls stay speculative, whose probes observe the acceptance that plain generate never sees, until the pair has
+    seen EVIDENCE_ROUNDS drafted rounds; then they run as plain generate."""
+    from hf_specmm.auto.budget import EVIDENCE_ROUNDS
+    from hf_specmm.auto.policy import PLAIN
+
+    policy = CostAwarePolicy(max_tokens=16, max_depth=4)
+    tables = Tables()
+    _, table = tables(1)
+    for shape in policy.calibration:
+        for _ in range(3):
+            table.add(shape.kind, shape.width, shape.draft_label, 0.2 * shape.gamma, 0.1 + 0.001 * shape.width)
+    table.add_stock_step(0.1)  # plain generate measured
+    acceptance = AcceptanceTable(depth=4)
+    budget = AutoBudget(policy, acceptance, tables, 1, ())
+    assert budget.ranking(table)[0].shape == PLAIN
+    runs = []
+    for _ in range(EVIDENCE_ROUNDS):
+        runs.append(budget.runs_plain())
+        acceptance.observe_chain([0], [1])  # the call's probe: a chain of 1, rejected
+    assert runs == [False] * EVIDENCE_ROUNDS and budget.runs_plain()

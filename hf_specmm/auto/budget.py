@@ -23,6 +23,8 @@ MIN_PROBE_GAP, MAX_PROBE_GAP = 8, 256
 STOCK_MARGIN = 1.05
 MIN_RATE_ROUNDS = 2  # chosen rounds a call needs for its realised rate to count
 MAX_CALL_GAP = 64  # calls between two of the kind not chosen (plain generate, speculative), doubling from 8
+#: drafted rounds a pair's acceptance must have seen before a ranking of plain steps sends its calls to plain generate
+EVIDENCE_ROUNDS = 4
 #: one drafted round in EXPLORE_GAP (at first; one per ranking's refresh, up to MAX_REFRESH, once the best holds)
 #: takes, in turn, a contender predicted within EXPLORE_BAND of the best; contenders whose kind's time factor has
 #: fewer than SURE_CONTRASTS samples first, at the first gap
@@ -254,7 +256,11 @@ class AutoBudget(DraftBudget):
         acceptance and the rates current, and plain generate's side no older than the speculative one's (measured
         once, a slow spell of the speculative calls alone flipped the choice). Measured calls, not predictions:
         one pessimistic prediction (on the world, an image-adapter draft predicted below plain generate while its
-        chain 5 ran at 1.13x plain) would hold for up to 64 calls."""
+        chain 5 ran at 1.13x plain) would hold for up to 64 calls. A ranking of plain steps sends calls to plain
+        generate only once the pair's acceptance has seen :data:`EVIDENCE_ROUNDS` drafted rounds: a new draft on
+        costs already calibrated (another draft's, a costs file) was ranked by the prior alone, and its calls ran
+        as plain generate, which observes no acceptance, until the 8th (on cpu-proxy, where its chain 8 ran at
+        1.7x plain)."""
         if isinstance(self.policy, FixedPolicy) or not self.policy.calibrated(self.costs):
             return False
         state = (id(self.costs), self.costs.version, self.acceptance.rounds)
@@ -266,6 +272,8 @@ class AutoBudget(DraftBudget):
         if self.costs.stock_step_time() is None:  # plain generate never measured: this call measures it
             return True
         if self.acceptance.plain_ranking[1] == PLAIN:  # the loop would take plain steps only
+            if self.acceptance.rounds < EVIDENCE_ROUNDS:  # by the prior alone: a speculative call, its probes evidence
+                return False
             wins = True
         else:  # whole calls, once a speculative call was timed beside plain generate (until then: speculative)
             share = self.costs.stock_share()

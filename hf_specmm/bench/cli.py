@@ -46,6 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "process)")
     parser.add_argument("--auto-max-tokens", type=int_at_least(1), default=64,
                         help="Auto's max_tokens (most tree nodes a round may draft; default 64)")
+    parser.add_argument("--auto-eval-repeats", type=int_at_least(0), default=0, metavar="N",
+                        help="with --auto: then re-time each draft kind's best grid row (chain or tree) in turns beside "
+                             "Auto and plain, N passes, for an Auto / best ratio free of the best-of-many bias of picking "
+                             "the fastest of noisy rows (default 0: no evaluation)")
     parser.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
     parser.add_argument("--max-new-tokens", type=int_at_least(1), default=64, help="tokens generated per row")
     parser.add_argument("--prompt-tokens", type=int_at_least(1), default=32, help="text tokens per synthetic prompt")
@@ -128,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
                          seed=args.seed, draft_kinds=args.draft_kinds, compile=args.compile,
                          trees=[[shape.top_k, shape.depth, shape.nodes] for shape in args.tree],
                          acceptance_profile=args.acceptance_profile, auto=args.auto,
-                         auto_max_tokens=args.auto_max_tokens)
+                         auto_max_tokens=args.auto_max_tokens, auto_eval_repeats=args.auto_eval_repeats)
     try:
         result = run_benchmark(config)
     except SpecMMError as err:  # e.g. a --tree wider than the preset's vocabulary: refused before that call's forward

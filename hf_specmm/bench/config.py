@@ -42,6 +42,9 @@ class BenchConfig:
     auto_max_tokens: int = 64
     #: untimed calls of each Auto row before its timing, at most (its costs' calibration ends in them)
     auto_calibration_calls: int = 12
+    #: passes of the evaluation of each Auto row (0: none): the grid's best row of its draft kind and batch re-timed
+    #: in turns beside Auto and plain (see :func:`~hf_specmm.bench.runner.evaluate_auto`)
+    auto_eval_repeats: int = 0
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming every bad field (the CLI's ``type=`` checks refuse the same values)."""
@@ -50,7 +53,8 @@ class BenchConfig:
             values = getattr(self, name)
             if not values or any(int(v) < 1 for v in values):
                 problems.append(f"{name}={values} (a non-empty list of integers >= 1)")
-        for name, low in (("max_new_tokens", 1), ("prompt_tokens", 1), ("repeats", 1), ("warmup", 0), ("seed", 0)):
+        for name, low in (("max_new_tokens", 1), ("prompt_tokens", 1), ("repeats", 1), ("warmup", 0), ("seed", 0),
+                          ("auto_eval_repeats", 0)):
             if int(getattr(self, name)) < low:
                 problems.append(f"{name}={getattr(self, name)} (must be >= {low})")
         if self.acceptance is not None and not 0.0 <= self.acceptance <= 1.0:

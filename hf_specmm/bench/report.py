@@ -16,10 +16,12 @@ COLUMNS = [("draft_kind", "draft", "{}"), ("tree", "tree K,D,N", "{}"), ("compil
            ("efficiency_e2e", "eff e2e", "{:.2f}"), ("decode_speedup", "decode ×", "{:.2f}"),
            ("efficiency_decode", "eff decode", "{:.2f}"), ("mbsu", "MBSU", "{:.2f}"), ("tree_nodes", "nodes", "{:.1f}"),
            ("accepted_depth", "acc depth", "{:.2f}"), ("auto_shapes", "Auto's shapes (rounds)", "{}"),
+           ("best_fixed", "best row", "{}"), ("auto_over_best", "Auto/best re-timed", "{:.2f}"),
            ("lossless", "lossless", "{}")]
-#: columns shown only when some row has them (``--compile``, ``--tree``, ``--auto``); a chain row's tree cell reads
-#: "chain", an Auto row's "auto"
-OPTIONAL_COLUMNS = ("compiled_over_eager", "tree", "tree_nodes", "accepted_depth", "Tv_over_T1", "auto_shapes")
+#: columns shown only when some row has them (``--compile``, ``--tree``, ``--auto``, ``--auto-eval-repeats``); a chain
+#: row's tree cell reads "chain", an Auto row's "auto"
+OPTIONAL_COLUMNS = ("compiled_over_eager", "tree", "tree_nodes", "accepted_depth", "Tv_over_T1", "auto_shapes",
+                    "best_fixed", "auto_over_best")
 
 
 def format_table(result: dict[str, Any]) -> str:

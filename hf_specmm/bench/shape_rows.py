@@ -83,3 +83,4 @@ def auto_row(step: "BenchStep", name: str, timed: dict[str, Any], calibration_ca
         "lossless": bool(torch.equal(ours, step.plain)) if not step.config.do_sample else None,
         "times_s": {key: timed[key][2] for key in ("plain", f"ours_{name}")},
     }
+
