@@ -35,7 +35,7 @@ from ..devices import execution_device
 from .methods import OursMethod, PlainMethod, StockMethod
 from .presets import DFLASH_BLOCK, GEMMA4_ASSISTANT, SMALL_LM, Preset, build_preset, synthetic_inputs
 from .presets_gemma4 import assistant_for
-from .shape_rows import auto_row, calibrate_auto, tree_row
+from .shape_rows import auto_row, calibrate_auto, shapes_taken, tree_row
 from .timing import PrefillClock, draft_step_cost, interleaved_medians, target_step_costs
 
 
@@ -340,17 +340,13 @@ def evaluate_auto(run: BenchmarkRun, batch: int, rows: list[dict[str, Any]]) -> 
         finally:
             for hook in step.hooks:
                 hook.remove()
-        taken: dict[str, int] = {}
-        for st in contender.stats[-config.auto_eval_repeats:]:
-            for shape in st.auto["shapes"]:
-                taken[shape] = taken.get(shape, 0) + 1
         t_plain, t_best, t_auto = (timed[name][0] for name in ("plain", "best", "auto"))
         auto["best_fixed"] = best["tree"] if tree is not None else f"chain {best['gamma']}"
         auto["auto_over_best"] = t_auto / t_best
         auto["eval"] = {
             "repeats": config.auto_eval_repeats, "best_speedup": t_plain / t_best, "auto_speedup": t_plain / t_auto,
             "times_s": {name: timed[name][2] for name in ("plain", "best", "auto")},
-            "auto_shapes": dict(sorted(taken.items(), key=lambda x: -x[1])),
+            "auto_shapes": shapes_taken(contender.stats[-config.auto_eval_repeats:]),
             "lossless": None if config.do_sample else all(torch.equal(timed[name][1], step.plain)
                                                           for name in ("best", "auto")),
         }

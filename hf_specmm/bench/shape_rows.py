@@ -59,10 +59,7 @@ def auto_row(step: "BenchStep", name: str, timed: dict[str, Any], calibration_ca
     stats, new_tokens = method.stats[-step.config.repeats:], step.batch * step.config.max_new_tokens
     t_plain, (t_ours, ours) = timed["plain"][0], timed[f"ours_{name}"][:2]
     acceptance = [st.acceptance_rate for st in stats if st.acceptance_rate is not None]
-    taken: dict[str, int] = {}
-    for st in stats:
-        for shape in st.auto["shapes"]:
-            taken[shape] = taken.get(shape, 0) + 1
+    taken = shapes_taken(stats)
     predicted = [st.auto["predicted_tokens_per_s"] for st in stats if st.auto["predicted_tokens_per_s"]]
     measured = [st.auto["measured_tokens_per_s"] for st in stats if st.auto["measured_tokens_per_s"]]
     return {
@@ -74,7 +71,7 @@ def auto_row(step: "BenchStep", name: str, timed: dict[str, Any], calibration_ca
         "acceptance": statistics.mean(acceptance) if acceptance else None,
         "tree_nodes": statistics.mean(st.tree_nodes_per_round or 0.0 for st in stats),
         "accepted_depth": statistics.mean(st.mean_accepted_depth or 0.0 for st in stats),
-        "auto_shapes": ", ".join(f"{s} ({n})" for s, n in sorted(taken.items(), key=lambda x: -x[1])[:4]),
+        "auto_shapes": ", ".join(f"{s} ({n})" for s, n in list(taken.items())[:4]),
         "auto_predicted_tok_s": statistics.mean(predicted) if predicted else None,
         "auto_measured_tok_s": statistics.mean(measured) if measured else None,
         "auto_calibration_calls": calibration_calls,
@@ -84,3 +81,11 @@ def auto_row(step: "BenchStep", name: str, timed: dict[str, Any], calibration_ca
         "times_s": {key: timed[key][2] for key in ("plain", f"ours_{name}")},
     }
 
+
+def shapes_taken(stats: list[Any]) -> dict[str, int]:
+    """Rounds per shape over Auto calls' statistics, most taken first."""
+    taken: dict[str, int] = {}
+    for st in stats:
+        for shape in st.auto["shapes"]:
+            taken[shape] = taken.get(shape, 0) + 1
+    return dict(sorted(taken.items(), key=lambda x: -x[1]))
