@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call per section on a lent GPU machine (device tool): hf_specmm runs from the working tree, checks
 # that the speculative path is lossless on the GPU, then times the GPU presets. Results land in $OUT.
-#   device run: bash benchmarks/gpu_bench.sh [p0] [p1] [p3] [q1] [g1] [q5] [t1] [c1] [auto]    (no section named: all of them)
+#   device run: bash benchmarks/gpu_bench.sh [p0] [p1] [p3] [q1] [g1] [q5] [t1] [c1] [auto] [a1] [ad]  (none named: all but a1, ad)
 #   p0  tiny LLaVA, the draft's own proposals (no controlled acceptance), batch 1/3: lossless smoke test
 #   p1  LLaVA-1.5-7B shape, batch 1, α 0.7, γ 3/5: plain vs stock vs ours, small LM vs feature head
 #   p3  LLaVA-1.5-7B shape, γ 5, batch 1/4/8 (stock refuses batch > 1): small LM vs feature head
@@ -17,6 +17,11 @@
 #       controlled acceptance, docs/auto.md): hf_specmm.Auto beside chains γ 1/3/5/8 and trees (2,4,8),
 #       (4,6,24), (8,6,48), (8,8,64), both drafts (the Qwen shape's 0.5B-shaped draft costs ~0.9 of a 7B step:
 #       Auto should fall back to plain steps or plain generate there)
+#   a1  the auto section cut to fit a 15-minute lease, each (preset, batch) its own bench so a cut-off call keeps
+#       what finished: Qwen2.5-VL-7B shape batch 1 (γ 1/3/5), LLaVA-1.5-7B shape batch 1 and 4 (γ 1/3/5/8, trees
+#       (4,6,24) and (8,8,64)); 64 new tokens, Auto's best grid row re-timed in turns beside Auto and plain
+#   ad  LLaVA-1.5-7B shape, batch 1, both drafts: benchmarks/auto_diag.py (where Auto's rounds spend their time next
+#       to the same shapes run fixed; its cost table, shares and ranking): run it first on a GPU (docs/auto.md)
 # The 7B presets time bf16 weights, as users run them (DTYPE=float32 for fp32): controlled acceptance
 # replays the plain greedy run's tokens, which needs every method to produce them; the presets' margin rule
 # (hf_specmm/bench/margins.py) keeps each greedy pick ahead of the runner-up by far more than bf16 rounding,
@@ -45,6 +50,8 @@ big=(--dtype "${DTYPE:-bfloat16}" --acceptance 0.7 --max-new-tokens 128 --warmup
 profile=(--dtype "${DTYPE:-bfloat16}" --acceptance-profile benchmarks/results/auto/world_profile_text-only-distilled.json
          --max-new-tokens 128 --warmup 1 --repeats 3 --no-stock --gammas 1 3 5 8 --tree 2,4,8 --tree 4,6,24
          --tree 8,6,48 --tree 8,8,64 --auto)
+lean=(--dtype "${DTYPE:-bfloat16}" --acceptance-profile benchmarks/results/auto/world_profile_text-only-distilled.json
+      --max-new-tokens 64 --warmup 1 --repeats 3 --no-stock --auto --auto-eval-repeats 3 "${kinds[@]}" --device cuda)
 margins() {  # the margin check on the preset about to be timed (same seed, dtype, inputs as the bench's batch 1)
   python3 -c 'import sys; from hf_specmm.bench.margins import main; sys.exit(main(sys.argv[1:]))' "$1" --device cuda \
     --dtype "${DTYPE:-bfloat16}" 2>&1 | tee -a "$OUT/margins.txt"; }
@@ -66,6 +73,15 @@ for s in $sections; do
           --batch-sizes 1 4 "${profile[@]}"
           margins qwen2.5-vl-7b-shape; bench auto-qwen --preset qwen2.5-vl-7b-shape --device cuda "${kinds[@]}" \
           --batch-sizes 1 4 "${profile[@]}" ;;
-    *) echo "unknown section $s (p0 p1 p3 q1 g1 q5 t1 c1 auto)"; exit 2 ;;
+    a1) bench a1-qwen-b1 --preset qwen2.5-vl-7b-shape --batch-sizes 1 --gammas 1 3 5 "${lean[@]}"
+        for b in 1 4; do
+          bench a1-llava-b$b --preset llava-1.5-7b-shape --batch-sizes $b --gammas 1 3 5 8 --tree 4,6,24 --tree 8,8,64 \
+            "${lean[@]}"
+        done ;;
+    ad) for kind in text_only feature_head; do
+          python3 benchmarks/auto_diag.py --preset llava-1.5-7b-shape --device cuda --dtype "${DTYPE:-bfloat16}" \
+            --draft-kind $kind 2>&1 | tee "$OUT/ad-$kind.txt"
+        done ;;
+    *) echo "unknown section $s (p0 p1 p3 q1 g1 q5 t1 c1 auto a1 ad)"; exit 2 ;;
   esac
 done

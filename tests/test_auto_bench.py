@@ -51,6 +51,8 @@ def test_profile_argument_numbers_and_files(tmp_path, capsys):
     path = tmp_path / "p.json"
     path.write_text(json.dumps({"draft": "text_only", "profile": [[0.6, 0.2]]}))
     assert read_profile(str(path)) == [[0.6, 0.2]]
+    with pytest.raises(ValueError, match=r"\.json file, got '\{.*\.\.\.'$"):  # a file's text, not its path: cut
+        read_profile(json.dumps({"profile": [[0.5] * 8] * 8}, indent=1) * 20)
     for bad in ("0.8,0.5", "abc", str(tmp_path / "missing.json")):
         with pytest.raises(SystemExit) as info:
             cli.main(["bench", "--preset", "tiny", "--acceptance-profile", bad, "--out", str(tmp_path)])
@@ -121,3 +123,21 @@ def test_a_call_whose_rounds_would_all_be_plain_steps_runs_as_plain_generate():
     pair.plain_calls, pair.plain_gap = 0, 8
     out, stats = generate(model, inputs, max_new_tokens=12, assistant_model=auto)
     assert torch.equal(out, plain) and stats.auto["shapes"] == ["plain generate"]
+
+
+def test_auto_diag_script_runs_every_method_and_prints_the_cost_table(capsys):
+    """benchmarks/auto_diag.py is what a lent GPU runs first (gpu_bench.sh ad): it must not fail there."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "auto_diag.py"
+    spec = importlib.util.spec_from_file_location("auto_diag", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    COSTS.clear()
+    assert module.main(["--preset", "tiny", "--max-new-tokens", "24", "--auto-calls", "1", "--turns", "1"]) == 0
+    out = capsys.readouterr().out
+    for line in ("chain 5 ", "Auto [5] ", "Auto [0, 5] ", "Auto [5, tree 4,6,32] ", "verification ms by width:",
+                 "drafting ms by shape:", "realised shares:"):
+        assert line in out, line
+    COSTS.clear()

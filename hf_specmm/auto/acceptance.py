@@ -261,7 +261,7 @@ def tree_observations(tree: object, n: torch.Tensor, path: torch.Tensor) -> tupl
 def read_profile(text: str) -> list[list[float]]:
     """A profile from ``"p11,p12,...;p21,..."`` (depths split by ``;``, ranks by ``,``) or from a JSON file (a
     list of depths, or an object with a ``"profile"`` list: what ``hf-specmm world-tau --profile`` writes)."""
-    if Path(text).suffix == ".json" or Path(text).is_file():
+    if Path(text).suffix == ".json" or _is_file(text):
         path = Path(text)
         if not path.is_file():
             raise ValueError(f"profile file {text!r} does not exist")
@@ -273,5 +273,13 @@ def read_profile(text: str) -> list[list[float]]:
     try:
         return [[float(p) for p in depth.split(",") if p.strip()] for depth in text.split(";") if depth.strip()]
     except ValueError:
+        shown = text if len(text) <= 80 else text[:77] + "..."
         raise ValueError(f"expected probabilities by rank, depths split by ';' (e.g. 0.7,0.1;0.6,0.1) or a .json "
-                         f"file, got {text!r}") from None
+                         f"file, got {shown!r}") from None
+
+
+def _is_file(text: str) -> bool:
+    try:
+        return Path(text).is_file()
+    except OSError:  # not a path this system can name (too long): the text itself
+        return False
