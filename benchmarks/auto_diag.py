@@ -7,7 +7,7 @@ the world's text-only profile), each of: plain generate, a fixed chain of 5, Aut
 one shape: ``[5]``; plain steps between: ``[0, 5]``; a chain and a tree in turn: ``[5, tree 4,6,32]``) and Auto
 choosing, so the per-round cost of Auto's hooks, of plain steps between drafted rounds and of a changing shape
 are told apart; then Auto's cost table (medians per verification width and drafted shape), its realised shares
-and its ranking.
+and its ranking. ``--slow-calibration 0.3`` emulates the H200's calibration on any machine (Session 11).
 
     python benchmarks/auto_diag.py --preset llava-1.5-7b-shape --device cuda --dtype bfloat16 --draft-kind feature_head
 """
@@ -15,9 +15,10 @@ and its ranking.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -25,6 +26,38 @@ import torch
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
+
+
+@contextlib.contextmanager
+def slow_calibration(seconds: float) -> Iterator[None]:
+    """Every drafted calibration round of a choosing Auto takes ``seconds`` longer in each of its two phases
+    (drafting, verification): the H200's calibration, which timed drafted rounds 3-7x what the same shapes took
+    in fixed calls (docs/benchmarks.md, Session 11), emulated on any machine."""
+    from hf_specmm.auto.budget import AutoBudget
+    from hf_specmm.auto.policy import FixedPolicy
+
+    drafted, observe = AutoBudget.drafted, AutoBudget.observe
+
+    def calibrating(budget: AutoBudget) -> bool:
+        round_ = budget.open
+        return round_ is not None and not isinstance(budget.policy, FixedPolicy) and bool(round_["shape"].gamma) \
+            and round_["choice"].predicted_tokens_per_s is None and round_["choice"].curve_seconds == 0.0
+
+    def slow_drafted(budget: AutoBudget) -> None:
+        if calibrating(budget):
+            time.sleep(seconds)
+        drafted(budget)
+
+    def slow_observe(budget: AutoBudget, *args: Any, **kwargs: Any) -> None:
+        if calibrating(budget):
+            time.sleep(seconds)
+        observe(budget, *args, **kwargs)
+
+    AutoBudget.drafted, AutoBudget.observe = slow_drafted, slow_observe
+    try:
+        yield
+    finally:
+        AutoBudget.drafted, AutoBudget.observe = drafted, observe
 
 
 def _per_round(method: Any, seconds: float) -> str:
@@ -43,8 +76,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--auto-calls", type=int, default=4, help="Auto (choosing) calls before the turns")
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--profile", default="benchmarks/results/auto/world_profile_text-only-distilled.json")
+    parser.add_argument("--slow-calibration", type=float, default=0.0, metavar="SECONDS",
+                        help="add this to each phase of Auto's drafted calibration rounds (emulates the H200's)")
     args = parser.parse_args(argv)
+    with slow_calibration(args.slow_calibration) if args.slow_calibration else contextlib.nullcontext():
+        return _diagnose(args)
 
+
+def _diagnose(args: argparse.Namespace) -> int:
     from hf_specmm.auto import Auto
     from hf_specmm.auto.acceptance import read_profile
     from hf_specmm.auto.costs import COSTS

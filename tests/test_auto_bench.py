@@ -135,7 +135,12 @@ def test_auto_diag_script_runs_every_method_and_prints_the_cost_table(capsys):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     COSTS.clear()
-    assert module.main(["--preset", "tiny", "--max-new-tokens", "24", "--auto-calls", "1", "--turns", "1"]) == 0
+    from hf_specmm.auto.budget import AutoBudget
+
+    methods = AutoBudget.drafted, AutoBudget.observe
+    assert module.main(["--preset", "tiny", "--max-new-tokens", "24", "--auto-calls", "1", "--turns", "1",
+                        "--slow-calibration", "0.001"]) == 0
+    assert (AutoBudget.drafted, AutoBudget.observe) == methods  # the emulation is undone
     out = capsys.readouterr().out
     for line in ("chain 5 ", "Auto [5] ", "Auto [0, 5] ", "Auto [5, tree 4,6,32] ", "verification ms by width:",
                  "drafting ms by shape:", "realised shares:"):

@@ -330,8 +330,9 @@ def test_plain_generate_is_compared_with_the_speculative_calls_next_to_it_in_tim
 def test_plain_steps_ranked_best_by_the_prior_alone_leave_calls_speculative():
     """A new pair on calibrated costs whose prior ranks plain steps best (a draft step twice a verification): its
     calls stay speculative, whose probes observe the acceptance that plain generate never sees, until the pair has
-    seen EVIDENCE_ROUNDS drafted rounds; then they run as plain generate."""
-    from hf_specmm.auto.budget import EVIDENCE_ROUNDS
+    seen EVIDENCE_ROUNDS drafted rounds and PROBES_LOST probes in a row lost to plain steps; then they run as plain
+    generate."""
+    from hf_specmm.auto.budget import EVIDENCE_ROUNDS, PROBES_LOST
     from hf_specmm.auto.policy import PLAIN
 
     policy = CostAwarePolicy(max_tokens=16, max_depth=4)
@@ -346,4 +347,83 @@ def test_plain_steps_ranked_best_by_the_prior_alone_leave_calls_speculative():
     for _ in range(EVIDENCE_ROUNDS):
         runs.append(budget.runs_plain())
         acceptance.observe_chain([0], [1])  # the call's probe: a chain of 1, rejected
-    assert runs == [False] * EVIDENCE_ROUNDS and budget.runs_plain()
+    assert runs == [False] * EVIDENCE_ROUNDS and not budget.runs_plain()  # no probe has lost to plain steps yet
+    acceptance.probes_lost = PROBES_LOST - 1
+    assert not budget.runs_plain()
+    acceptance.probes_lost = PROBES_LOST  # the best drafted shape's and the other kind's probes lost
+    assert budget.runs_plain()
+
+
+def _simulate(monkeypatch, budget: AutoBudget, rounds: int, draft_step: float, accepts: bool) -> list[str]:
+    """``rounds`` rounds of one live row on a fake clock: a verification takes 0.1 s + 1 ms per block token, a draft
+    ``draft_step`` per token; the target takes every draft (``accepts``) or none. Returns the shapes taken."""
+    from types import SimpleNamespace
+
+    import torch
+
+    import hf_specmm.auto.budget as budget_module
+
+    clock = [0.0]
+    monkeypatch.setattr(budget_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    for _ in range(rounds):
+        gamma = budget.for_round([1000], [True]).gamma
+        clock[0] += draft_step * gamma
+        budget.drafted()
+        clock[0] += 0.1 + 0.001 * (gamma + 1)
+        n = gamma if accepts else 0
+        budget.observe(SimpleNamespace(gamma=gamma, tree=None), SimpleNamespace(n=torch.tensor([n])), [True],
+                       [n + 1], [False])
+        budget.update([n + 1], gamma)
+    budget.for_round([1000], [True])  # closes the last round
+    return [entry["shape"] for entry in budget.log]
+
+
+def test_a_probe_that_beats_plain_steps_is_taken_again_until_the_curves_agree(monkeypatch):
+    """Calibration timed every drafted round 0.2 s too slow in each phase (on an H200 they took 3-7x the same
+    shapes' fixed rounds): plain steps rank first although the draft is always right. A probe that realises more
+    tokens per second than plain steps were predicted to is taken again at once, its timings reach the curves'
+    medians, and the chain of 4 ranks best. A probe that loses is not repeated: the gap doubles (a useless draft
+    costs ever fewer probes)."""
+    from hf_specmm.auto.budget import MIN_PROBE_GAP
+    from hf_specmm.auto.policy import PLAIN
+
+    policy = CostAwarePolicy(max_tokens=16, max_depth=4, trees=False)
+
+    def budget(accepts: bool) -> AutoBudget:
+        tables = Tables()
+        for shape in policy.calibration:
+            slow = 0.2 if shape.gamma else 0.0
+            for _ in range(3):
+                tables(1)[1].add(shape.kind, shape.width, shape.draft_label, 0.01 * shape.gamma + slow,
+                                 0.1 + 0.001 * shape.width + slow)
+        acceptance = AcceptanceTable(depth=4)
+        for _ in range(30):  # the pair's acceptance is known: every draft right, or none
+            acceptance.observe_chain([4 if accepts else 0], [4 if accepts else 1])
+        made = AutoBudget(policy, acceptance, tables, 1, ())
+        assert made.ranking(made.costs)[0].shape == PLAIN
+        return made
+
+    good = budget(accepts=True)
+    shapes = _simulate(monkeypatch, good, 60, draft_step=0.01, accepts=True)
+    assert shapes.index("chain 4") == MIN_PROBE_GAP  # plain steps until the first probe: the best drafted shape
+    assert shapes[MIN_PROBE_GAP:] == ["chain 4"] * (60 - MIN_PROBE_GAP)  # 5 tokens in 0.15 s, plain 1 in 0.1 s
+    assert good.ranked[0].shape == Shape(4)
+
+    useless = budget(accepts=False)
+    shapes = _simulate(monkeypatch, useless, 60, draft_step=0.01, accepts=False)
+    probes = [i for i, s in enumerate(shapes) if s != "plain"]
+    assert probes == [8, 8 + 17, 8 + 17 + 33] and useless.acceptance.probe_won is None
+
+
+def test_probes_take_the_best_drafted_shape_and_the_other_kinds_best_in_turn(monkeypatch):
+    """A probe corrects its own kind's curves only: probes alternate the best drafted shape and the best of the
+    other kind (chains, trees), and the gap doubles once both lost (a useless draft: 8, 8, 16, 16, 32, ...)."""
+    policy = CostAwarePolicy(max_tokens=16, max_depth=4)
+    tables = Tables()
+    calibrate(policy, tables(1)[1], draft_step=0.2)
+    budget = AutoBudget(policy, AcceptanceTable(depth=4), tables, 1, ())
+    shapes = _simulate(monkeypatch, budget, 80, draft_step=0.01, accepts=False)
+    probes = [i for i, s in enumerate(shapes) if s != "plain"]
+    assert probes == [8, 17, 34, 51]
+    kinds = ["tree" if shapes[i].startswith("tree") else "chain" for i in probes]
+    assert kinds[0] != kinds[1] and kinds[:2] == kinds[2:]

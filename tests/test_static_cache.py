@@ -80,6 +80,9 @@ def test_static_equals_cache_free_forward_with_holes(family, attention):
     prompt = inputs["input_ids"].shape[1]
     # without compaction the 10 rounds need prompt + 40 slots; the longest row holds prompt + 29 at most
     static = _static(model, inputs, capacity=prompt + 34)
+    # float32 sums in another order (a cache-free forward against one over cached keys): Gemma 4 differed by up to
+    # 1.33e-5 on one machine's CPU and 3.44e-5 on another's; one kept token left out moves them by 1.5-4
+    atol = 1e-4 if family.startswith("gemma4") else 3e-5
     text_ids = inputs["input_ids"][:, -6:]  # ordinary text ids of this family's prompts
     gen = torch.Generator().manual_seed(0)
     kept: list[list[int]] = [[] for _ in range(3)]
@@ -94,7 +97,7 @@ def test_static_equals_cache_free_forward_with_holes(family, attention):
         compactions += static.length < before + WIDTH
         reference = _without_cache(model, inputs, [kept[b] + block[b][read[b]].tolist() for b in range(3)])
         for b in range(3):
-            torch.testing.assert_close(logits[b][read[b]], reference[b, -int(read[b].sum()):], atol=3e-5, rtol=0,
+            torch.testing.assert_close(logits[b][read[b]], reference[b, -int(read[b].sum()):], atol=atol, rtol=0,
                                        msg=lambda m, step=step, b=b: f"{family} round {step} row {b}: {m}")
         keep = _kept(accepted) & read
         for b in range(3):

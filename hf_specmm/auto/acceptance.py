@@ -52,6 +52,11 @@ class AcceptanceTable:
         self.clock = 0  # rounds of this pair's calls, plain steps included (AutoBudget.ranking's clock)
         #: plain rounds between two probes once plain steps win (doubles after each probe; see AutoBudget)
         self.probe_gap = 8
+        #: the shape of the last probe if it realised more tokens per second than the plain steps before it:
+        #: the next round probes it again (AutoBudget._choose), its timings the cost curves' evidence
+        self.probe_won: Any = None
+        self.probes_lost = 0  # evaluated probes in a row that realised less than plain steps (AutoBudget.runs_plain)
+        self.probe_turn = 0  # probes so far: the best drafted shape's turn or the other kind's (AutoBudget._probe)
         self.explored = 0  # drafted rounds the cost model chose since the last exploration (AutoBudget._contender)
         self.contender_turn = 0  # explorations so far: whose turn it is among the contenders
         #: calls run as plain generate in a row, and how many before a speculative one; speculative calls in a row,

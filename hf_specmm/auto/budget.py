@@ -4,6 +4,7 @@ feeds the verification's outcome to the acceptance table; :meth:`report` is ``la
 
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Any, Callable
 
@@ -12,12 +13,9 @@ import torch
 from ..budget import DraftBudget, RoundBudget
 from .acceptance import AcceptanceTable, tree_observations
 from .costs import CostTable
-from .policy import PLAIN, Choice, CostAwarePolicy, FixedPolicy, Shape
+from .policy import PLAIN, Choice, CostAwarePolicy, FixedPolicy, Shape, fit, hold
 
 REFRESH, MAX_REFRESH = 8, 64  # rounds between two rankings of the candidate shapes (the tables move slowly)
-#: the shape ranked best before keeps its place unless one of its family or one predicted this much faster is best
-#: (see :func:`hold`)
-SWITCH_MARGIN = 0.04
 MIN_PROBE_GAP, MAX_PROBE_GAP = 8, 256
 #: calls run as plain generate only when a typical call is predicted this much faster so (see :meth:`runs_plain`)
 STOCK_MARGIN = 1.05
@@ -25,6 +23,8 @@ MIN_RATE_ROUNDS = 2  # chosen rounds a call needs for its realised rate to count
 MAX_CALL_GAP = 64  # calls between two of the kind not chosen (plain generate, speculative), doubling from 8
 #: drafted rounds a pair's acceptance must have seen before a ranking of plain steps sends its calls to plain generate
 EVIDENCE_ROUNDS = 4
+#: evaluated probes in a row that lost to plain steps before such a ranking sends calls to plain generate
+PROBES_LOST = 2
 #: one drafted round in EXPLORE_GAP (at first; one per ranking's refresh, up to MAX_REFRESH, once the best holds)
 #: takes, in turn, a contender predicted within EXPLORE_BAND of the best; contenders whose kind's time factor has
 #: fewer than SURE_CONTRASTS samples first, at the first gap
@@ -38,7 +38,11 @@ class AutoBudget(DraftBudget):
 
     Plain steps are taken while nothing drafted pays; after ``acceptance.probe_gap`` plain steps in a row the
     best drafted shape is tried once (its outcome is evidence: a draft that got better is noticed), and the gap
-    doubles, up to :data:`MAX_PROBE_GAP`, so a useless draft costs ever fewer probes.
+    doubles, up to :data:`MAX_PROBE_GAP`, so a useless draft costs ever fewer probes. A probe that realised more
+    tokens per second than the plain steps before it is tried again at once, until one does not or a drafted
+    shape ranks best: its timings are what corrects cost curves timed in an unusual spell (on an H200 the
+    calibration rounds took 3-7x the same shapes' fixed rounds, plain steps ranked first, and the probes, one per
+    doubling gap, kept 48 tokens/s against plain steps' 36 without moving a curve's median).
     """
 
     def __init__(self, policy: CostAwarePolicy | FixedPolicy, acceptance: AcceptanceTable,
@@ -60,6 +64,7 @@ class AutoBudget(DraftBudget):
         self.rounds = 0
         self.plain_run = 0
         self.calibration_rounds = 0
+        self.probe_versus: float | None = None  # a probe round: the plain steps' tokens/s per row before it (_choose)
         self.plain_forwards: list[float] = []  # a call run as plain generate: when each target forward started
         self.created = time.perf_counter()  # the call's start (the budget is made as it starts)
         self.row_tokens: list[int] = [0] * batch  # tokens each batch row kept in the call's rounds
@@ -71,10 +76,12 @@ class AutoBudget(DraftBudget):
         room = max(r for r, u in zip(remaining, unfinished) if u) - 1
         rows = sum(unfinished)
         timed, costs = self._costs(rows)
+        self.probe_versus = None
         choice = self._choose(timed, costs, room)
-        shape = _fit(choice.shape, room)
+        shape = fit(choice.shape, room)
         # the round starts after the choice: ranking the candidates is no shape's cost
         self.open = {"shape": shape, "choice": choice, "start": time.perf_counter(), "drafted": None, "tokens": 0,
+                     "versus": self.probe_versus,
                      "rows": rows, "table": timed, "chooser": self.ranked_by if choice.curve_seconds > 0 else None}
         self.rounds += 1
         self.acceptance.clock += 1
@@ -151,18 +158,40 @@ class AutoBudget(DraftBudget):
             return Choice(self.policy.fallback, None, 1.0)
         best = self.ranked[0]
         if best.shape.gamma:
-            self.plain_run, self.acceptance.probe_gap = 0, MIN_PROBE_GAP
+            self.plain_run, self.acceptance.probe_gap, self.acceptance.probe_won = 0, MIN_PROBE_GAP, None
+            self.acceptance.probes_lost = 0
             return self._contender(best)
         self.plain_run += 1
-        if self.plain_run > self.acceptance.probe_gap:
-            probe = next((c for c in self.ranked if c.shape.gamma), None)
+        pair = self.acceptance
+        if self.plain_run > pair.probe_gap or pair.probe_won is not None:
+            probe, last_of_turn = self._probe()
             if probe is not None:
                 self.plain_run = 0
-                self.acceptance.probe_gap = min(2 * self.acceptance.probe_gap, MAX_PROBE_GAP)
+                if pair.probe_won is None and last_of_turn:  # every kind's probe lost at this gap
+                    pair.probe_gap = min(2 * pair.probe_gap, MAX_PROBE_GAP)
                 self.ranked = []  # rank again after the probe's evidence
-                self.acceptance.rankings.clear()
+                pair.rankings.clear()
+                # measured against measured: the speed index moves with the probes' own rounds
+                plain = [e["tokens"] / e["rows"] / e["seconds"] for e in self.log[-32:]
+                         if e["shape"] == PLAIN.label and e["rows"] and e["seconds"] > 0][-8:]
+                self.probe_versus = statistics.median(plain) if plain else best.predicted_tokens_per_s
                 return probe
         return best
+
+    def _probe(self) -> tuple[Choice | None, bool]:
+        """The drafted shape a probe takes, and whether it is the last of its turn: the one whose last probe won,
+        again; else, in turn, the best drafted shape and the best of the other kind (chains, trees), the gap
+        doubling once both lost. The other kind too: a probe's timings correct only its own shapes' curves, and
+        where every drafted round was timed too slow (an H200's calibration) the best drafted shape by those
+        curves need not be the best one."""
+        pair, drafted = self.acceptance, [c for c in self.ranked if c.shape.gamma]
+        again = next((c for c in drafted if c.shape == pair.probe_won), None)
+        if again is not None or not drafted:
+            return again, True
+        other = next((c for c in drafted if c.shape.kind != drafted[0].shape.kind), None)
+        kinds = [drafted[0]] if other is None else [drafted[0], other]
+        pair.probe_turn = pair.probe_turn % len(kinds) + 1
+        return kinds[pair.probe_turn - 1], pair.probe_turn == len(kinds)
 
     def _contender(self, best: Choice) -> Choice:
         """``best``, or once per exploration gap, in turn, one of the contenders: the drafted shapes predicted within
@@ -201,9 +230,10 @@ class AutoBudget(DraftBudget):
         change). A ranking is a few ms of Python, so it is shared by the pair's calls and made again only every
         ``refresh`` rounds: :data:`REFRESH`, doubling up to :data:`MAX_REFRESH` while the best shape holds (the
         tables move slowly); a short call mostly reuses the last call's. The last best keeps its place unless a
-        shape of its family or one predicted :data:`SWITCH_MARGIN` faster is best (:func:`hold`): a switch to
-        another family pays for learning its realised share and time factor again, one within a family does not
-        (a margin there held chain 4 on the shipped world where chain 5 was predicted 2 % and ran 7 % faster)."""
+        shape of its family or one predicted :data:`~hf_specmm.auto.policy.SWITCH_MARGIN` faster is best
+        (:func:`~hf_specmm.auto.policy.hold`): a switch to another family pays for learning its realised share and
+        time factor again, one within a family does not (a margin there held chain 4 on the shipped world where
+        chain 5 was predicted 2 % and ran 7 % faster)."""
         shared = self.acceptance.rankings.get(costs)
         rounds = self.acceptance.clock
         if shared is not None and rounds < shared["until"]:
@@ -233,6 +263,15 @@ class AutoBudget(DraftBudget):
                 # the speed index first: add() divides by it (a round chosen by another bucket's curves: no ratio)
                 entry["table"].observe_ratio(shape.kind, choice.curve_seconds, seconds)
             entry["table"].add(shape.kind, shape.width, shape.draft_label, draft, max(seconds - draft, 0.0))
+        # (not the call's last round, whose time has the call's end; nor one cut short by max_length)
+        if timed and entry["versus"] is not None and shape == choice.shape and entry["rows"] and seconds > 0:
+            # a probe that beat plain steps is evidence that the curves rank drafted rounds too slow (timed in an
+            # unusual spell): the next round probes again, so its timings reach the curves' medians
+            won = entry["tokens"] / entry["rows"] / seconds > entry["versus"]
+            self.acceptance.probe_won = shape if won else None
+            self.acceptance.probes_lost = 0 if won else self.acceptance.probes_lost + 1
+            if won:
+                self.acceptance.probe_gap = MIN_PROBE_GAP
         if choice.predicted_tokens_per_s is not None and shape == choice.shape and shape.gamma and entry["rows"]:
             # what this family's rounds realise of the table's expectation (AcceptanceTable.yield_of), over every
             # live row: a row that stops in the round (EOS, max_length) keeps only what its end allows
@@ -260,7 +299,10 @@ class AutoBudget(DraftBudget):
         generate only once the pair's acceptance has seen :data:`EVIDENCE_ROUNDS` drafted rounds: a new draft on
         costs already calibrated (another draft's, a costs file) was ranked by the prior alone, and its calls ran
         as plain generate, which observes no acceptance, until the 8th (on cpu-proxy, where its chain 8 ran at
-        1.7x plain)."""
+        1.7x plain). Nor before :data:`PROBES_LOST` probes in a row (the best drafted shape, the other kind's best:
+        :meth:`_probe`) realised less than the plain steps beside them: a ranking of plain steps rests on the cost
+        curves too, and calibrated in an unusual spell (an H200's first rounds) they ranked plain steps first where
+        a fixed chain ran 2x plain."""
         if isinstance(self.policy, FixedPolicy) or not self.policy.calibrated(self.costs):
             return False
         state = (id(self.costs), self.costs.version, self.acceptance.rounds)
@@ -273,6 +315,10 @@ class AutoBudget(DraftBudget):
             return True
         if self.acceptance.plain_ranking[1] == PLAIN:  # the loop would take plain steps only
             if self.acceptance.rounds < EVIDENCE_ROUNDS:  # by the prior alone: a speculative call, its probes evidence
+                return False
+            # the costs measured, too: plain generate once the probes of both kinds lost (a probe that beat plain
+            # steps says the curves are wrong: calls go on probing)
+            if self.acceptance.probe_won is not None or self.acceptance.probes_lost < PROBES_LOST:
                 return False
             wins = True
         else:  # whole calls, once a speculative call was timed beside plain generate (until then: speculative)
@@ -360,33 +406,3 @@ class AutoBudget(DraftBudget):
             round_s = sum(e["seconds"] for e in chosen) / len(chosen) if enough else None
             self.costs.add_call(rate, round_s, max(seconds - sum(e["seconds"] for e in self.log), 0.0),
                                 max(self.row_tokens))
-
-
-def hold(ranked: list[Choice], last: Shape | None, margin: float = SWITCH_MARGIN) -> list[Choice]:
-    """``ranked`` with ``last`` (the best of the ranking before) moved first unless the best is of its family
-    (chains; trees of one top_k: their shares and factors are one) or predicted more than ``margin`` faster.
-
-    >>> from hf_specmm.trees import TreeShape
-    >>> tree = Shape(4, TreeShape(2, 4, 8))
-    >>> a, b, c = Choice(Shape(3), 103.0, 3.0), Choice(tree, 100.0, 3.5), Choice(Shape(4), 101.0, 3.4)
-    >>> [x.shape.label for x in hold([a, b], tree)], [x.shape.label for x in hold([a, b], tree, 0.02)]
-    (['tree 2,4,8', 'chain 3'], ['chain 3', 'tree 2,4,8'])
-    >>> [x.shape.label for x in hold([a, c], Shape(4))]  # one family: the best goes first
-    ['chain 3', 'chain 4']
-    """
-    kept = next((i for i, c in enumerate(ranked) if c.shape == last), None)
-    if not kept or ranked[0].shape.family == ranked[kept].shape.family or \
-            ranked[0].predicted_tokens_per_s > (1.0 + margin) * ranked[kept].predicted_tokens_per_s:
-        return ranked
-    return [ranked[kept]] + ranked[:kept] + ranked[kept + 1:]
-
-
-def _fit(shape: Shape, room: int) -> Shape:
-    """``shape`` cut to ``room`` drafts (near ``max_length``): a shallower tree, a shorter chain, a plain step."""
-    if shape.gamma <= room:
-        return shape
-    if room < 1:
-        return PLAIN
-    if shape.tree is None:
-        return Shape(room)
-    return Shape(room, shape.tree.cut(room))

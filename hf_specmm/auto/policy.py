@@ -24,6 +24,9 @@ from .costs import CALIBRATION_SAMPLES, CostModel, CostTable
 
 TOP_KS = (2, 4, 8)
 TREE_NODES = (8, 16, 24, 32, 48, 64)
+#: the shape ranked best before keeps its place unless one of its family or one predicted this much faster is best
+#: (see :func:`hold`)
+SWITCH_MARGIN = 0.04
 
 
 @dataclass(frozen=True)
@@ -190,3 +193,33 @@ class FixedPolicy:
 def cost_aware_policy(max_tokens: int, max_depth: int, plain: bool, trees: bool) -> CostAwarePolicy:
     """The (stateless) policy of these options, built once."""
     return CostAwarePolicy(max_tokens, max_depth, plain, trees)
+
+
+def hold(ranked: list[Choice], last: Shape | None, margin: float = SWITCH_MARGIN) -> list[Choice]:
+    """``ranked`` with ``last`` (the best of the ranking before) moved first unless the best is of its family
+    (chains; trees of one top_k: their shares and factors are one) or predicted more than ``margin`` faster.
+
+    >>> from hf_specmm.trees import TreeShape
+    >>> tree = Shape(4, TreeShape(2, 4, 8))
+    >>> a, b, c = Choice(Shape(3), 103.0, 3.0), Choice(tree, 100.0, 3.5), Choice(Shape(4), 101.0, 3.4)
+    >>> [x.shape.label for x in hold([a, b], tree)], [x.shape.label for x in hold([a, b], tree, 0.02)]
+    (['tree 2,4,8', 'chain 3'], ['chain 3', 'tree 2,4,8'])
+    >>> [x.shape.label for x in hold([a, c], Shape(4))]  # one family: the best goes first
+    ['chain 3', 'chain 4']
+    """
+    kept = next((i for i, c in enumerate(ranked) if c.shape == last), None)
+    if not kept or ranked[0].shape.family == ranked[kept].shape.family or \
+            ranked[0].predicted_tokens_per_s > (1.0 + margin) * ranked[kept].predicted_tokens_per_s:
+        return ranked
+    return [ranked[kept]] + ranked[:kept] + ranked[kept + 1:]
+
+
+def fit(shape: Shape, room: int) -> Shape:
+    """``shape`` cut to ``room`` drafts (near ``max_length``): a shallower tree, a shorter chain, a plain step."""
+    if shape.gamma <= room:
+        return shape
+    if room < 1:
+        return PLAIN
+    if shape.tree is None:
+        return Shape(room)
+    return Shape(room, shape.tree.cut(room))
