@@ -427,3 +427,27 @@ def test_probes_take_the_best_drafted_shape_and_the_other_kinds_best_in_turn(mon
     assert probes == [8, 17, 34, 51]
     kinds = ["tree" if shapes[i].startswith("tree") else "chain" for i in probes]
     assert kinds[0] != kinds[1] and kinds[:2] == kinds[2:]
+
+
+def test_a_batch_calls_rate_is_its_longest_rows_tokens_per_second(monkeypatch):
+    """Plain generate's side of a whole call is its longest row's steps; the speculative side is its longest row's
+    tokens at the call's rate, so that rate is the longest row's tokens per second of the call's rounds. Tokens
+    per row-second weight each round by its live rows: at batch 8 on the world, 8-29 % slow (the 8-row rounds
+    stood for the longest row's time, run mostly in 1-3-row rounds)."""
+    from types import SimpleNamespace
+
+    import hf_specmm.auto.budget as budget_module
+
+    clock = [0.0]
+    monkeypatch.setattr(budget_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    policy = CostAwarePolicy(max_tokens=16, max_depth=4)
+    tables = Tables()
+    calibrate(policy, tables(2)[1])
+    budget = AutoBudget(policy, AcceptanceTable(depth=4), tables, 2, ())
+    for live, kept, seconds in (([True, True], [3, 1], 0.2), ([True, False], [3, 0], 0.1), ([True, False], [2, 0], 0.1)):
+        budget.for_round([20, 20], live)
+        clock[0] += seconds
+        budget.update(kept, 0)
+    budget.report()
+    assert budget.costs.rates == [pytest.approx(8 / 0.4)]  # not 9 tokens / 0.6 row-seconds
+    assert budget.costs.lengths == [8.0] and budget.costs.round_seconds == [pytest.approx(0.4 / 3)]

@@ -81,7 +81,7 @@ class CostTable:
             kind: {int(w): list(v) for w, v in data.get("verify", {}).get(kind, {}).items()} for kind in ("chain", "tree")}
         self.draft: dict[str, list[float]] = {k: list(v) for k, v in data.get("draft", {}).items()}
         self.stock: list[float] = list(data.get("stock", []))  # plain generate's own decoding steps
-        #: per speculative call, the tokens per row-second its chosen rounds realised and the seconds it spent
+        #: per speculative call, its longest row's tokens per second of its chosen rounds and the seconds it spent
         #: outside its rounds (set-up, the target's and the draft's prefills); per call run as plain generate, its
         #: seconds outside its decoding steps and its mean step; per call of either, its longest row's tokens
         self.rates: list[float] = list(data.get("rates", []))
@@ -115,15 +115,15 @@ class CostTable:
         """Seconds of one step of plain generate's own loop (None: never measured)."""
         return _median(self.stock) if self.stock else None
 
-    def add_call(self, tokens_per_row_s: float | None, round_s: float | None, overhead_s: float, tokens: int) -> None:
-        """A speculative call (no calibration round in it): the tokens per row-second its chosen rounds realised
-        and their mean seconds (None: too few of them), its seconds outside its rounds and its longest row's
+    def add_call(self, tokens_per_s: float | None, round_s: float | None, overhead_s: float, tokens: int) -> None:
+        """A speculative call (no calibration round in it): its longest row's tokens per second of its chosen
+        rounds (AutoBudget._time_call) and their mean seconds (None: too few of them), its seconds outside its rounds and its longest row's
         tokens."""
         _push(self.overheads, overhead_s)
         _push(self.lengths, float(tokens))
-        if tokens_per_row_s is None or round_s is None:
+        if tokens_per_s is None or round_s is None:
             return
-        _push(self.rates, tokens_per_row_s)
+        _push(self.rates, tokens_per_s)
         _push(self.round_seconds, round_s)
         if self.last_call == "plain":
             self._pair()
