@@ -13,6 +13,7 @@ import hf_specmm
 from hf_specmm import cli
 from hf_specmm.auto import COSTS
 from hf_specmm.auto.acceptance import read_profile
+from hf_specmm.auto.budget import PROBES_LOST
 from hf_specmm.bench import BenchConfig, run_benchmark
 from conftest import batch_inputs, draft, target
 from test_trees_generate import generate
@@ -89,6 +90,8 @@ def test_a_call_plain_generate_wins_runs_as_plain_generate():
     table.stock_share = lambda: 1e-9  # plain generate's calls measured (as) free beside the speculative ones
     table_of_pair = auto.acceptance(model)
     table_of_pair.plain_calls, table_of_pair.plain_gap = 0, 8  # whatever the calibration calls left
+    # and, where the random draft's ranking is plain steps (timing decides), its probes lost: the same schedule
+    table_of_pair.probes_lost, table_of_pair.probe_won = PROBES_LOST, None
     shapes = []
     for _ in range(9):
         out, stats = generate(model, inputs, max_new_tokens=12, assistant_model=auto)
@@ -121,6 +124,7 @@ def test_a_call_whose_rounds_would_all_be_plain_steps_runs_as_plain_generate():
     table.stock_step_time = lambda: 1e3  # plain generate's step measured (as) very slow
     pair = auto.acceptance(model)
     pair.plain_calls, pair.plain_gap = 0, 8
+    pair.probes_lost, pair.probe_won = PROBES_LOST, None  # the probes' evidence (timing decides it in calibration)
     out, stats = generate(model, inputs, max_new_tokens=12, assistant_model=auto)
     assert torch.equal(out, plain) and stats.auto["shapes"] == ["plain generate"]
 
