@@ -381,7 +381,7 @@ def _simulate(monkeypatch, budget: AutoBudget, rounds: int, draft_step: float, a
 def test_a_probe_that_beats_plain_steps_is_taken_again_until_the_curves_agree(monkeypatch):
     """Calibration timed every drafted round 0.2 s too slow in each phase (on an H200 they took 3-7x the same
     shapes' fixed rounds): plain steps rank first although the draft is always right. A probe that realises more
-    tokens per second than plain steps were predicted to is taken again at once, its timings reach the curves'
+    tokens per second than the plain steps before it is taken again at once, its timings reach the curves'
     medians, and the chain of 4 ranks best. A probe that loses is not repeated: the gap doubles (a useless draft
     costs ever fewer probes)."""
     from hf_specmm.auto.budget import MIN_PROBE_GAP
@@ -444,7 +444,8 @@ def test_a_batch_calls_rate_is_its_longest_rows_tokens_per_second(monkeypatch):
     tables = Tables()
     calibrate(policy, tables(2)[1])
     budget = AutoBudget(policy, AcceptanceTable(depth=4), tables, 2, ())
-    for live, kept, seconds in (([True, True], [3, 1], 0.2), ([True, False], [3, 0], 0.1), ([True, False], [2, 0], 0.1)):
+    rounds = (([True, True], [3, 1], 0.2), ([True, False], [3, 0], 0.1), ([True, False], [2, 0], 0.1))
+    for live, kept, seconds in rounds:
         budget.for_round([20, 20], live)
         clock[0] += seconds
         budget.update(kept, 0)

@@ -50,7 +50,7 @@ class AcceptanceTable:
             self.set_prior(prior)
         self.rounds = 0
         self.clock = 0  # rounds of this pair's calls, plain steps included (AutoBudget.ranking's clock)
-        #: plain rounds between two probes once plain steps win (doubles after each probe; see AutoBudget)
+        #: plain rounds between two probes once plain steps win (doubles once a turn of probes lost; AutoBudget._probe)
         self.probe_gap = 8
         #: the shape of the last probe if it realised more tokens per second than the plain steps before it:
         #: the next round probes it again (AutoBudget._choose), its timings the cost curves' evidence

@@ -117,8 +117,8 @@ class CostTable:
 
     def add_call(self, tokens_per_s: float | None, round_s: float | None, overhead_s: float, tokens: int) -> None:
         """A speculative call (no calibration round in it): its longest row's tokens per second of its chosen
-        rounds (AutoBudget._time_call) and their mean seconds (None: too few of them), its seconds outside its rounds and its longest row's
-        tokens."""
+        rounds (AutoBudget._time_call) and their mean seconds (None: too few of them), its seconds outside its
+        rounds and its longest row's tokens."""
         _push(self.overheads, overhead_s)
         _push(self.lengths, float(tokens))
         if tokens_per_s is None or round_s is None:
