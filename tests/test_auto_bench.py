@@ -73,7 +73,7 @@ def test_profile_argument_numbers_and_files(tmp_path, capsys):
 
 def test_a_call_plain_generate_wins_runs_as_plain_generate():
     """Once plain generate's whole calls are measured faster than the speculative ones, calls run stock's loop
-    without the draft (the output is plain generate's); every plain_gap-th call still runs speculatively."""
+    without the draft (the output is plain generate's); the 8th after the switch still runs speculatively."""
     model = target("llava")
     inputs = batch_inputs("llava", 2, with_images=False)
     plain = model.generate(**inputs, max_new_tokens=12, do_sample=False)
@@ -89,7 +89,7 @@ def test_a_call_plain_generate_wins_runs_as_plain_generate():
     measured = list(table.stock)
     table.stock_share = lambda: 1e-9  # plain generate's calls measured (as) free beside the speculative ones
     table_of_pair = auto.acceptance(model)
-    table_of_pair.plain_calls, table_of_pair.plain_gap = 0, 8  # whatever the calibration calls left
+    table_of_pair.regime = None  # whatever the calibration calls left: plain generate's first choice starts its gap
     # and, where the random draft's ranking is plain steps (timing decides), its probes lost: the same schedule
     table_of_pair.probes_lost, table_of_pair.probe_won = PROBES_LOST, None
     shapes = []
@@ -123,7 +123,7 @@ def test_a_call_whose_rounds_would_all_be_plain_steps_runs_as_plain_generate():
     table.version += 1
     table.stock_step_time = lambda: 1e3  # plain generate's step measured (as) very slow
     pair = auto.acceptance(model)
-    pair.plain_calls, pair.plain_gap = 0, 8
+    pair.regime = None
     pair.probes_lost, pair.probe_won = PROBES_LOST, None  # the probes' evidence (timing decides it in calibration)
     out, stats = generate(model, inputs, max_new_tokens=12, assistant_model=auto)
     assert torch.equal(out, plain) and stats.auto["shapes"] == ["plain generate"]

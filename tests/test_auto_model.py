@@ -296,6 +296,38 @@ def test_calls_run_as_plain_generate_by_whole_calls_measured_not_by_predictions(
     assert costs.stock_share() * STOCK_MARGIN < 1.0 and budget.runs_plain()
 
 
+def test_a_choice_of_plain_generate_made_in_a_slow_spell_is_undone_by_the_first_check():
+    """Plain generate chosen from speculative calls timed in a slow spell: the speculative call at the gap, timed
+    at the machine's usual speed beside plain generate, takes the choice back (the gap used to double as the call
+    was made, and a pair's speculative side was the median of the last 3 speculative calls, two of them from the
+    spell: checks at the 8th, 24th and 56th call, speculative again from the 58th); a check that agrees doubles
+    the gap."""
+    policy = CostAwarePolicy(max_tokens=16, max_depth=4)
+    tables = Tables()
+    calibrate(policy, tables(1)[1])
+    acceptance = AcceptanceTable(depth=4)
+    costs = tables(1)[1]
+    step = 0.01  # plain generate: 0.1 s outside 20 steps of 10 ms; speculative: 200 tokens/s (50 in the spell)
+    costs.add_stock_step(step)
+    costs.add_stock_call(0.1, step, 20)
+    for _ in range(3):
+        costs.add_call(50.0, step, 0.1, 20)
+    chosen = []
+    for _ in range(40):
+        runs_plain = AutoBudget(policy, acceptance, tables, 1, ()).runs_plain()
+        chosen.append("plain" if runs_plain else "spec")
+        if runs_plain:
+            costs.add_stock_call(0.1, step, 20)
+        else:
+            costs.add_call(200.0, step, 0.1, 20)
+    # the spell's choice, checked at the 8th call; that call at 200 tokens/s beside plain generate's calls makes two
+    # pairs (with the call before it and the one after), which turn the median over the spell's two
+    assert chosen[:10] == ["plain"] * 7 + ["spec", "plain", "spec"]
+    assert chosen[10:17] == ["spec"] * 6 + ["plain"]  # plain generate checked 8 calls after the switch
+    assert chosen[17:33] == ["spec"] * 15 + ["plain"]  # that check agreed: the gap doubled to 16, then to 32
+    assert chosen[33:] == ["spec"] * 7 and acceptance.call_gap == 32
+
+
 def test_plain_generate_is_compared_with_the_speculative_calls_next_to_it_in_time():
     """A slow spell of the speculative calls alone does not make plain generate (timed before it) win: each
     side is read beside the other's calls of the same moment; the calls not chosen run now and then."""
@@ -323,8 +355,17 @@ def test_plain_generate_is_compared_with_the_speculative_calls_next_to_it_in_tim
     costs.add_stock_step(step)
     costs.add_stock_call(1.0, step, 20)
     costs.add_call(2.0 / step, step, 1.0, 20)
-    runs = [budget.runs_plain() for _ in range(40)]  # speculative calls win: plain generate at the 8th, 16th, ...
+    runs = []
+    for _ in range(40):  # speculative calls win: plain generate at the 8th call, then 16, 32, ... calls apart
+        runs.append(budget.runs_plain())
+        if runs[-1]:
+            costs.add_stock_call(1.0, step, 20)
+        else:
+            costs.add_call(2.0 / step, step, 1.0, 20)
     assert [i for i, plain in enumerate(runs) if plain] == [7, 23]
+    for _ in range(56):  # calls that leave no pair (no rate: too few rounds) are no evidence: the gap holds
+        runs.append(budget.runs_plain())
+    assert [i for i, plain in enumerate(runs) if plain] == [7, 23, 55, 87]  # not 55 + 64
 
 
 def test_plain_steps_ranked_best_by_the_prior_alone_leave_calls_speculative():

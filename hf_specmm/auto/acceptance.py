@@ -59,10 +59,12 @@ class AcceptanceTable:
         self.probe_turn = 0  # probes so far: the best drafted shape's turn or the other kind's (AutoBudget._probe)
         self.explored = 0  # drafted rounds the cost model chose since the last exploration (AutoBudget._contender)
         self.contender_turn = 0  # explorations so far: whose turn it is among the contenders
-        #: calls run as plain generate in a row, and how many before a speculative one; speculative calls in a row,
-        #: and how many before one as plain generate (AutoBudget.runs_plain)
-        self.plain_calls, self.plain_gap = 0, 8
-        self.spec_calls, self.spec_gap = 0, 8
+        #: the whole calls' choice ('plain' generate or 'speculative'), the calls since it last ran one of the other
+        #: kind and how many before the next one; after that one, its cost table and the pairs of calls made there
+        #: before it (AutoBudget._now_and_then)
+        self.regime: str | None = None
+        self.regime_calls, self.call_gap = 0, 8
+        self.checking: tuple[Any, int] | None = None
         self.plain_ranking: tuple | None = None  # (tables' state, best shape) of the last check
         #: per family ('chain', 'tree k'): [drafts kept, drafts expected] (see :meth:`yield_of`)
         self.yields: dict[str, list[float]] = {}

@@ -20,7 +20,9 @@ MIN_PROBE_GAP, MAX_PROBE_GAP = 8, 256
 #: calls run as plain generate only when a typical call is predicted this much faster so (see :meth:`runs_plain`)
 STOCK_MARGIN = 1.05
 MIN_RATE_ROUNDS = 2  # chosen rounds a call needs for its realised rate to count
-MAX_CALL_GAP = 64  # calls between two of the kind not chosen (plain generate, speculative), doubling from 8
+#: calls between two of the kind not chosen (plain generate, speculative): FIRST_CALL_GAP after a switch, doubling
+#: up to MAX_CALL_GAP while those calls leave the choice as it was (AutoBudget._now_and_then)
+FIRST_CALL_GAP, MAX_CALL_GAP = 8, 64
 #: drafted rounds a pair's acceptance must have seen before a ranking of plain steps sends its calls to plain generate
 EVIDENCE_ROUNDS = 4
 #: evaluated probes in a row that lost to plain steps before such a ranking sends calls to plain generate
@@ -290,10 +292,11 @@ class AutoBudget(DraftBudget):
         steps and what it spent outside them (set-up, the prefill) timed; from then on a call runs so where the
         recent calls' lengths would take :data:`STOCK_MARGIN` less time that way, whole calls compared (the
         draft's prefill and set-up included; :meth:`CostTable.stock_share`): an overhead-bound machine (tiny
-        models, a fast GPU at small batches). Whichever wins, a call of the other now and then (the 8th, 16th, ...
-        up to every :data:`MAX_CALL_GAP`-th) keeps both sides measured next to each other in time: costs,
-        acceptance and the rates current, and plain generate's side no older than the speculative one's (measured
-        once, a slow spell of the speculative calls alone flipped the choice). Measured calls, not predictions:
+        models, a fast GPU at small batches). Whichever wins, a call of the other now and then
+        (:meth:`_now_and_then`: the 8th after a switch, then 16, ... up to :data:`MAX_CALL_GAP` calls apart while
+        they agree) keeps both sides measured next to each other in time: costs, acceptance and the rates current,
+        and plain generate's side no older than the speculative one's (measured once, a slow spell of the
+        speculative calls alone flipped the choice). Measured calls, not predictions:
         one pessimistic prediction (on the world, an image-adapter draft predicted below plain generate while its
         chain 5 ran at 1.13x plain) would hold for up to 64 calls. A ranking of plain steps sends calls to plain
         generate only once the pair's acceptance has seen :data:`EVIDENCE_ROUNDS` drafted rounds: a new draft on
@@ -324,18 +327,32 @@ class AutoBudget(DraftBudget):
         else:  # whole calls, once a speculative call was timed beside plain generate (until then: speculative)
             share = self.costs.stock_share()
             wins = share is not None and share * STOCK_MARGIN < 1.0
-        pair = self.acceptance
-        if not wins:  # plain generate now and then, compared with the calls next to it (CostTable.stock_share)
-            pair.plain_calls, pair.spec_calls = 0, pair.spec_calls + 1
-            if pair.spec_calls >= pair.spec_gap:
-                pair.spec_calls, pair.spec_gap = 0, min(2 * pair.spec_gap, MAX_CALL_GAP)
-                return True
-            return False
-        pair.spec_calls, pair.plain_calls = 0, pair.plain_calls + 1
-        if pair.plain_calls >= pair.plain_gap:  # a speculative call now and then
-            pair.plain_calls, pair.plain_gap = 0, min(2 * pair.plain_gap, MAX_CALL_GAP)
-            return False
-        return True
+        return self._now_and_then("plain" if wins else "speculative")
+
+    def _now_and_then(self, chosen: str) -> bool:
+        """Whether this call runs as plain generate, the whole-call choice being ``chosen`` ('plain',
+        'speculative'): now and then a call of the other kind, compared with the calls next to it
+        (:meth:`CostTable.stock_share`). The gap is :data:`FIRST_CALL_GAP` calls after a switch and doubles (up to
+        :data:`MAX_CALL_GAP`) each time such a call's own pair agreed with the choice; one that disagreed is
+        followed by another at the same gap (the choice is the median over the recent pairs: a few such pairs
+        turn it). The gap used to double as the call was made, whatever it showed: a choice of plain generate
+        made in a slow spell then held until the 58th call (checks at the 8th, 24th and 56th;
+        ``test_a_choice_of_plain_generate_made_in_a_slow_spell_is_undone_by_the_first_check``), now the 10th. On
+        the shipped world at batch 8 the text-only draft's calls ran as plain generate for all 20 timed calls of a
+        diagnosis run while its chain 2 ran 1.26x faster."""
+        pair, costs = self.acceptance, self.costs
+        checked, pair.checking = pair.checking, None
+        if chosen != pair.regime:  # a switch (or the first choice): the other kind is checked soon
+            pair.regime, pair.call_gap, pair.regime_calls = chosen, FIRST_CALL_GAP, 0
+        elif checked is not None and checked[0] is costs and costs.paired > checked[1] and costs.lengths:
+            share = costs.pair_share(costs.pairs[-1])  # the check's pair (it and the call beside it)
+            if (share * STOCK_MARGIN < 1.0) == (chosen == "plain"):  # it agrees: check less often
+                pair.call_gap = min(2 * pair.call_gap, MAX_CALL_GAP)
+        pair.regime_calls += 1
+        if pair.regime_calls >= pair.call_gap:  # the other kind, beside this one in time
+            pair.regime_calls, pair.checking = 0, (costs, costs.paired)
+            return chosen == "speculative"
+        return chosen == "plain"
 
     def timing_plain(self, target: Any) -> Any:
         """A forward pre-hook on ``target`` timing plain generate's steps into the cost table (remove it after)."""

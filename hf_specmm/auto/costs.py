@@ -93,6 +93,8 @@ class CostTable:
         #: overhead, rate and mean round] (see :meth:`stock_share`); which kind the last call was
         self.pairs: list[list[float]] = [list(p) for p in data.get("pairs", [])]
         self.last_call: str | None = None
+        self.paired = 0  # pairs made so far (pairs keeps the recent ones)
+        self.spec_run = 0  # speculative calls with a rate since plain generate's last call
         #: per kind: recent relative ratios (round seconds measured / predicted by the curves, over the speed index
         #: of the moment), and the speed index itself; see :meth:`time_factor`
         self.kind_ratios: dict[str, list[float]] = {k: list(v) for k, v in data.get("kind_ratios", {}).items()}
@@ -125,6 +127,7 @@ class CostTable:
             return
         _push(self.rates, tokens_per_s)
         _push(self.round_seconds, round_s)
+        self.spec_run += 1
         if self.last_call == "plain":
             self._pair()
         self.last_call = "spec"
@@ -136,14 +139,20 @@ class CostTable:
         _push(self.lengths, float(tokens))
         if self.last_call == "spec":
             self._pair()
-        self.last_call = "plain"
+        self.last_call, self.spec_run = "plain", 0
 
     def _pair(self) -> None:
-        """Plain generate's last call beside the recent speculative calls (the last :data:`PAIR_CALLS`): next to
-        each other in time, so the machine's speed of the moment is in both."""
+        """Plain generate's last call beside the recent speculative calls: next to each other in time, so the
+        machine's speed of the moment is in both. The speculative side: the run of speculative calls next to plain
+        generate's call, its last :data:`PAIR_CALLS` at most. Where calls run as plain generate, that run is the
+        one call made at the gap; the last 3 speculative calls were then 8-64 calls apart, and two of them from a
+        slow spell outvoted the one beside plain generate (the median over pairs, :meth:`stock_share`, pools the
+        noise of one call)."""
         overhead, step = self.stock_calls[-1]
-        spec = [_median(values[-PAIR_CALLS:]) for values in (self.overheads, self.rates, self.round_seconds)]
+        calls = min(max(self.spec_run, 1), PAIR_CALLS)
+        spec = [_median(values[-calls:]) for values in (self.overheads, self.rates, self.round_seconds)]
         _push(self.pairs, [overhead, step, *spec])
+        self.paired += 1
 
     def stock_share(self) -> float | None:
         """Plain generate's time over the speculative loop's for the recent calls' lengths (their longest rows'
@@ -161,11 +170,14 @@ class CostTable:
         as plain generate at 0.85x its chain's speed)."""
         if not self.pairs or not self.lengths:
             return None
-        shares = []
-        for plain_overhead, step, overhead, rate, round_s in self.pairs:
-            plain = sum(plain_overhead + n * step for n in self.lengths)
-            shares.append(plain / sum(overhead + max(n / rate, round_s) for n in self.lengths))
-        return _median(shares)
+        return _median([self.pair_share(p) for p in self.pairs])
+
+    def pair_share(self, pair: list[float]) -> float:
+        """One pair's plain generate time over the speculative loop's for the recent calls' lengths (see
+        :meth:`stock_share`)."""
+        plain_overhead, step, overhead, rate, round_s = pair
+        plain = sum(plain_overhead + n * step for n in self.lengths)
+        return plain / sum(overhead + max(n / rate, round_s) for n in self.lengths)
 
     # ---- timings ---------------------------------------------------------------------------------------
     def add(self, kind: str, width: int, draft_label: str | None, draft_s: float, verify_s: float) -> None:
