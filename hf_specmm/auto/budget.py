@@ -326,7 +326,7 @@ class AutoBudget(DraftBudget):
             wins = True
         else:  # whole calls, once a speculative call was timed beside plain generate (until then: speculative)
             share = self.costs.stock_share()
-            wins = share is not None and share * STOCK_MARGIN < 1.0
+            wins = plain_wins(share)
         return self._now_and_then("plain" if wins else "speculative")
 
     def _now_and_then(self, chosen: str) -> bool:
@@ -345,8 +345,8 @@ class AutoBudget(DraftBudget):
         if chosen != pair.regime:  # a switch (or the first choice): the other kind is checked soon
             pair.regime, pair.call_gap, pair.regime_calls = chosen, FIRST_CALL_GAP, 0
         elif checked is not None and checked[0] is costs and costs.paired > checked[1] and costs.lengths:
-            share = costs.pair_share(costs.pairs[-1])  # the check's pair (it and the call beside it)
-            if (share * STOCK_MARGIN < 1.0) == (chosen == "plain"):  # it agrees: check less often
+            # the check's pair (it and the call beside it): if it agrees, check less often
+            if plain_wins(costs.pair_share(costs.pairs[-1])) == (chosen == "plain"):
                 pair.call_gap = min(2 * pair.call_gap, MAX_CALL_GAP)
         pair.regime_calls += 1
         if pair.regime_calls >= pair.call_gap:  # the other kind, beside this one in time
@@ -430,3 +430,9 @@ class AutoBudget(DraftBudget):
             round_s = decode / len(chosen) if enough else None
             self.costs.add_call(rate, round_s, max(seconds - sum(e["seconds"] for e in self.log), 0.0),
                                 max(self.row_tokens))
+
+
+def plain_wins(share: float | None) -> bool:
+    """Whether plain generate's whole calls win at this share (plain generate's time over the speculative
+    loop's, :meth:`CostTable.stock_share`): :data:`STOCK_MARGIN` less time."""
+    return share is not None and share * STOCK_MARGIN < 1.0
