@@ -13,7 +13,7 @@ import hf_specmm
 from hf_specmm import cli
 from hf_specmm.auto import COSTS
 from hf_specmm.auto.acceptance import read_profile
-from hf_specmm.auto.budget import PROBES_LOST
+from hf_specmm.auto.calls import PROBES_LOST
 from hf_specmm.bench import BenchConfig, run_benchmark
 from conftest import batch_inputs, draft, target
 from test_trees_generate import generate

@@ -235,6 +235,29 @@ def test_the_best_shape_of_the_other_kind_is_re_timed_while_within_its_band():
     assert chain not in taken and taken.count(far_tree) == 4
 
 
+def test_a_shallower_chain_whose_costs_are_fixed_is_not_explored():
+    """Exploring a chain no deeper than the best chain, its width and drafting timed SAMPLES times, could change
+    nothing in its prediction (the best chain's rounds observe every depth it drafts; its curve points are fixed): it
+    is left out. A deeper chain (depths the best does not reach) and one whose points are still filling are not."""
+    from hf_specmm.auto.budget import EXPLORE_GAP, covered
+    from hf_specmm.auto.costs import SAMPLES
+
+    policy = CostAwarePolicy(max_tokens=16, max_depth=8)
+    tables = Tables()
+    _, table = tables(1)
+    calibrate(policy, table)
+    for _ in range(SAMPLES):
+        table.add("chain", 5, "chain:4", 0.01, 0.02)
+    table.kind_ratios["chain"] = [1.0] * 8  # the chains' factor is sure: every near-tie in turn
+    budget = AutoBudget(policy, AcceptanceTable(depth=8), tables, 1, ())
+    best, shallow, deep, filling = Shape(5), Shape(4), Shape(6), Shape(3)
+    assert covered(shallow, best, table) and not covered(deep, best, table) and not covered(filling, best, table)
+    budget.ranked, budget.ranked_by = [Choice(best, 100.0, 4.0), Choice(shallow, 99.0, 3.5), Choice(deep, 98.0, 4.3),
+                                       Choice(filling, 97.0, 3.0)], table
+    taken = [budget._contender(budget.ranked[0]).shape for _ in range(6 * EXPLORE_GAP)]
+    assert shallow not in taken and taken.count(deep) == taken.count(filling) >= 2
+
+
 def test_a_slow_spell_timed_on_one_shape_slows_every_shapes_prediction_alike():
     """The machine slows down 2x while only chain 3 is taken: its curve must not take the slow spell in alone (the
     untaken tree would then look 2x cheaper next to it, and stay so: nothing re-times an untaken shape's curve
@@ -270,7 +293,7 @@ def test_calls_run_as_plain_generate_by_whole_calls_measured_not_by_predictions(
     """A prediction must neither hold a draft in plain generate nor keep it out: plain generate is measured once
     calibrated (one call), and calls run so where the recent calls' lengths would take STOCK_MARGIN less time
     that way: each way its overhead plus the tokens at its rate (the speculative rounds' realised rate)."""
-    from hf_specmm.auto.budget import STOCK_MARGIN
+    from hf_specmm.auto.calls import MIN_PAIRS, STOCK_MARGIN
 
     policy = CostAwarePolicy(max_tokens=16, max_depth=4)
     tables = Tables()
@@ -286,7 +309,12 @@ def test_calls_run_as_plain_generate_by_whole_calls_measured_not_by_predictions(
     costs.add_stock_call(1.0, step, 20)  # plain generate: 1 s outside its 20 steps
     for _ in range(3):  # speculative calls: twice plain generate's rate in their rounds, the same overhead
         costs.add_call(2.0 / step, step, 1.0, 20)
-    assert costs.stock_share() == pytest.approx((1.0 + 20 * step) / (1.0 + 10 * step)) and not budget.runs_plain()
+    assert costs.stock_share() == pytest.approx((1.0 + 20 * step) / (1.0 + 10 * step))
+    assert budget.runs_plain()  # one pair is too few to choose by (MIN_PAIRS): the calls alternate, each making one
+    costs.add_stock_call(1.0, step, 20)
+    assert not budget.runs_plain()
+    costs.add_call(2.0 / step, step, 1.0, 20)
+    assert len(costs.pairs) == MIN_PAIRS and not budget.runs_plain()  # chosen by the pairs: speculative
     costs.add_call(None, None, 1.0, 1)  # a one-token answer: one round, as long as plain generate's step
     assert not budget.runs_plain()
     for _ in range(5):  # their draft's prefill and set-up grew to 20 plain steps, plain generate timed beside them
@@ -296,36 +324,36 @@ def test_calls_run_as_plain_generate_by_whole_calls_measured_not_by_predictions(
     assert costs.stock_share() * STOCK_MARGIN < 1.0 and budget.runs_plain()
 
 
-def test_a_choice_of_plain_generate_made_in_a_slow_spell_is_undone_by_the_first_check():
-    """Plain generate chosen from speculative calls timed in a slow spell: the speculative call at the gap, timed
-    at the machine's usual speed beside plain generate, takes the choice back (the gap used to double as the call
-    was made, and a pair's speculative side was the median of the last 3 speculative calls, two of them from the
-    spell: checks at the 8th, 24th and 56th call, speculative again from the 58th); a check that agrees doubles
-    the gap."""
+def test_a_choice_of_plain_generate_made_in_a_slow_spell_is_undone_by_the_checks():
+    """Plain generate chosen from pairs whose speculative calls ran in a slow spell (rounds 4x their usual time):
+    the speculative calls at the gap, timed at the machine's usual speed beside plain generate, take the choice
+    back once their pairs outnumber the spell's (the gap used to double as the call was made, and a pair's
+    speculative side was the median of the last 3 speculative calls, two of them from the spell: speculative again
+    from the 58th call); a check that agrees doubles the gap."""
     policy = CostAwarePolicy(max_tokens=16, max_depth=4)
     tables = Tables()
     calibrate(policy, tables(1)[1])
     acceptance = AcceptanceTable(depth=4)
     costs = tables(1)[1]
-    step = 0.01  # plain generate: 0.1 s outside 20 steps of 10 ms; speculative: 200 tokens/s (50 in the spell)
+    step = 0.01  # plain generate: 0.1 s outside 20 steps of 10 ms; speculative: 2 tokens a round of 10 ms (40 in it)
     costs.add_stock_step(step)
-    costs.add_stock_call(0.1, step, 20)
-    for _ in range(3):
-        costs.add_call(50.0, step, 0.1, 20)
+    for _ in range(2):  # plain generate beside speculative calls in the spell: 3 pairs, plain generate wins
+        costs.add_stock_call(0.1, step, 20)
+        costs.add_call(50.0, 4 * step, 0.1, 20)
+    assert len(costs.pairs) == 3 and costs.stock_share() == pytest.approx(0.6)
     chosen = []
     for _ in range(40):
         runs_plain = AutoBudget(policy, acceptance, tables, 1, ()).runs_plain()
-        chosen.append("plain" if runs_plain else "spec")
+        chosen.append("P" if runs_plain else "s")
         if runs_plain:
             costs.add_stock_call(0.1, step, 20)
         else:
             costs.add_call(200.0, step, 0.1, 20)
-    # the spell's choice, checked at the 8th call; that call at 200 tokens/s beside plain generate's calls makes two
-    # pairs (with the call before it and the one after), which turn the median over the spell's two
-    assert chosen[:10] == ["plain"] * 7 + ["spec", "plain", "spec"]
-    assert chosen[10:17] == ["spec"] * 6 + ["plain"]  # plain generate checked 8 calls after the switch
-    assert chosen[17:33] == ["spec"] * 15 + ["plain"]  # that check agreed: the gap doubled to 16, then to 32
-    assert chosen[33:] == ["spec"] * 7 and acceptance.call_gap == 32
+    # checked at the 8th and 16th calls: each makes two pairs (with the call before it and the one after), which
+    # outnumber the spell's three after the second; plain generate is checked 8 calls after the switch, agrees,
+    # and the gap doubles
+    assert "".join(chosen) == "PPPPPPPs" + "PPPPPPPs" + "P" + "s" * 7 + "P" + "s" * 15
+    assert acceptance.call_gap == 16
 
 
 def test_plain_generate_is_compared_with_the_speculative_calls_next_to_it_in_time():
@@ -362,10 +390,11 @@ def test_plain_generate_is_compared_with_the_speculative_calls_next_to_it_in_tim
             costs.add_stock_call(1.0, step, 20)
         else:
             costs.add_call(2.0 / step, step, 1.0, 20)
-    assert [i for i, plain in enumerate(runs) if plain] == [7, 23]
-    for _ in range(56):  # calls that leave no pair (no rate: too few rounds) are no evidence: the gap holds
-        runs.append(budget.runs_plain())
-    assert [i for i, plain in enumerate(runs) if plain] == [7, 23, 55, 87]  # not 55 + 64
+    # one pair before: a plain generate call and a speculative one make MIN_PAIRS, then the choice
+    assert [i for i, plain in enumerate(runs) if plain] == [0, 9, 25]
+    for _ in range(56):  # calls that leave no pair (no rate: too few rounds) are no evidence: the check is made again on
+        runs.append(budget.runs_plain())  # the next call, CHECK_TRIES calls in a row at most, and the gap holds
+    assert [i for i, plain in enumerate(runs) if plain] == [0, 9, 25, 57, 58, 59, 60, 92, 93, 94, 95]  # not 57 + 64
 
 
 def test_plain_steps_ranked_best_by_the_prior_alone_leave_calls_speculative():
@@ -373,7 +402,7 @@ def test_plain_steps_ranked_best_by_the_prior_alone_leave_calls_speculative():
     calls stay speculative, whose probes observe the acceptance that plain generate never sees, until the pair has
     seen EVIDENCE_ROUNDS drafted rounds and PROBES_LOST probes in a row lost to plain steps; then they run as plain
     generate."""
-    from hf_specmm.auto.budget import EVIDENCE_ROUNDS, PROBES_LOST
+    from hf_specmm.auto.calls import EVIDENCE_ROUNDS, PROBES_LOST
     from hf_specmm.auto.policy import PLAIN
 
     policy = CostAwarePolicy(max_tokens=16, max_depth=4)

@@ -60,11 +60,11 @@ class AcceptanceTable:
         self.explored = 0  # drafted rounds the cost model chose since the last exploration (AutoBudget._contender)
         self.contender_turn = 0  # explorations so far: whose turn it is among the contenders
         #: the whole calls' choice ('plain' generate or 'speculative'), the calls since it last ran one of the other
-        #: kind and how many before the next one; after that one, its cost table and the pairs of calls made there
-        #: before it (AutoBudget._now_and_then)
+        #: kind and how many before the next one; after that one, its cost table, the pairs of calls made there
+        #: before it and the calls in a row made so (AutoBudget._now_and_then)
         self.regime: str | None = None
         self.regime_calls, self.call_gap = 0, 8
-        self.checking: tuple[Any, int] | None = None
+        self.checking: tuple[Any, int, int] | None = None
         self.plain_ranking: tuple | None = None  # (tables' state, best shape) of the last check
         #: per family ('chain', 'tree k'): [drafts kept, drafts expected] (see :meth:`yield_of`)
         self.yields: dict[str, list[float]] = {}

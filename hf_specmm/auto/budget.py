@@ -12,21 +12,12 @@ import torch
 
 from ..budget import DraftBudget, RoundBudget
 from .acceptance import AcceptanceTable, tree_observations
-from .costs import CostTable
+from .calls import WholeCalls
+from .costs import SAMPLES, CostTable
 from .policy import PLAIN, Choice, CostAwarePolicy, FixedPolicy, Shape, fit, hold
 
 REFRESH, MAX_REFRESH = 8, 64  # rounds between two rankings of the candidate shapes (the tables move slowly)
 MIN_PROBE_GAP, MAX_PROBE_GAP = 8, 256
-#: calls run as plain generate only when a typical call is predicted this much faster so (see :meth:`runs_plain`)
-STOCK_MARGIN = 1.05
-MIN_RATE_ROUNDS = 2  # chosen rounds a call needs for its realised rate to count
-#: calls between two of the kind not chosen (plain generate, speculative): FIRST_CALL_GAP after a switch, doubling
-#: up to MAX_CALL_GAP while those calls leave the choice as it was (AutoBudget._now_and_then)
-FIRST_CALL_GAP, MAX_CALL_GAP = 8, 64
-#: drafted rounds a pair's acceptance must have seen before a ranking of plain steps sends its calls to plain generate
-EVIDENCE_ROUNDS = 4
-#: evaluated probes in a row that lost to plain steps before such a ranking sends calls to plain generate
-PROBES_LOST = 2
 #: one drafted round in EXPLORE_GAP (at first; one per ranking's refresh, up to MAX_REFRESH, once the best holds)
 #: takes, in turn, a contender predicted within EXPLORE_BAND of the best; contenders whose kind's time factor has
 #: fewer than SURE_CONTRASTS samples first, at the first gap
@@ -35,7 +26,7 @@ EXPLORE_GAP, EXPLORE_BAND, SURE_CONTRASTS = 8, 0.10, 8
 OTHER_KIND_BAND = 0.25
 
 
-class AutoBudget(DraftBudget):
+class AutoBudget(WholeCalls, DraftBudget):
     """A :class:`~hf_specmm.budget.DraftBudget` whose every round has the shape chosen by ``policy``.
 
     Plain steps are taken while nothing drafted pays; after ``acceptance.probe_gap`` plain steps in a row the
@@ -208,15 +199,14 @@ class AutoBudget(DraftBudget):
         ranking's refresh (up to :data:`MAX_REFRESH`) while the best shape holds: each explored round may be that
         much slower, and a settled ranking needs them rarely. (Leaving the other kind's best to the slow pace alone
         let the top-4 trees hold two drafts at batch 1 on the world, 7 % and 19 % behind the best chain.)"""
-        pair = self.acceptance
+        pair, costs = self.acceptance, self.ranked_by
         pair.explored += 1
-        near = [c for c in self.ranked[1:] if c.shape.gamma and
+        near = [c for c in self.ranked[1:] if c.shape.gamma and not covered(c.shape, best.shape, costs) and
                 c.predicted_tokens_per_s >= (1.0 - EXPLORE_BAND) * best.predicted_tokens_per_s]
         other = next((c for c in self.ranked[1:] if c.shape.gamma and c.shape.kind != best.shape.kind), None)
         if other is not None and other not in near and \
                 other.predicted_tokens_per_s >= (1.0 - OTHER_KIND_BAND) * best.predicted_tokens_per_s:
             near.append(other)
-        costs = self.ranked_by
         unsure = [c for c in near if costs is None or costs.contrasts(c.shape.kind) < SURE_CONTRASTS]
         shared = pair.rankings.get(costs)
         gap = EXPLORE_GAP if unsure else max(EXPLORE_GAP, shared["refresh"] if shared else 0)
@@ -285,89 +275,6 @@ class AutoBudget(DraftBudget):
                          "seconds": seconds, "rows": entry["rows"],
                          "expected": choice.expected_tokens if choice.predicted_tokens_per_s is not None else None})
 
-    # ---- whole calls as plain generate -------------------------------------------------------------------
-    def runs_plain(self) -> bool:
-        """Whether this call is best run as plain ``generate`` (stock's own decoding loop, no draft). Once the
-        costs are calibrated, one call runs as plain generate (it is plain generate: no slower than plain), its
-        steps and what it spent outside them (set-up, the prefill) timed; from then on a call runs so where the
-        recent calls' lengths would take :data:`STOCK_MARGIN` less time that way, whole calls compared (the
-        draft's prefill and set-up included; :meth:`CostTable.stock_share`): an overhead-bound machine (tiny
-        models, a fast GPU at small batches). Whichever wins, a call of the other now and then
-        (:meth:`_now_and_then`: the 8th after a switch, then 16, ... up to :data:`MAX_CALL_GAP` calls apart while
-        they agree) keeps both sides measured next to each other in time: costs, acceptance and the rates current,
-        and plain generate's side no older than the speculative one's (measured once, a slow spell of the
-        speculative calls alone flipped the choice). Measured calls, not predictions:
-        one pessimistic prediction (on the world, an image-adapter draft predicted below plain generate while its
-        chain 5 ran at 1.13x plain) would hold for up to 64 calls. A ranking of plain steps sends calls to plain
-        generate only once the pair's acceptance has seen :data:`EVIDENCE_ROUNDS` drafted rounds: a new draft on
-        costs already calibrated (another draft's, a costs file) was ranked by the prior alone, and its calls ran
-        as plain generate, which observes no acceptance, until the 8th (on cpu-proxy, where its chain 8 ran at
-        1.7x plain). Nor before :data:`PROBES_LOST` probes in a row (the best drafted shape, the other kind's best:
-        :meth:`_probe`) realised less than the plain steps beside them: a ranking of plain steps rests on the cost
-        curves too, and calibrated in an unusual spell (an H200's first rounds) they ranked plain steps first where
-        a fixed chain ran 2x plain."""
-        if isinstance(self.policy, FixedPolicy) or not self.policy.calibrated(self.costs):
-            return False
-        state = (id(self.costs), self.costs.version, self.acceptance.rounds)
-        if self.acceptance.plain_ranking is None or self.acceptance.plain_ranking[0] != state:
-            ranked = self.ranking(self.costs)  # unchanged while calls run as plain generate
-            if not ranked:
-                return False
-            self.acceptance.plain_ranking = (state, ranked[0].shape)
-        if self.costs.stock_step_time() is None:  # plain generate never measured: this call measures it
-            return True
-        if self.acceptance.plain_ranking[1] == PLAIN:  # the loop would take plain steps only
-            if self.acceptance.rounds < EVIDENCE_ROUNDS:  # by the prior alone: a speculative call, its probes evidence
-                return False
-            # the costs measured, too: plain generate once the probes of both kinds lost (a probe that beat plain
-            # steps says the curves are wrong: calls go on probing)
-            if self.acceptance.probe_won is not None or self.acceptance.probes_lost < PROBES_LOST:
-                return False
-            wins = True
-        else:  # whole calls, once a speculative call was timed beside plain generate (until then: speculative)
-            share = self.costs.stock_share()
-            wins = plain_wins(share)
-        return self._now_and_then("plain" if wins else "speculative")
-
-    def _now_and_then(self, chosen: str) -> bool:
-        """Whether this call runs as plain generate, the whole-call choice being ``chosen`` ('plain',
-        'speculative'): now and then a call of the other kind, compared with the calls next to it
-        (:meth:`CostTable.stock_share`). The gap is :data:`FIRST_CALL_GAP` calls after a switch and doubles (up to
-        :data:`MAX_CALL_GAP`) each time such a call's own pair agreed with the choice; one that disagreed is
-        followed by another at the same gap (the choice is the median over the recent pairs: a few such pairs
-        turn it). The gap used to double as the call was made, whatever it showed: a choice of plain generate
-        made in a slow spell then held until the 58th call (checks at the 8th, 24th and 56th;
-        ``test_a_choice_of_plain_generate_made_in_a_slow_spell_is_undone_by_the_first_check``), now the 10th. On
-        the shipped world at batch 8 the text-only draft's calls ran as plain generate for all 20 timed calls of a
-        diagnosis run while its chain 2 ran 1.26x faster."""
-        pair, costs = self.acceptance, self.costs
-        checked, pair.checking = pair.checking, None
-        if chosen != pair.regime:  # a switch (or the first choice): the other kind is checked soon
-            pair.regime, pair.call_gap, pair.regime_calls = chosen, FIRST_CALL_GAP, 0
-        elif checked is not None and checked[0] is costs and costs.paired > checked[1] and costs.lengths:
-            # the check's pair (it and the call beside it): if it agrees, check less often
-            if plain_wins(costs.pair_share(costs.pairs[-1])) == (chosen == "plain"):
-                pair.call_gap = min(2 * pair.call_gap, MAX_CALL_GAP)
-        pair.regime_calls += 1
-        if pair.regime_calls >= pair.call_gap:  # the other kind, beside this one in time
-            pair.regime_calls, pair.checking = 0, (costs, costs.paired)
-            return chosen == "speculative"
-        return chosen == "plain"
-
-    def timing_plain(self, target: Any) -> Any:
-        """A forward pre-hook on ``target`` timing plain generate's steps into the cost table (remove it after)."""
-        starts = self.plain_forwards = []
-
-        def mark(module: Any, args: tuple) -> None:
-            now = time.perf_counter()
-            if len(starts) >= 2:  # the step before: the interval between two decoding forwards
-                self.costs.add_stock_step(now - starts[-1])
-            starts.append(now)
-
-        self.log.append({"shape": "plain generate", "predicted": None, "tokens": 0, "seconds": 0.0, "rows": 0,
-                         "expected": None})
-        return target.register_forward_pre_hook(mark)
-
     # ---- what the call did -----------------------------------------------------------------------------
     def report(self) -> dict[str, Any]:
         """``last_stats(model).auto``: per shape taken, its rounds, tokens, measured and predicted tokens per
@@ -405,34 +312,14 @@ class AutoBudget(DraftBudget):
             "cost_key": self.cost_key,
         }
 
-    def _time_call(self, seconds: float, chosen: list[dict[str, Any]]) -> None:
-        """The call into the call's cost table (:meth:`runs_plain`): a speculative call's realised rate, its
-        seconds outside its rounds and its longest row (not a call with calibration rounds: their shapes are no
-        choice); plain generate's seconds outside its decoding steps, its mean step and its longest row."""
-        if isinstance(self.policy, FixedPolicy) or not self.log:
-            return
-        if self.log[0]["shape"] == "plain generate":
-            starts = self.plain_forwards  # the prefill's forward, then one per decoding step
-            if len(starts) >= 3:
-                step = (starts[-1] - starts[1]) / (len(starts) - 2)
-                self.costs.add_stock_call(max(seconds - (len(starts) - 1) * step, 0.0), step, len(starts) - 1)
-        elif not self.calibration_rounds:
-            # the call's longest row's tokens per second of its rounds, as plain generate's side is its longest row's
-            # steps: tokens per row-second weight each round by its live rows, and at batch 8 on the world the
-            # 8-row rounds then stood for the longest row's time, run mostly in 1-3-row rounds (a call's decode time
-            # predicted 8-29 % too long by the medians of the calls before, within 3 % so)
-            decode = sum(e["seconds"] for e in chosen)
-            whole = len(chosen) == len(self.log)  # every round chosen (none a fallback): row_tokens are theirs
-            row_seconds = decode if whole else sum(e["seconds"] * e["rows"] for e in chosen)
-            enough = len(chosen) >= MIN_RATE_ROUNDS and row_seconds > 0
-            tokens = max(self.row_tokens) if whole else sum(e["tokens"] for e in chosen)
-            rate = tokens / row_seconds if enough else None
-            round_s = decode / len(chosen) if enough else None
-            self.costs.add_call(rate, round_s, max(seconds - sum(e["seconds"] for e in self.log), 0.0),
-                                max(self.row_tokens))
 
+def covered(shape: Shape, best: Shape, costs: CostTable | None) -> bool:
+    """Whether a round of ``shape`` taken to explore it could not change its prediction beside ``best``'s: a chain
+    no deeper than the best chain (every depth it drafts, the best chain's rounds observe; the family's realised
+    share is one) whose block width and drafting have :data:`~hf_specmm.auto.costs.SAMPLES` timings each (its curve
+    points are fixed). Such rounds cost what the shape is slower, for nothing: on the shipped world at batch 1,
+    where the EAGLE-3 head's chain 8 ranked best, 19 of the 20 rounds of one diagnosis run's 48 calls that took
+    another shape were chains 5-7."""
+    return shape.tree is None and best.tree is None and shape.gamma <= best.gamma and costs is not None and \
+        costs.samples(shape.kind, shape.width, shape.draft_label) >= SAMPLES
 
-def plain_wins(share: float | None) -> bool:
-    """Whether plain generate's whole calls win at this share (plain generate's time over the speculative
-    loop's, :meth:`CostTable.stock_share`): :data:`STOCK_MARGIN` less time."""
-    return share is not None and share * STOCK_MARGIN < 1.0
