@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
 def _diagnose(args: argparse.Namespace) -> int:
     from hf_specmm.auto import Auto
     from hf_specmm.auto.acceptance import read_profile
-    from hf_specmm.auto.costs import COSTS
+    from hf_specmm.auto.store import COSTS
     from hf_specmm.auto.policy import cost_aware_policy
     from hf_specmm.bench.config import BenchConfig
     from hf_specmm.bench.methods import OursMethod, PlainMethod

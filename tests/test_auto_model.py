@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from hf_specmm.auto import AcceptanceTable, AutoBudget, CostAwarePolicy, CostTable
-from hf_specmm.auto.costs import batch_bucket, isotonic
+from hf_specmm.auto.costs import isotonic
+from hf_specmm.auto.store import batch_bucket
 from hf_specmm.auto.policy import Choice, Shape
 
 

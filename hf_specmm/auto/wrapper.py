@@ -14,8 +14,9 @@ from ..drafts.wrapper import DraftWrapper, Tree
 from ..trees.expand import TreeShape
 from .acceptance import AcceptanceTable
 from .budget import AutoBudget
-from .costs import COSTS, CostTable, cost_key
+from .costs import CostTable
 from .policy import CostAwarePolicy, FixedPolicy, Shape, cost_aware_policy
+from .store import COSTS, cost_key
 
 
 #: the learned acceptance per (target, draft) pair, weakly held: {target: {draft: {sampling: AcceptanceTable}}}
