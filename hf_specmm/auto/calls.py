@@ -50,13 +50,11 @@ class WholeCalls:
         models, a fast GPU at small batches), once there are :data:`MIN_PAIRS` pairs of calls of the two kinds next
         to each other (until then the calls alternate, each making one: on the world at batch 1 one pair's share
         ranged from 0.74 to 1.23 over two diagnosis runs of the feature head, and the choice was made from the
-        first). Whichever wins,
-        a call of the other now and then
-        (:meth:`_now_and_then`: the 8th after a switch, then 16, ... up to :data:`MAX_CALL_GAP` calls apart while
-        they agree) keeps both sides measured next to each other in time: costs, acceptance and the rates current,
-        and plain generate's side no older than the speculative one's (measured once, a slow spell of the
-        speculative calls alone flipped the choice). Measured calls, not predictions:
-        one pessimistic prediction (on the world, an image-adapter draft predicted below plain generate while its
+        first). Whichever wins, a call of the other now and then (:meth:`_now_and_then`: the 8th after a switch,
+        then 16, ... up to :data:`MAX_CALL_GAP` calls apart while they agree) keeps both sides measured next to each
+        other in time: costs, acceptance and the rates current, and plain generate's side no older than the
+        speculative one's (measured once, a slow spell of the speculative calls alone flipped the choice). Measured
+        calls, not predictions: one pessimistic prediction (on the world, an image-adapter draft predicted below plain generate while its
         chain 5 ran at 1.13x plain) would hold for up to 64 calls. A ranking of plain steps sends calls to plain
         generate only once the pair's acceptance has seen :data:`EVIDENCE_ROUNDS` drafted rounds: a new draft on
         costs already calibrated (another draft's, a costs file) was ranked by the prior alone, and its calls ran
@@ -105,13 +103,14 @@ class WholeCalls:
         that prompt's answer was one token: 2 pairs in 64 calls, and the feature head's calls held plain generate."""
         pair, costs = self.acceptance, self.costs
         checked, pair.checking = pair.checking, None
+        checked_here = checked is not None and checked[0] is costs  # the last call was a check, in this table
         if chosen != pair.regime:  # a switch (or the first choice): the other kind is checked soon
             pair.regime, pair.call_gap, pair.regime_calls = chosen, FIRST_CALL_GAP, 0
-        elif checked is not None and checked[0] is costs and costs.paired == checked[1] and checked[2] < CHECK_TRIES:
+        elif checked_here and costs.paired == checked[1] and checked[2] < CHECK_TRIES:
             # the check left no pair (an answer of one round has no rate): again, on the next call (a later prompt)
             pair.checking = (costs, costs.paired, checked[2] + 1)
             return chosen == "speculative"
-        elif checked is not None and checked[0] is costs and costs.paired > checked[1] and costs.lengths:
+        elif checked_here and costs.paired > checked[1] and costs.lengths:
             # the check's pair (it and the call beside it): if it agrees, check less often
             if plain_wins(costs.pair_share(costs.pairs[-1])) == (chosen == "plain"):
                 pair.call_gap = min(2 * pair.call_gap, MAX_CALL_GAP)
