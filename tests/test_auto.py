@@ -291,36 +291,67 @@ def test_a_kind_without_trees_or_plain_steps_takes_chains_only():
         registry.unregister_draft_kind("chain_only_auto")
 
 
-def test_near_ties_are_retimed_in_turn():
-    """One drafted round per exploration gap takes a shape predicted within 10 % of the best (in turn), so a
-    near-tie's timings stay fresh; shapes outside the band never are. The gap is 8 rounds while a contender's
-    kind's time factor rests on few contrasts, then follows the ranking's refresh (up to 64) while the best holds."""
-    from hf_specmm.auto.budget import SURE_CONTRASTS
+def _always_agreeing_budget(trees: bool, tree_level_s: float = 0.1):
+    """A budget of a fresh pair, calibrated on a flat verification (1 s) and 0.1 s per chain draft step (a tree
+    level: ``tree_level_s``), whose acceptance table has seen the target agree with every draft."""
     from hf_specmm.auto.costs import CALIBRATION_SAMPLES
 
     COSTS.clear()
     model = target("llava")  # a fresh draft: a pair with no acceptance table yet
-    budget = hf_specmm.Auto(testing.text_draft_from_target(model)).budget(model, 1, False, "dynamic", trees=False,
+    budget = hf_specmm.Auto(testing.text_draft_from_target(model)).budget(model, 1, False, "dynamic", trees=trees,
                                                                          plain=True, device=torch.device("cpu"))
-    for _ in range(CALIBRATION_SAMPLES):  # calibrated: a flat verification, 0.1 s per draft step
-        for w in range(1, 10):
+    for _ in range(CALIBRATION_SAMPLES):
+        for w in range(1, 66):
             budget.costs.add("chain", w, None, 0.0, 1.0)
+            budget.costs.add("tree", w, None, 0.0, 1.0)
         for g in range(1, 9):
             budget.costs.add("chain", g + 1, f"chain:{g}", 0.1 * g, 1.0)
-    for _ in range(400):  # a draft the target always agrees with: chain 8 (9 / 1.8 = 5.0 tokens/s) before chain 7
-        budget.acceptance.observe_chain([8], [8])  # (8 / 1.7 = 4.7: within 10 %), chain 6 (7 / 1.6 = 4.4: outside)
+        for k, d in ((2, 4), (4, 6), (8, 6)):
+            budget.costs.add("tree", 9, f"tree:{k},{d}", 0.1 + tree_level_s * (d - 1), 1.0)
+    for _ in range(400):  # chain 8: 9 / 1.8 = 5.0 tokens/s; chain 7: 8 / 1.7 = 4.7 (within 10 %); chain 6: outside
+        budget.acceptance.observe_chain([8], [8])
+    return budget
+
+
+def _taken(budget, rounds: int) -> list:
     taken = []
-    for _ in range(64):  # the chains' time factor rests on no contrast yet: chain 7 re-timed every 8th round
+    for _ in range(rounds):
         budget.open = None  # no wall-clock timing of these empty rounds
-        taken.append(budget.for_round([100], [True]).gamma)
-    assert [i for i, g in enumerate(taken) if g != 8] == list(range(7, 64, 8)) and set(taken) == {7, 8}, taken
-    budget.costs.kind_ratios["chain"] = [1.0] * SURE_CONTRASTS  # now it does: the gap follows the ranking's refresh
-    taken = []
-    for _ in range(256):
-        budget.open = None
-        taken.append(budget.for_round([100], [True]).gamma)
+        choice = budget.for_round([100], [True])
+        taken.append(choice.tree if choice.tree is not None else choice.gamma)
+    return taken
+
+
+def test_near_ties_are_retimed_in_turn():
+    """One drafted round per exploration gap takes a shape predicted within 10 % of the best (in turn), so a
+    near-tie's timings stay fresh; shapes outside the band never are. A near-tie of the best's own kind teaches no
+    time factor (no contrast): the gap follows the ranking's refresh (up to 64) while the best holds."""
+    budget = _always_agreeing_budget(trees=False)
+    taken = _taken(budget, 256)
     explored = [i for i, g in enumerate(taken) if g != 8]
-    assert set(taken) == {7, 8} and [b - a for a, b in zip(explored, explored[1:])][-2:] == [64, 64], explored
+    assert set(taken) == {7, 8} and explored[:3] == [7, 23, 55], explored
+    assert [b - a for a, b in zip(explored, explored[1:])][-2:] == [64, 64], explored
+
+
+def test_the_other_kind_is_explored_until_its_time_factor_has_contrasts():
+    """A contender of the other kind (a tree where a chain is best) is taken every 8th drafted round, before the
+    best's own near-ties, while its kind's time factor rests on fewer than SURE_CONTRASTS contrasts: only a round
+    of the other kind than the one before is a contrast (on the world at batch 8, after the chains' calibration was
+    timed 1.4x slow, taking turns with the best's own kind kept trees or plain generate for 48 calls in 5 of 7
+    processes). Then the gap follows the refresh."""
+    from hf_specmm.auto.budget import SURE_CONTRASTS
+
+    budget = _always_agreeing_budget(trees=True, tree_level_s=0.12)
+    assert budget.ranking(budget.costs)[0].shape == Shape(8)
+    taken = _taken(budget, 64)
+    explored = [(i, g) for i, g in enumerate(taken) if g != 8]
+    assert [i for i, _ in explored] == list(range(7, 64, 8)), explored
+    assert all(isinstance(g, TreeShape) for _, g in explored), explored  # chain 7 waits for the trees' contrasts
+    budget.costs.kind_ratios["tree"] = [1.0] * SURE_CONTRASTS  # now the trees' factor is known
+    taken = _taken(budget, 256)
+    explored = [(i, g) for i, g in enumerate(taken) if g != 8]
+    gaps = [b - a for (a, _), (b, _) in zip(explored, explored[1:])]
+    assert gaps[-2:] == [64, 64], explored
 
 
 def test_an_answers_end_is_no_trial_and_sets_the_end_hazard():

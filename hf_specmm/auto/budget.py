@@ -19,8 +19,8 @@ from .policy import PLAIN, Choice, CostAwarePolicy, FixedPolicy, Shape, fit, hol
 REFRESH, MAX_REFRESH = 8, 64  # rounds between two rankings of the candidate shapes (the tables move slowly)
 MIN_PROBE_GAP, MAX_PROBE_GAP = 8, 256
 #: one drafted round in EXPLORE_GAP (at first; one per ranking's refresh, up to MAX_REFRESH, once the best holds)
-#: takes, in turn, a contender predicted within EXPLORE_BAND of the best; contenders whose kind's time factor has
-#: fewer than SURE_CONTRASTS samples first, at the first gap
+#: takes, in turn, a contender predicted within EXPLORE_BAND of the best; contenders of the other kind while its time
+#: factor has fewer than SURE_CONTRASTS samples first, at the first gap
 EXPLORE_GAP, EXPLORE_BAND, SURE_CONTRASTS = 8, 0.10, 8
 #: the other kind's best drafted shape is a contender too while predicted within this of the best
 OTHER_KIND_BAND = 0.25
@@ -194,8 +194,12 @@ class AutoBudget(WholeCalls, DraftBudget):
         only by the rounds that take it: a kind whose predictions went stale (its curves timed in a slow minute)
         would otherwise never be taken again (on the world at batch 1, Auto kept taking trees that ran at 0.86x
         plain where the best fixed chain ran at 0.99x). The gap is :data:`EXPLORE_GAP` drafted rounds while a
-        contender's kind's time factor rests on fewer than :data:`SURE_CONTRASTS` samples (those go first: with
-        rounds 20-30 % apart by noise alone, a few samples cannot tell kinds 5-10 % apart), else it grows with the
+        contender of the other kind than the best's has a time factor resting on fewer than :data:`SURE_CONTRASTS`
+        samples (those go first: with rounds 20-30 % apart by noise alone, a few samples cannot tell kinds 5-10 %
+        apart; and only a round of the other kind is a contrast, :meth:`CostTable.observe_ratio`: taking turns with
+        every unsure contender, trees of the best's own kind included, Auto was not back on chains within 48 calls
+        in 5 of 7 processes on the world at batch 8 whose chains' calibration was timed 1.4x slow), else it
+        grows with the
         ranking's refresh (up to :data:`MAX_REFRESH`) while the best shape holds: each explored round may be that
         much slower, and a settled ranking needs them rarely. (Leaving the other kind's best to the slow pace alone
         let the top-4 trees hold two drafts at batch 1 on the world, 7 % and 19 % behind the best chain.)"""
@@ -207,7 +211,8 @@ class AutoBudget(WholeCalls, DraftBudget):
         if other is not None and other not in near and \
                 other.predicted_tokens_per_s >= (1.0 - OTHER_KIND_BAND) * best.predicted_tokens_per_s:
             near.append(other)
-        unsure = [c for c in near if costs is None or costs.contrasts(c.shape.kind) < SURE_CONTRASTS]
+        unsure = [c for c in near if c.shape.kind != best.shape.kind and
+                  (costs is None or costs.contrasts(c.shape.kind) < SURE_CONTRASTS)]
         shared = pair.rankings.get(costs)
         gap = EXPLORE_GAP if unsure else max(EXPLORE_GAP, shared["refresh"] if shared else 0)
         if pair.explored < gap or not near:
