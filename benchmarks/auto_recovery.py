@@ -10,7 +10,7 @@ of the kind that is best when nothing is inflated (``--best-kind``), or null if 
 ``--calls`` (calls run as plain generate are left out: Auto's checks run one now and then), and how many of the
 last 16 calls ran as plain generate.
 
-    PYTHONPATH=. python benchmarks/auto_recovery.py --calls 48 --factor 1.4 --out benchmarks/results/auto/recovery/1.json
+    PYTHONPATH=. python benchmarks/auto_recovery.py --factor 1.4 --out benchmarks/results/auto/recovery/1.json
 """
 
 from __future__ import annotations

@@ -337,8 +337,8 @@ def test_the_other_kind_is_explored_until_its_time_factor_has_contrasts():
     """A contender of the other kind (a tree where a chain is best) is taken every 8th drafted round, before the
     best's own near-ties, while its kind's time factor rests on fewer than SURE_CONTRASTS contrasts: only a round
     of the other kind than the one before is a contrast (on the world at batch 8, after the chains' calibration was
-    timed 1.4x slow, taking turns with the best's own kind kept trees or plain generate for 48 calls in 5 of 7
-    processes). Then the gap follows the refresh."""
+    timed 1.4x slow, taking turns with the best's own kind brought 1 of 8 processes back on chains within 48 calls,
+    the other kind first 4 of 8). Then the gap follows the refresh."""
     from hf_specmm.auto.budget import SURE_CONTRASTS
 
     budget = _always_agreeing_budget(trees=True, tree_level_s=0.12)

@@ -197,12 +197,12 @@ class AutoBudget(WholeCalls, DraftBudget):
         contender of the other kind than the best's has a time factor resting on fewer than :data:`SURE_CONTRASTS`
         samples (those go first: with rounds 20-30 % apart by noise alone, a few samples cannot tell kinds 5-10 %
         apart; and only a round of the other kind is a contrast, :meth:`CostTable.observe_ratio`: taking turns with
-        every unsure contender, trees of the best's own kind included, Auto was not back on chains within 48 calls
-        in 5 of 7 processes on the world at batch 8 whose chains' calibration was timed 1.4x slow), else it
-        grows with the
-        ranking's refresh (up to :data:`MAX_REFRESH`) while the best shape holds: each explored round may be that
-        much slower, and a settled ranking needs them rarely. (Leaving the other kind's best to the slow pace alone
-        let the top-4 trees hold two drafts at batch 1 on the world, 7 % and 19 % behind the best chain.)"""
+        every unsure contender, trees of the best's own kind included, 1 of 8 processes on the world at batch 8
+        whose chains' calibration was timed 1.4x slow was back on chains within 48 calls, 4 of 8 with the other
+        kind first; ``benchmarks/auto_recovery.py``), else it grows with the ranking's refresh (up to
+        :data:`MAX_REFRESH`) while the best shape holds: each explored round may be that much slower, and a settled
+        ranking needs them rarely. (Leaving the other kind's best to the slow pace alone let the top-4 trees hold two
+        drafts at batch 1 on the world, 7 % and 19 % behind the best chain.)"""
         pair, costs = self.acceptance, self.ranked_by
         pair.explored += 1
         near = [c for c in self.ranked[1:] if c.shape.gamma and not covered(c.shape, best.shape, costs) and
