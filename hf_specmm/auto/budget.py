@@ -22,7 +22,8 @@ MIN_PROBE_GAP, MAX_PROBE_GAP = 8, 256
 #: takes, in turn, a contender predicted within EXPLORE_BAND of the best; contenders of the other kind while its time
 #: factor has fewer than SURE_CONTRASTS samples first, at the first gap
 EXPLORE_GAP, EXPLORE_BAND, SURE_CONTRASTS = 8, 0.10, 8
-#: the other kind's best drafted shape is a contender too while predicted within this of the best
+#: the other kind's best drafted shape is a contender too while predicted within this of the best (or while its
+#: kind's time factor has fewer than SURE_CONTRASTS samples, at the refresh's pace)
 OTHER_KIND_BAND = 0.25
 
 
@@ -202,16 +203,21 @@ class AutoBudget(WholeCalls, DraftBudget):
         kind first; ``benchmarks/auto_recovery.py``), else it grows with the ranking's refresh (up to
         :data:`MAX_REFRESH`) while the best shape holds: each explored round may be that much slower, and a settled
         ranking needs them rarely. (Leaving the other kind's best to the slow pace alone let the top-4 trees hold two
-        drafts at batch 1 on the world, 7 % and 19 % behind the best chain.)"""
+        drafts at batch 1 on the world, 7 % and 19 % behind the best chain.) The other kind's best predicted further
+        behind than the band is a contender at that pace while its kind's factor has few contrasts: its curves may
+        have been timed in a slow spell, and nothing else times them again (with it, 7 of 8 of those processes were
+        back on chains within 48 calls)."""
         pair, costs = self.acceptance, self.ranked_by
         pair.explored += 1
         near = [c for c in self.ranked[1:] if c.shape.gamma and not covered(c.shape, best.shape, costs) and
                 c.predicted_tokens_per_s >= (1.0 - EXPLORE_BAND) * best.predicted_tokens_per_s]
         other = next((c for c in self.ranked[1:] if c.shape.gamma and c.shape.kind != best.shape.kind), None)
-        if other is not None and other not in near and \
-                other.predicted_tokens_per_s >= (1.0 - OTHER_KIND_BAND) * best.predicted_tokens_per_s:
+        few = costs is not None and other is not None and costs.contrasts(other.shape.kind) < SURE_CONTRASTS
+        inside = other is not None and \
+            other.predicted_tokens_per_s >= (1.0 - OTHER_KIND_BAND) * best.predicted_tokens_per_s
+        if other is not None and other not in near and (inside or few):
             near.append(other)
-        unsure = [c for c in near if c.shape.kind != best.shape.kind and
+        unsure = [c for c in near if c.shape.kind != best.shape.kind and (c is not other or inside) and
                   (costs is None or costs.contrasts(c.shape.kind) < SURE_CONTRASTS)]
         shared = pair.rankings.get(costs)
         gap = EXPLORE_GAP if unsure else max(EXPLORE_GAP, shared["refresh"] if shared else 0)
