@@ -64,9 +64,9 @@ def main() -> None:
         target.generate(**inputs[c % len(inputs)], max_new_tokens=MAX_ANSWER_TOKENS, do_sample=False,
                         assistant_model=auto)
         stats = hf_specmm.last_stats(target).auto
-        kinds = collections.Counter("plain generate" if s == "plain generate" else "plain" if s == "plain"
-                                    else s.split()[0] for s in stats["shapes"])
-        calls.append({"kind": kinds.most_common(1)[0][0], "shapes": dict(collections.Counter(stats["shapes"])),
+        rounds_by_kind = collections.Counter("plain generate" if s == "plain generate" else "plain" if s == "plain"
+                                             else s.split()[0] for s in stats["shapes"])
+        calls.append({"kind": rounds_by_kind.most_common(1)[0][0], "shapes": dict(collections.Counter(stats["shapes"])),
                       "calibration_rounds": stats["calibration_rounds"]})
     kinds = [x["kind"] for x in calls]
     back = next((c for c in range(len(kinds)) if kinds[c] == args.best_kind and
