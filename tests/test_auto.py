@@ -333,6 +333,18 @@ def test_near_ties_are_retimed_in_turn():
     assert [b - a for a, b in zip(explored, explored[1:])][-2:] == [64, 64], explored
 
 
+def test_explored_rounds_are_marked():
+    """A contender taken by ``_contender``, not the ranking's best, is marked ``explored`` (a call's rate leaves
+    its rounds out: ``test_a_calls_rate_leaves_out_its_explored_rounds``)."""
+    budget = _always_agreeing_budget(trees=False)
+    marks = []
+    for _ in range(24):
+        budget.open = None  # no wall-clock timing of these empty rounds
+        budget.for_round([100], [True])
+        marks.append((budget.open["shape"].gamma, budget.open["choice"].explored))
+    assert [i for i, (_, explored) in enumerate(marks) if explored] == [7, 23], marks
+    assert all(explored == (gamma != 8) for gamma, explored in marks), marks
+
 def test_the_other_kind_is_explored_until_its_time_factor_has_contrasts():
     """A contender of the other kind (a tree where a chain is best) is taken every 8th drafted round, before the
     best's own near-ties, while its kind's time factor rests on fewer than SURE_CONTRASTS contrasts: only a round

@@ -4,6 +4,7 @@ feeds the verification's outcome to the acceptance table; :meth:`report` is ``la
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from typing import Any, Callable
@@ -75,6 +76,7 @@ class AutoBudget(WholeCalls, DraftBudget):
         shape = fit(choice.shape, room)
         # the round starts after the choice: ranking the candidates is no shape's cost
         self.open = {"shape": shape, "choice": choice, "start": time.perf_counter(), "drafted": None, "tokens": 0,
+                     "kept": [],
                      "versus": self.probe_versus,
                      "rows": rows, "table": timed, "chooser": self.ranked_by if choice.curve_seconds > 0 else None}
         self.rounds += 1
@@ -110,6 +112,8 @@ class AutoBudget(WholeCalls, DraftBudget):
     def update(self, kept: list[int], gamma_used: int) -> None:
         if self.open is not None:
             self.open["tokens"] += sum(kept)
+            before = self.open["kept"]
+            self.open["kept"] = [k + (before[i] if i < len(before) else 0) for i, k in enumerate(kept)]
         if len(kept) > len(self.row_tokens):
             self.row_tokens += [0] * (len(kept) - len(self.row_tokens))
         for i, k in enumerate(kept):
@@ -226,7 +230,7 @@ class AutoBudget(WholeCalls, DraftBudget):
         pair.explored = 0
         pair.contender_turn += 1
         pool = unsure or near
-        return pool[(pair.contender_turn - 1) % len(pool)]
+        return dataclasses.replace(pool[(pair.contender_turn - 1) % len(pool)], explored=True)
 
     def ranking(self, costs: CostTable) -> list[Choice]:
         """The candidates ranked by ``costs`` and this pair's acceptance, best first (per row: the live rows
@@ -282,7 +286,7 @@ class AutoBudget(WholeCalls, DraftBudget):
                                           max(entry["tokens"] / entry["rows"] - 1.0, 0.0))
         per_row = choice.predicted_tokens_per_s
         self.log.append({"shape": shape.label, "predicted": None if per_row is None else per_row * entry["rows"],
-                         "tokens": entry["tokens"],
+                         "tokens": entry["tokens"], "kept": entry["kept"], "explored": choice.explored,
                          "seconds": seconds, "rows": entry["rows"],
                          "expected": choice.expected_tokens if choice.predicted_tokens_per_s is not None else None})
 

@@ -102,6 +102,7 @@ class Choice:
     expected_tokens: float  # per row: 1 + y · E[accepted] (see the module)
     accepted: float = 0.0  # per row: E[accepted] by the acceptance table alone
     curve_seconds: float = 0.0  # the round's time by the fitted cost curves alone (before the realised factor)
+    explored: bool = False  # taken to explore it, not as the ranking's best (AutoBudget._contender)
 
 
 class CostAwarePolicy:
