@@ -345,6 +345,22 @@ def test_explored_rounds_are_marked():
     assert [i for i, (_, explored) in enumerate(marks) if explored] == [7, 23], marks
     assert all(explored == (gamma != 8) for gamma, explored in marks), marks
 
+
+def test_each_cost_table_explores_at_its_own_pace():
+    """A batch call's last rounds have fewer live rows and are chosen by another bucket's cost table, whose ranking
+    explores at its own gap: with one count of rounds for every table, the narrow bucket's explorations (one in 8
+    rounds while its factor is unsure) reset the count of the call's own table before its gap (up to 64 rounds)
+    came, and on the world at batch 8 that table's other kind was never explored (1 contrast in 30 calls)."""
+    budget = _always_agreeing_budget(trees=False)
+    tables = {"call's": budget.costs, "narrow": CostTable(budget.costs.to_json())}
+    explored = {name: [] for name in tables}
+    for i in range(32):
+        name = ("call's", "narrow")[i % 2]
+        budget.ranked, budget.ranked_by = budget.ranking(tables[name]), tables[name]
+        explored[name].append(budget._contender(budget.ranked[0]).explored)
+    for name, flags in explored.items():  # the 8th and 16th rounds each table chose (the gap: its refresh, 8)
+        assert [i for i, e in enumerate(flags) if e] == [7, 15], (name, flags)
+
 def test_the_other_kind_is_explored_until_its_time_factor_has_contrasts():
     """A contender of the other kind (a tree where a chain is best) is taken every 8th drafted round, before the
     best's own near-ties, while its kind's time factor rests on fewer than SURE_CONTRASTS contrasts: only a round

@@ -222,6 +222,7 @@ def test_the_best_shape_of_the_other_kind_is_re_timed_while_within_its_band():
     calibrate(policy, table)
     budget = AutoBudget(policy, AcceptanceTable(depth=4), tables, 1, ())
     tree, chain, far_tree = Shape(3, TreeShape(2, 3, 8)), Shape(4), Shape(4, TreeShape(4, 4, 16))
+    table.seen.update(s.label for s in (tree, chain, far_tree))  # each had a round recorded (see the next test)
     behind = 100.0 * (1.0 - OTHER_KIND_BAND) + 1.0
     budget.ranked, budget.ranked_by = [Choice(tree, 100.0, 3.0), Choice(far_tree, 95.0, 3.0),
                                        Choice(chain, behind, 3.0), Choice(Shape(0), 50.0, 1.0)], table
@@ -240,6 +241,35 @@ def test_the_best_shape_of_the_other_kind_is_re_timed_while_within_its_band():
     assert taken.count(far_tree) == 2 and taken.count(chain) == 2
 
 
+def test_a_contender_whose_first_round_is_not_recorded_keeps_its_turn():
+    """A shape's first round in a table, at a width or drafting never timed there, is not recorded (one-time costs,
+    ``CostTable.first_round``), so it is no contrast either: the contender keeps its turn for the next exploration,
+    whose round is. Passing the turn on, explorations that rotate among many trees never timed (the other kind's
+    near-ties at batch 1) taught the trees' factor nothing."""
+    from hf_specmm.auto.budget import EXPLORE_GAP
+    from hf_specmm.trees import TreeShape
+
+    policy = CostAwarePolicy(max_tokens=16, max_depth=4)
+    tables = Tables()
+    _, table = tables(1)
+    calibrate(policy, table)
+    budget = AutoBudget(policy, AcceptanceTable(depth=4), tables, 1, ())
+    best, new, known = Shape(3), Shape(4, TreeShape(4, 4, 16)), Shape(3, TreeShape(2, 3, 8))
+    table.seen.update((best.label, known.label))
+    budget.ranked, budget.ranked_by = [Choice(best, 100.0, 3.0), Choice(new, 99.0, 3.0), Choice(known, 98.0, 3.0)], \
+        table
+
+    def explorations(n: int) -> list[Shape]:
+        taken = [budget._contender(budget.ranked[0]) for _ in range(n * EXPLORE_GAP)]
+        return [c.shape for c in taken if c.explored]
+
+    assert table.recorded(known.label, known.kind, known.width, known.draft_label)
+    assert not table.recorded(new.label, new.kind, new.width, new.draft_label)
+    assert explorations(2) == [new, new]  # its round is never recorded here (no round is closed): it keeps the turn
+    assert table.first_round(new.label, new.kind, new.width, new.draft_label)  # now its first round has passed
+    assert explorations(4) == [new, known, new, known]
+
+
 def test_a_shallower_chain_whose_costs_are_fixed_is_not_explored():
     """Exploring a chain no deeper than the best chain, its width and drafting timed SAMPLES times, could change
     nothing in its prediction (the best chain's rounds observe every depth it drafts; its curve points are fixed): it
@@ -256,6 +286,7 @@ def test_a_shallower_chain_whose_costs_are_fixed_is_not_explored():
     table.kind_ratios["chain"] = [1.0] * 8  # the chains' factor is sure: every near-tie in turn
     budget = AutoBudget(policy, AcceptanceTable(depth=8), tables, 1, ())
     best, shallow, deep, filling = Shape(5), Shape(4), Shape(6), Shape(3)
+    table.seen.update(s.label for s in (best, shallow, deep, filling))  # each had a round recorded
     assert covered(shallow, best, table) and not covered(deep, best, table) and not covered(filling, best, table)
     budget.ranked, budget.ranked_by = [Choice(best, 100.0, 4.0), Choice(shallow, 99.0, 3.5), Choice(deep, 98.0, 4.3),
                                        Choice(filling, 97.0, 3.0)], table
@@ -563,3 +594,19 @@ def test_a_calls_rate_leaves_out_its_explored_rounds(monkeypatch):
     assert budget.costs.rates == [pytest.approx(5 / 0.3)]
     assert budget.costs.round_seconds == [pytest.approx(0.3 / 2)] and budget.costs.lengths == [6.0]
 
+
+
+def test_rounds_timed_into_another_table_than_the_one_that_chose_them_are_not_explored(monkeypatch):
+    """A batch call's last rounds, with fewer live rows, are timed into their narrower bucket's table and chosen by
+    the call's while that one is still filling in: such a round's time is no contrast for either table's factor
+    (``CostTable.observe_ratio``), so exploring there would cost a round for nothing."""
+    policy = CostAwarePolicy(max_tokens=16, max_depth=4)
+    tables = Tables()
+    calibrate(policy, tables(4)[1])
+    budget = AutoBudget(policy, AcceptanceTable(depth=4), tables, 4, ())
+    asked = []
+    monkeypatch.setattr(budget, "_contender", lambda best: asked.append(budget.open) or best)
+    for rows in (4, 4, 1, 1, 3, 2):
+        budget.open = None  # no wall-clock timing of these empty rounds
+        budget.for_round([20] * 4, [True] * rows + [False] * (4 - rows))
+    assert len(asked) == 3  # the rounds of 4, 4 and 3 live rows (the call's bucket); not those of 1 and 2

@@ -57,8 +57,9 @@ class AcceptanceTable:
         self.probe_won: Any = None
         self.probes_lost = 0  # evaluated probes in a row that realised less than plain steps (AutoBudget.runs_plain)
         self.probe_turn = 0  # probes so far: the best drafted shape's turn or the other kind's (AutoBudget._probe)
-        self.explored = 0  # drafted rounds the cost model chose since the last exploration (AutoBudget._contender)
-        self.contender_turn = 0  # explorations so far: whose turn it is among the contenders
+        #: per cost table (a batch bucket's): [drafted rounds its ranking chose since its last exploration,
+        #: explorations so far: whose turn it is among its contenders] (AutoBudget._contender)
+        self.exploring: dict[Any, list[int]] = {}
         #: the whole calls' choice ('plain' generate or 'speculative'), the calls since it last ran one of the other
         #: kind and how many before the next one; after that one, its cost table, the pairs of calls made there
         #: before it and the calls in a row made so (AutoBudget._now_and_then)

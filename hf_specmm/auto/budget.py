@@ -59,7 +59,6 @@ class AutoBudget(WholeCalls, DraftBudget):
         self.rounds = 0
         self.plain_run = 0
         self.calibration_rounds = 0
-        self.probe_versus: float | None = None  # a probe round: the plain steps' tokens/s per row before it (_choose)
         self.plain_forwards: list[float] = []  # a call run as plain generate: when each target forward started
         self.created = time.perf_counter()  # the call's start (the budget is made as it starts)
         self.row_tokens: list[int] = [0] * batch  # tokens each batch row kept in the call's rounds
@@ -71,14 +70,12 @@ class AutoBudget(WholeCalls, DraftBudget):
         room = max(r for r, u in zip(remaining, unfinished) if u) - 1
         rows = sum(unfinished)
         timed, costs = self._costs(rows)
-        self.probe_versus = None
         choice = self._choose(timed, costs, room)
         shape = fit(choice.shape, room)
         # the round starts after the choice: ranking the candidates is no shape's cost
         self.open = {"shape": shape, "choice": choice, "start": time.perf_counter(), "drafted": None, "tokens": 0,
-                     "kept": [],
-                     "versus": self.probe_versus,
-                     "rows": rows, "table": timed, "chooser": self.ranked_by if choice.curve_seconds > 0 else None}
+                     "kept": [], "rows": rows, "table": timed,
+                     "chooser": self.ranked_by if choice.curve_seconds > 0 else None}
         self.rounds += 1
         self.acceptance.clock += 1
         return RoundBudget(shape.gamma, shape.tree)
@@ -158,7 +155,9 @@ class AutoBudget(WholeCalls, DraftBudget):
         if best.shape.gamma:
             self.plain_run, self.acceptance.probe_gap, self.acceptance.probe_won = 0, MIN_PROBE_GAP, None
             self.acceptance.probes_lost = 0
-            return self._contender(best)
+            # explored only where the round is timed into the table that chose it: elsewhere (a narrower bucket's
+            # table, still filling in) its time is no contrast (CostTable.observe_ratio)
+            return self._contender(best) if timed is costs else best
         self.plain_run += 1
         pair = self.acceptance
         if self.plain_run > pair.probe_gap or pair.probe_won is not None:
@@ -172,8 +171,8 @@ class AutoBudget(WholeCalls, DraftBudget):
                 # measured against measured: the speed index moves with the probes' own rounds
                 plain = [e["tokens"] / e["rows"] / e["seconds"] for e in self.log[-32:]
                          if e["shape"] == PLAIN.label and e["rows"] and e["seconds"] > 0][-8:]
-                self.probe_versus = statistics.median(plain) if plain else best.predicted_tokens_per_s
-                return probe
+                return dataclasses.replace(probe, versus=statistics.median(plain) if plain else
+                                           best.predicted_tokens_per_s)
         return best
 
     def _probe(self) -> tuple[Choice | None, bool]:
@@ -210,27 +209,35 @@ class AutoBudget(WholeCalls, DraftBudget):
         drafts at batch 1 on the world, 7 % and 19 % behind the best chain.) The other kind's best predicted further
         behind than the band is a contender at that pace while its kind's factor has few contrasts: its curves may
         have been timed in a slow spell, and nothing else times them again (with it, 7 of 8 of those processes were
-        back on chains within 48 calls)."""
+        back on chains within 48 calls). Each cost table counts its own rounds to the gap: a batch call's last rounds
+        are chosen by a narrower bucket's table, whose explorations (one in 8 at each call's tail on the world at
+        batch 8) reset a shared count before the call's own table reached its gap of 16-64 rounds. The contender
+        returned is marked ``explored`` (a call's rate leaves its round out: ``WholeCalls._time_call``)."""
         pair, costs = self.acceptance, self.ranked_by
-        pair.explored += 1
+        if costs is None:  # no ranking (cannot happen: _choose ranks first)
+            return best
+        exploring = pair.exploring.setdefault(costs, [0, 0])
+        exploring[0] += 1
         near = [c for c in self.ranked[1:] if c.shape.gamma and not covered(c.shape, best.shape, costs) and
                 c.predicted_tokens_per_s >= (1.0 - EXPLORE_BAND) * best.predicted_tokens_per_s]
         other = next((c for c in self.ranked[1:] if c.shape.gamma and c.shape.kind != best.shape.kind), None)
-        few = costs is not None and other is not None and costs.contrasts(other.shape.kind) < SURE_CONTRASTS
+        unknown = other is not None and costs.contrasts(other.shape.kind) < SURE_CONTRASTS  # its kind's factor
         inside = other is not None and \
             other.predicted_tokens_per_s >= (1.0 - OTHER_KIND_BAND) * best.predicted_tokens_per_s
-        if other is not None and other not in near and (inside or few):
+        if other is not None and other not in near and (inside or unknown):
             near.append(other)
-        unsure = [c for c in near if c.shape.kind != best.shape.kind and (c is not other or inside) and
-                  (costs is None or costs.contrasts(c.shape.kind) < SURE_CONTRASTS)]
+        # while the other kind's factor is unknown its contenders go first (its best beyond the band does not)
+        unsure = [c for c in near if unknown and c.shape.kind != best.shape.kind and (c is not other or inside)]
         shared = pair.rankings.get(costs)
         gap = EXPLORE_GAP if unsure else max(EXPLORE_GAP, shared["refresh"] if shared else 0)
-        if pair.explored < gap or not near:
+        if exploring[0] < gap or not near:
             return best
-        pair.explored = 0
-        pair.contender_turn += 1
+        exploring[0] = 0
         pool = unsure or near
-        return dataclasses.replace(pool[(pair.contender_turn - 1) % len(pool)], explored=True)
+        pick = pool[exploring[1] % len(pool)]
+        if costs.recorded(pick.shape.label, pick.shape.kind, pick.shape.width, pick.shape.draft_label):
+            exploring[1] += 1  # else its first round is not recorded (CostTable.first_round): its turn again next time
+        return dataclasses.replace(pick, explored=True)
 
     def ranking(self, costs: CostTable) -> list[Choice]:
         """The candidates ranked by ``costs`` and this pair's acceptance, best first (per row: the live rows
@@ -271,10 +278,10 @@ class AutoBudget(WholeCalls, DraftBudget):
                 entry["table"].observe_ratio(shape.kind, choice.curve_seconds, seconds)
             entry["table"].add(shape.kind, shape.width, shape.draft_label, draft, max(seconds - draft, 0.0))
         # (not the call's last round, whose time has the call's end; nor one cut short by max_length)
-        if timed and entry["versus"] is not None and shape == choice.shape and entry["rows"] and seconds > 0:
+        if timed and choice.versus is not None and shape == choice.shape and entry["rows"] and seconds > 0:
             # a probe that beat plain steps is evidence that the curves rank drafted rounds too slow (timed in an
             # unusual spell): the next round probes again, so its timings reach the curves' medians
-            won = entry["tokens"] / entry["rows"] / seconds > entry["versus"]
+            won = entry["tokens"] / entry["rows"] / seconds > choice.versus
             self.acceptance.probe_won = shape if won else None
             self.acceptance.probes_lost = 0 if won else self.acceptance.probes_lost + 1
             if won:

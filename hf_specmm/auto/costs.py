@@ -208,6 +208,10 @@ class CostTable:
         self.seen.add(label)
         return self.samples(kind, width, draft_label) == 0
 
+    def recorded(self, label: str, kind: str, width: int, draft_label: str | None) -> bool:
+        """Whether a round of shape ``label`` would be recorded now (not a first round: :meth:`first_round`)."""
+        return label in self.seen or self.samples(kind, width, draft_label) > 0
+
     def observe_ratio(self, kind: str, predicted_s: float, measured_s: float) -> None:
         """A round of a ``kind`` ('chain': plain steps included, or 'tree') took ``measured_s`` where the curves
         predicted ``predicted_s``: its ratio is the machine's speed of the moment times the kind's own factor.

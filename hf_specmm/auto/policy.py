@@ -103,6 +103,8 @@ class Choice:
     accepted: float = 0.0  # per row: E[accepted] by the acceptance table alone
     curve_seconds: float = 0.0  # the round's time by the fitted cost curves alone (before the realised factor)
     explored: bool = False  # taken to explore it, not as the ranking's best (AutoBudget._contender)
+    #: a probe (AutoBudget._probe): the tokens per second per row of the plain steps before it, which it must beat
+    versus: float | None = None
 
 
 class CostAwarePolicy:
