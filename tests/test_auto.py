@@ -334,16 +334,18 @@ def test_near_ties_are_retimed_in_turn():
 
 
 def test_explored_rounds_are_marked():
-    """A contender taken by ``_contender``, not the ranking's best, is marked ``explored`` (a call's rate leaves
-    its rounds out: ``test_a_calls_rate_leaves_out_its_explored_rounds``)."""
+    """A contender taken by ``_contender``, not the ranking's best, is marked ``explored`` (``last_stats``
+    reports how many rounds a call explored)."""
     budget = _always_agreeing_budget(trees=False)
     marks = []
     for _ in range(24):
-        budget.open = None  # no wall-clock timing of these empty rounds
         budget.for_round([100], [True])
         marks.append((budget.open["shape"].gamma, budget.open["choice"].explored))
+        budget.open["tokens"] = budget.open["shape"].gamma + 1  # every draft kept, as the table expects
+        budget._close(0.0, timed=False)  # logged, no wall-clock timing of these empty rounds
     assert [i for i, (_, explored) in enumerate(marks) if explored] == [7, 23], marks
     assert all(explored == (gamma != 8) for gamma, explored in marks), marks
+    assert budget.report()["explored_rounds"] == 2
 
 
 def test_each_cost_table_explores_at_its_own_pace():

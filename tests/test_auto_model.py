@@ -560,42 +560,6 @@ def test_a_batch_calls_rate_is_its_longest_rows_tokens_per_second(monkeypatch):
     assert budget.costs.lengths == [8.0] and budget.costs.round_seconds == [pytest.approx(0.4 / 3)]
 
 
-def test_a_calls_rate_leaves_out_its_explored_rounds(monkeypatch):
-    """The whole calls' choice compares plain generate with the speculative calls to come: an explored round (a
-    contender taken to time it, ``Choice.explored``) is a cost of learning, one round in 8 while a kind's time factor
-    is unsure and rarer after, so the call's rate is the longest row's tokens per second of the other rounds (on the
-    world at batch 8, calls with two explored rounds of the 64-node tree in 16 ran at 0.9x plain generate, and 20 of
-    30 calls then ran as plain generate where a fixed chain 2 ran 1.3x faster)."""
-    import dataclasses
-    from types import SimpleNamespace
-
-    import hf_specmm.auto.budget as budget_module
-
-    clock = [0.0]
-    monkeypatch.setattr(budget_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
-    policy = CostAwarePolicy(max_tokens=16, max_depth=4)
-    tables = Tables()
-    calibrate(policy, tables(2)[1])
-    budget = AutoBudget(policy, AcceptanceTable(depth=4), tables, 2, ())
-    choose = budget._choose
-
-    def second_explored(*args):
-        choice = choose(*args)
-        return dataclasses.replace(choice, explored=True) if budget.rounds == 1 else choice
-
-    monkeypatch.setattr(budget, "_choose", second_explored)
-    rounds = (([True, True], [3, 1], 0.2), ([True, True], [1, 2], 0.3), ([True, False], [2, 0], 0.1))
-    for live, kept, seconds in rounds:
-        budget.for_round([20, 20], live)
-        clock[0] += seconds
-        budget.update(kept, 0)
-    budget.report()
-    # row 0 is the longest (6 tokens): 3 + 2 of them in the rounds not explored, which took 0.3 s
-    assert budget.costs.rates == [pytest.approx(5 / 0.3)]
-    assert budget.costs.round_seconds == [pytest.approx(0.3 / 2)] and budget.costs.lengths == [6.0]
-
-
-
 def test_rounds_timed_into_another_table_than_the_one_that_chose_them_are_not_explored(monkeypatch):
     """A batch call's last rounds, with fewer live rows, are timed into their narrower bucket's table and chosen by
     the call's while that one is still filling in: such a round's time is no contrast for either table's factor

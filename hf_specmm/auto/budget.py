@@ -74,7 +74,7 @@ class AutoBudget(WholeCalls, DraftBudget):
         shape = fit(choice.shape, room)
         # the round starts after the choice: ranking the candidates is no shape's cost
         self.open = {"shape": shape, "choice": choice, "start": time.perf_counter(), "drafted": None, "tokens": 0,
-                     "kept": [], "rows": rows, "table": timed,
+                     "rows": rows, "table": timed,
                      "chooser": self.ranked_by if choice.curve_seconds > 0 else None}
         self.rounds += 1
         self.acceptance.clock += 1
@@ -109,8 +109,6 @@ class AutoBudget(WholeCalls, DraftBudget):
     def update(self, kept: list[int], gamma_used: int) -> None:
         if self.open is not None:
             self.open["tokens"] += sum(kept)
-            before = self.open["kept"]
-            self.open["kept"] = [k + (before[i] if i < len(before) else 0) for i, k in enumerate(kept)]
         if len(kept) > len(self.row_tokens):
             self.row_tokens += [0] * (len(kept) - len(self.row_tokens))
         for i, k in enumerate(kept):
@@ -212,7 +210,7 @@ class AutoBudget(WholeCalls, DraftBudget):
         back on chains within 48 calls). Each cost table counts its own rounds to the gap: a batch call's last rounds
         are chosen by a narrower bucket's table, whose explorations (one in 8 at each call's tail on the world at
         batch 8) reset a shared count before the call's own table reached its gap of 16-64 rounds. The contender
-        returned is marked ``explored`` (a call's rate leaves its round out: ``WholeCalls._time_call``)."""
+        returned is marked ``explored`` (``last_stats(model).auto["explored_rounds"]`` counts them)."""
         pair, costs = self.acceptance, self.ranked_by
         if costs is None:  # no ranking (cannot happen: _choose ranks first)
             return best
@@ -293,7 +291,7 @@ class AutoBudget(WholeCalls, DraftBudget):
                                           max(entry["tokens"] / entry["rows"] - 1.0, 0.0))
         per_row = choice.predicted_tokens_per_s
         self.log.append({"shape": shape.label, "predicted": None if per_row is None else per_row * entry["rows"],
-                         "tokens": entry["tokens"], "kept": entry["kept"], "explored": choice.explored,
+                         "tokens": entry["tokens"], "explored": choice.explored,
                          "seconds": seconds, "rows": entry["rows"],
                          "expected": choice.expected_tokens if choice.predicted_tokens_per_s is not None else None})
 
@@ -328,6 +326,7 @@ class AutoBudget(WholeCalls, DraftBudget):
             "shapes": [e["shape"] for e in self.log],
             "per_shape": per_shape,
             "calibration_rounds": self.calibration_rounds,
+            "explored_rounds": sum(1 for e in self.log if e.get("explored")),
             "predicted_tokens_per_s": (sum(e["predicted"] * e["seconds"] for e in chosen) / seconds) if seconds else None,
             "measured_tokens_per_s": tokens / seconds if seconds else None,
             "acceptance": self.acceptance.as_profile(min(self.gamma, 8), 4),

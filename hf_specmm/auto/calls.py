@@ -149,21 +149,14 @@ class WholeCalls:
             # the call's longest row's tokens per second of its rounds, as plain generate's side is its longest row's
             # steps: tokens per row-second weight each round by its live rows, and at batch 8 on the world the
             # 8-row rounds then stood for the longest row's time, run mostly in 1-3-row rounds (a call's decode time
-            # predicted 8-29 % too long by the medians of the calls before, within 3 % so). Of the rounds that took
-            # the ranking's best only: an explored round (AutoBudget._contender) is a cost of learning, one round
-            # in 8 while a kind's time factor is unsure and rarer as the ranking holds, not one of the calls to come
-            # (on the world at batch 8, calls with 2 explored rounds of the 64-node tree in 16 ran at 0.9x plain
-            # generate, and 20 of 30 calls then ran as plain generate where a fixed chain 2 ran 1.3x faster)
-            taken = [e for e in chosen if not e["explored"]]
-            decode = sum(e["seconds"] for e in taken)
+            # predicted 8-29 % too long by the medians of the calls before, within 3 % so)
+            decode = sum(e["seconds"] for e in chosen)
             whole = len(chosen) == len(self.log)  # every round chosen (none a fallback): row_tokens are theirs
-            longest = max(range(len(self.row_tokens)), key=self.row_tokens.__getitem__)
-            row_seconds = decode if whole else sum(e["seconds"] * e["rows"] for e in taken)
-            enough = len(taken) >= MIN_RATE_ROUNDS and row_seconds > 0
-            tokens = sum(e["kept"][longest] for e in taken if longest < len(e["kept"])) if whole else \
-                sum(e["tokens"] for e in taken)
+            row_seconds = decode if whole else sum(e["seconds"] * e["rows"] for e in chosen)
+            enough = len(chosen) >= MIN_RATE_ROUNDS and row_seconds > 0
+            tokens = max(self.row_tokens) if whole else sum(e["tokens"] for e in chosen)
             rate = tokens / row_seconds if enough else None
-            round_s = decode / len(taken) if enough else None
+            round_s = decode / len(chosen) if enough else None
             self.costs.add_call(rate, round_s, max(seconds - sum(e["seconds"] for e in self.log), 0.0),
                                 max(self.row_tokens))
 
