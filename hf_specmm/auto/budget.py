@@ -49,6 +49,7 @@ class AutoBudget(WholeCalls, DraftBudget):
         #: the cost table of the call's batch bucket (calibrated first; see :meth:`_costs`), and every one used
         self.cost_key, self.costs = tables(batch)
         self.used = {self.cost_key: self.costs}
+        self.batch_tables = {self.costs} if batch > 1 else set()  # tables of rounds with several live rows
         self.devices = tuple(d for d in devices if d.type == "cuda")
         self.on_calibrated = on_calibrated
         self.open: dict[str, Any] | None = None  # the running round: shape, choice, start, draft end, tokens
@@ -127,6 +128,8 @@ class AutoBudget(WholeCalls, DraftBudget):
         key, live = self.tables(rows)
         if key not in self.used:
             self.used[key] = live
+        if rows > 1:
+            self.batch_tables.add(live)
         if live is not self.costs and not self.policy.calibrated(live) and self.policy.calibrated(self.costs):
             return live, self.costs
         return live, live
@@ -251,7 +254,7 @@ class AutoBudget(WholeCalls, DraftBudget):
         if shared is not None and rounds < shared["until"]:
             self.next_ranking = self.rounds + shared["until"] - rounds
             return shared["ranked"]
-        ranked = self.policy.rank(self.acceptance, costs, 1)
+        ranked = self.policy.rank(self.acceptance, costs, 1, costs in self.batch_tables)
         last = shared["ranked"][0].shape if shared is not None and shared["ranked"] else None
         ranked = hold(ranked, last)
         same = bool(ranked) and ranked[0].shape == last
