@@ -363,6 +363,7 @@ def test_each_cost_table_explores_at_its_own_pace():
     for name, flags in explored.items():  # the 8th and 16th rounds each table chose (the gap: its refresh, 8)
         assert [i for i, e in enumerate(flags) if e] == [7, 15], (name, flags)
 
+
 def test_the_other_kind_is_explored_until_its_time_factor_has_contrasts():
     """A contender of the other kind (a tree where a chain is best) is taken every 8th drafted round, before the
     best's own near-ties, while its kind's time factor rests on fewer than SURE_CONTRASTS contrasts: only a round

@@ -569,7 +569,7 @@ def test_rounds_timed_into_another_table_than_the_one_that_chose_them_are_not_ex
     calibrate(policy, tables(4)[1])
     budget = AutoBudget(policy, AcceptanceTable(depth=4), tables, 4, ())
     asked = []
-    monkeypatch.setattr(budget, "_contender", lambda best: asked.append(budget.open) or best)
+    monkeypatch.setattr(budget, "_contender", lambda best: asked.append(best) or best)
     for rows in (4, 4, 1, 1, 3, 2):
         budget.open = None  # no wall-clock timing of these empty rounds
         budget.for_round([20] * 4, [True] * rows + [False] * (4 - rows))

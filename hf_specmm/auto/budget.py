@@ -126,10 +126,10 @@ class AutoBudget(WholeCalls, DraftBudget):
         if isinstance(self.policy, FixedPolicy):
             return self.costs, self.costs
         key, live = self.tables(rows)
-        if key not in self.used:
+        if key not in self.used:  # a bucket holds 1 live row or several, never both: its first round tells which
             self.used[key] = live
-        if rows > 1:
-            self.batch_tables.add(live)
+            if rows > 1:
+                self.batch_tables.add(live)
         if live is not self.costs and not self.policy.calibrated(live) and self.policy.calibrated(self.costs):
             return live, self.costs
         return live, live

@@ -203,10 +203,9 @@ class CostTable:
         (the CPU kernels' primitives for new shapes, first allocations). Kept, it stayed in the calibration
         shapes' medians (two timings each) for as long as no later round took them, and the curves every other
         shape is read from were up to 2x slow (on the world it then took trees where chain 5 ran 1.3x faster)."""
-        if label in self.seen:
-            return False
+        first = not self.recorded(label, kind, width, draft_label)
         self.seen.add(label)
-        return self.samples(kind, width, draft_label) == 0
+        return first
 
     def recorded(self, label: str, kind: str, width: int, draft_label: str | None) -> bool:
         """Whether a round of shape ``label`` would be recorded now (not a first round: :meth:`first_round`)."""
