@@ -5,6 +5,7 @@ feeds the verification's outcome to the acceptance table; :meth:`report` is ``la
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import statistics
 import time
 from typing import Any, Callable
@@ -219,18 +220,24 @@ class AutoBudget(WholeCalls, DraftBudget):
             return best
         exploring = pair.exploring.setdefault(costs, [0, 0])
         exploring[0] += 1
-        near = [c for c in self.ranked[1:] if c.shape.gamma and not covered(c.shape, best.shape, costs) and
-                c.predicted_tokens_per_s >= (1.0 - EXPLORE_BAND) * best.predicted_tokens_per_s]
+        if exploring[0] < EXPLORE_GAP:  # no gap is shorter: the contenders are not looked for (most rounds)
+            return best
         other = next((c for c in self.ranked[1:] if c.shape.gamma and c.shape.kind != best.shape.kind), None)
         unknown = other is not None and costs.contrasts(other.shape.kind) < SURE_CONTRASTS  # its kind's factor
+        shared = pair.rankings.get(costs)
+        slow_gap = max(EXPLORE_GAP, shared["refresh"] if shared else 0)
+        if not unknown and exploring[0] < slow_gap:  # the gap is the slow one: not reached
+            return best
+        band = (1.0 - EXPLORE_BAND) * best.predicted_tokens_per_s  # ranked[1:] is best first (hold moves only [0])
+        near = [c for c in itertools.takewhile(lambda c: c.predicted_tokens_per_s >= band, self.ranked[1:])
+                if c.shape.gamma and not covered(c.shape, best.shape, costs)]
         inside = other is not None and \
             other.predicted_tokens_per_s >= (1.0 - OTHER_KIND_BAND) * best.predicted_tokens_per_s
         if other is not None and other not in near and (inside or unknown):
             near.append(other)
         # while the other kind's factor is unknown its contenders go first (its best beyond the band does not)
         unsure = [c for c in near if unknown and c.shape.kind != best.shape.kind and (c is not other or inside)]
-        shared = pair.rankings.get(costs)
-        gap = EXPLORE_GAP if unsure else max(EXPLORE_GAP, shared["refresh"] if shared else 0)
+        gap = EXPLORE_GAP if unsure else slow_gap
         if exploring[0] < gap or not near:
             return best
         exploring[0] = 0

@@ -15,6 +15,7 @@ the cost key has been timed, rounds take those shapes in turn (real rounds: thei
 from __future__ import annotations
 
 import functools
+import weakref
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -117,6 +118,8 @@ class CostAwarePolicy:
         self.fallback = PLAIN if plain else Shape(1)
         self.shapes = candidate_shapes(max_tokens, max_depth, plain, trees)
         self.calibration = calibration_shapes(max_tokens, max_depth, plain, trees)
+        #: tables with every calibration timing (a table's samples never shrink: once calibrated, always)
+        self._calibrated: weakref.WeakSet[CostTable] = weakref.WeakSet()
 
     def calibrating(self, costs: CostTable, room: int) -> Shape | None:
         """The next calibration shape with the fewest timings that fits in ``room`` drafts (near max_length a
@@ -127,7 +130,12 @@ class CostAwarePolicy:
         return self.calibration[index] if fewest < CALIBRATION_SAMPLES else None
 
     def calibrated(self, costs: CostTable) -> bool:
-        return all(costs.samples(s.kind, s.width, s.draft_label) >= CALIBRATION_SAMPLES for s in self.calibration)
+        if costs in self._calibrated:  # asked several times a round: a table, once calibrated, stays so
+            return True
+        done = all(costs.samples(s.kind, s.width, s.draft_label) >= CALIBRATION_SAMPLES for s in self.calibration)
+        if done:
+            self._calibrated.add(costs)
+        return done
 
     def expected_accepted(self, acceptance: AcceptanceTable, ends: bool = True) -> dict[Shape, float]:
         """E[accepted drafts] of every candidate shape (``ends``: with answers' ends, else for a row not ending)."""

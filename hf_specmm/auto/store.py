@@ -28,7 +28,10 @@ class CostStore:
                 self.loaded.add(str(path))
                 for k, data in load_costs(path).items():
                     self.tables.setdefault(k, CostTable(data))
-            return self.tables.setdefault(key, CostTable())
+            table = self.tables.get(key)
+            if table is None:
+                table = self.tables[key] = CostTable()
+            return table
 
     def save(self, path: str | os.PathLike, keys: list[str]) -> None:
         """Write the tables of ``keys`` into ``path`` (merged with what the file already holds)."""

@@ -16,7 +16,7 @@ from .acceptance import AcceptanceTable
 from .budget import AutoBudget
 from .costs import CostTable
 from .policy import CostAwarePolicy, FixedPolicy, Shape, cost_aware_policy
-from .store import COSTS, cost_key
+from .store import COSTS, batch_bucket, cost_key
 
 
 #: the learned acceptance per (target, draft) pair, weakly held: {target: {draft: {sampling: AcceptanceTable}}}
@@ -102,9 +102,14 @@ class Auto(DraftWrapper):
         draft_device = execution_device(self.draft)
         dtype, path = getattr(target, "dtype", None), self.costs_file
 
+        known: dict[int, tuple[str, CostTable]] = {}  # by batch bucket: asked every round
+
         def tables(rows: int) -> tuple[str, CostTable]:  # the cost table of a round's live rows' batch bucket
-            key = cost_key(target, self.draft, device, dtype, rows, cache)
-            return key, COSTS.table(key, path)
+            bucket = batch_bucket(rows)
+            if bucket not in known:
+                key = cost_key(target, self.draft, device, dtype, rows, cache)
+                known[bucket] = key, COSTS.table(key, path)
+            return known[bucket]
 
         if self.shapes is not None:
             policy: CostAwarePolicy | FixedPolicy = FixedPolicy(self.shapes)
