@@ -209,7 +209,7 @@ class FixedPolicy:
 
 @functools.lru_cache(maxsize=64)
 def cost_aware_policy(max_tokens: int, max_depth: int, plain: bool, trees: bool) -> CostAwarePolicy:
-    """The (stateless) policy of these options, built once."""
+    """The policy of these options, built once (its only state is a memo of the tables it found calibrated)."""
     return CostAwarePolicy(max_tokens, max_depth, plain, trees)
 
 
