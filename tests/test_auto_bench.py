@@ -89,7 +89,7 @@ def test_a_call_plain_generate_wins_runs_as_plain_generate():
     measured = list(table.stock)
     table.stock_share = lambda: 1e-9  # plain generate's calls measured (as) free beside the speculative ones
     table_of_pair = auto.acceptance(model)
-    table_of_pair.regime = None  # whatever the calibration calls left: plain generate's first choice starts its gap
+    table_of_pair.regimes.clear()  # whatever the calibration calls left: plain generate's first choice starts its gap
     # and, where the random draft's ranking is plain steps (timing decides), its probes lost: the same schedule
     table_of_pair.probes_lost, table_of_pair.probe_won = PROBES_LOST, None
     shapes = []
@@ -123,7 +123,7 @@ def test_a_call_whose_rounds_would_all_be_plain_steps_runs_as_plain_generate():
     table.version += 1
     table.stock_step_time = lambda: 1e3  # plain generate's step measured (as) very slow
     pair = auto.acceptance(model)
-    pair.regime = None
+    pair.regimes.clear()
     pair.probes_lost, pair.probe_won = PROBES_LOST, None  # the probes' evidence (timing decides it in calibration)
     out, stats = generate(model, inputs, max_new_tokens=12, assistant_model=auto)
     assert torch.equal(out, plain) and stats.auto["shapes"] == ["plain generate"]

@@ -389,9 +389,37 @@ def test_a_choice_of_plain_generate_made_in_a_slow_spell_is_undone_by_the_checks
     # outnumber the spell's three after the second; plain generate is checked 8 calls after the switch, agrees,
     # and the gap doubles
     assert "".join(chosen) == "PPPPPPPs" + "PPPPPPPs" + "P" + "s" * 7 + "P" + "s" * 15
-    assert acceptance.call_gap == 16
+    assert acceptance.regimes[costs].gap == 16
 
 
+
+def test_each_batch_bucket_checks_the_kind_it_did_not_choose_on_its_own_schedule():
+    """Calls alternating between batch 1 (plain generate measured faster) and batch 8 (the speculative loop
+    faster): each table's choice holds and its other kind is still checked at its 8th call, then at the doubled
+    gap (one schedule for the pair started over at every switch of table, and never checked either)."""
+    policy = CostAwarePolicy(max_tokens=16, max_depth=4)
+    tables, acceptance, step = Tables(), AcceptanceTable(depth=4), 0.01
+    rates = {1: 50.0, 8: 400.0}  # speculative tokens/s: 0.5 s against plain generate's 0.3 s at 1, 0.15 s at 8
+    for batch, rate in rates.items():
+        costs = tables(batch)[1]
+        calibrate(policy, costs)
+        costs.add_stock_step(step)
+        for _ in range(2):  # 3 pairs each
+            costs.add_stock_call(0.1, step, 20)
+            costs.add_call(rate, step, 0.1, 20)
+    chosen: dict[int, str] = {1: "", 8: ""}
+    for _ in range(26):
+        for batch in (1, 8):
+            costs = tables(batch)[1]
+            runs_plain = AutoBudget(policy, acceptance, tables, batch, ()).runs_plain()
+            chosen[batch] += "P" if runs_plain else "s"
+            if runs_plain:
+                costs.add_stock_call(0.1, step, 20)
+            else:
+                costs.add_call(rates[batch], step, 0.1, 20)
+    assert chosen[1] == "PPPPPPPs" + "P" * 15 + "s" + "PP", chosen  # checks at its 8th and 24th calls
+    assert chosen[8] == "sssssssP" + "s" * 15 + "P" + "ss", chosen
+    assert acceptance.regimes[tables(1)[1]].gap == acceptance.regimes[tables(8)[1]].gap == 32  # two checks agreed
 def test_plain_generate_is_compared_with_the_speculative_calls_next_to_it_in_time():
     """A slow spell of the speculative calls alone does not make plain generate (timed before it) win: each
     side is read beside the other's calls of the same moment; the calls not chosen run now and then."""

@@ -60,12 +60,8 @@ class AcceptanceTable:
         #: per cost table (a batch bucket's): [drafted rounds its ranking chose since its last exploration,
         #: explorations so far: whose turn it is among its contenders] (AutoBudget._contender)
         self.exploring: dict[Any, list[int]] = {}
-        #: the whole calls' choice ('plain' generate or 'speculative'), the calls since it last ran one of the other
-        #: kind and how many before the next one; after that one, its cost table, the pairs of calls made there
-        #: before it and the calls in a row made so (AutoBudget._now_and_then)
-        self.regime: str | None = None
-        self.regime_calls, self.call_gap = 0, 8
-        self.checking: tuple[Any, int, int] | None = None
+        #: per cost table (a batch bucket's), the whole calls' choice there (:class:`~hf_specmm.auto.calls.Regime`)
+        self.regimes: dict[Any, Any] = {}
         self.plain_ranking: tuple | None = None  # (tables' state, best shape) of the last check
         #: per family ('chain', 'tree k'): [drafts kept, drafts expected] (see :meth:`yield_of`)
         self.yields: dict[str, list[float]] = {}

@@ -6,6 +6,7 @@ side of :class:`~hf_specmm.auto.budget.AutoBudget`; the rounds' side (each round
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from .acceptance import AcceptanceTable
@@ -100,23 +101,24 @@ class WholeCalls:
         while its chain 2 ran 1.26x faster. A check that leaves no pair (a one-token answer has no rate, a one-step
         plain generate call no step) is made again on the next call, :data:`CHECK_TRIES` calls in a row at most: at
         the gap it fell on the same prompt each time where calls cycle through 8 prompts, and on the world at batch 1
-        that prompt's answer was one token: 2 pairs in 64 calls, and the feature head's calls held plain generate."""
-        pair, costs = self.acceptance, self.costs
-        checked, pair.checking = pair.checking, None
-        checked_here = checked is not None and checked[0] is costs  # the last call was a check, in this table
-        if chosen != pair.regime:  # a switch (or the first choice): the other kind is checked soon
-            pair.regime, pair.call_gap, pair.regime_calls = chosen, FIRST_CALL_GAP, 0
-        elif checked_here and costs.paired == checked[1] and checked[2] < CHECK_TRIES:
+        that prompt's answer was one token: 2 pairs in 64 calls, and the feature head's calls held plain generate.
+        The schedule is the call's cost table's (:class:`Regime`)."""
+        state = self.acceptance.regimes.setdefault(self.costs, Regime())
+        costs = self.costs
+        checked, state.checking = state.checking, None  # the last call here was a check: (pairs before it, tries)
+        if chosen != state.chosen:  # a switch (or the first choice): the other kind is checked soon
+            state.chosen, state.gap, state.calls = chosen, FIRST_CALL_GAP, 0
+        elif checked is not None and costs.paired == checked[0] and checked[1] < CHECK_TRIES:
             # the check left no pair (an answer of one round has no rate): again, on the next call (a later prompt)
-            pair.checking = (costs, costs.paired, checked[2] + 1)
+            state.checking = (costs.paired, checked[1] + 1)
             return chosen == "speculative"
-        elif checked_here and costs.paired > checked[1] and costs.lengths:
+        elif checked is not None and costs.paired > checked[0] and costs.lengths:
             # the check's pair (it and the call beside it): if it agrees, check less often
             if plain_wins(costs.pair_share(costs.pairs[-1])) == (chosen == "plain"):
-                pair.call_gap = min(2 * pair.call_gap, MAX_CALL_GAP)
-        pair.regime_calls += 1
-        if pair.regime_calls >= pair.call_gap:  # the other kind, beside this one in time
-            pair.regime_calls, pair.checking = 0, (costs, costs.paired, 1)
+                state.gap = min(2 * state.gap, MAX_CALL_GAP)
+        state.calls += 1
+        if state.calls >= state.gap:  # the other kind, beside this one in time
+            state.calls, state.checking = 0, (costs.paired, 1)
             return chosen == "speculative"
         return chosen == "plain"
 
@@ -165,3 +167,16 @@ def plain_wins(share: float | None) -> bool:
     """Whether plain generate's whole calls win at this share (plain generate's time over the speculative
     loop's, :meth:`CostTable.stock_share`): :data:`STOCK_MARGIN` less time."""
     return share is not None and share * STOCK_MARGIN < 1.0
+
+
+@dataclass
+class Regime:
+    """The whole calls' choice in one cost table (:meth:`WholeCalls._now_and_then`). Per table, not per model/draft
+    pair: a table is a batch bucket, plain generate may win at batch 1 and lose at 8, and one schedule for both
+    started over at every switch, so calls alternating between the two never checked the kind not chosen."""
+
+    chosen: str | None = None  # 'plain' generate or 'speculative'
+    calls: int = 0  # calls since the last one of the kind not chosen
+    gap: int = FIRST_CALL_GAP  # calls between two of those
+    #: after such a call (a check): the table's pairs made before it, and the calls in a row made so
+    checking: tuple[int, int] | None = None
