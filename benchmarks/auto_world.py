@@ -103,6 +103,7 @@ def main() -> None:
                          "best_speedup": plain_s / best_s,
                          "selection_pass": {"plain_s": timed["plain"][0], "auto_s": timed[f"{name} | auto"][0],
                                             "fixed_s": {k.split(" | ")[1]: v for k, v in fixed.items()}},
+                         "eval_times_s": {k: again[k][2] for k in ("plain", "best", "auto")},  # every pass
                          "calibration_calls": calibration[name], "lossless": lossless,
                          "auto_shapes": dict(sorted(shapes[name].items(), key=lambda kv: -kv[1])[:5])})
             r = rows[-1]
