@@ -13,6 +13,10 @@ plain pass drifts by up to 1.5x over a minute):
 - **selection, then evaluation**: the grid's best fixed shape is chosen from a first pass (plain, the 12 fixed
   shapes, Auto); then plain, that shape and Auto are timed again in a second pass, whose medians give Auto / best.
   The minimum of 12 noisy medians is biased low (the winner's curse); re-timing the chosen shape is not.
+- **held-out selection** (``--heldout``): the grid is timed on as many other held-out scenes too, and the best
+  fixed shape there is re-timed beside Auto as well. Greedy rounds are the same every pass, so the best shape
+  on the evaluation prompts is in part fitted to them (how many rounds their longest answers take); one chosen
+  on other prompts is the shape a user tuning by hand would have.
 
 Auto is called untimed first until a call has no calibration round (it measures costs once per process).
 Reported: median seconds per method, Auto / best fixed shape, and the shapes Auto took.
@@ -47,16 +51,21 @@ def main() -> None:
     parser.add_argument("--eval-repeats", type=int, default=15, help="passes of the evaluation (plain, best, Auto)")
     parser.add_argument("--drafts", nargs="+", default=list(DRAFTS))
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/auto/world-bench"))
+    parser.add_argument("--heldout", action="store_true",
+                        help="also choose a best fixed shape on as many other held-out scenes (task for task) and "
+                             "re-time it beside Auto: a shape chosen on other prompts, as a user would choose one")
     args = parser.parse_args()
     torch.manual_seed(0)
     world = load_world_models()
     target, processor = world.target, world.processor
-    examples = [e for task in eval_examples(max(1, args.prompts // 4 + 1)).values() for e in task][:args.prompts]
+    per_task = max(1, args.prompts // 4 + 1)
+    examples = [e for task in eval_examples(per_task).values() for e in task][:args.prompts]
+    heldout = heldout_examples(examples, 2 * per_task) if args.heldout else []
     hf_specmm.enable(target)
     rows = []
     for batch in args.batch_sizes:
-        inputs = [encode_prompts(processor, examples[i:i + batch], "raw", target.device)
-                  for i in range(0, len(examples), batch)]
+        inputs, held_inputs = ([encode_prompts(processor, group[i:i + batch], "raw", target.device)
+                                for i in range(0, len(group), batch)] for group in (examples, heldout))
         gen = dict(max_new_tokens=MAX_ANSWER_TOKENS, do_sample=False)
 
         def call(assistant=None, **extra):
@@ -84,6 +93,7 @@ def main() -> None:
             calibration[name] = calls
         shapes: dict[str, dict[str, int]] = {name: {} for name in autos}
         timed = in_turns(methods, inputs, args.repeats)
+        held_timed = in_turns(methods, held_inputs, args.repeats) if held_inputs else {}
         plain_out = timed["plain"][1]
         for name in args.drafts:
             for x in inputs:  # the shapes Auto takes now (one more untimed pass over the prompts)
@@ -94,8 +104,11 @@ def main() -> None:
             best = min(fixed, key=fixed.get)
             lossless = all(all(torch.equal(a, b) for a, b in zip(timed[k][1], plain_out))
                            for k in timed if k.startswith(f"{name} |"))
-            again = in_turns({"plain": methods["plain"], "best": methods[best], "auto": methods[f"{name} | auto"]},
-                             inputs, args.eval_repeats)  # evaluation: the chosen shape re-timed beside Auto
+            evaluated = {"plain": methods["plain"], "best": methods[best], "auto": methods[f"{name} | auto"]}
+            held_best = min((k for k in fixed if k in held_timed), key=lambda k: held_timed[k][0], default=None)
+            if held_best is not None and held_best != best:  # the shape chosen on the other scenes
+                evaluated["heldout best"] = methods[held_best]
+            again = in_turns(evaluated, inputs, args.eval_repeats)  # evaluation: the chosen shapes re-timed beside Auto
             plain_s, best_s, auto_s = again["plain"][0], again["best"][0], again["auto"][0]
             rows.append({"draft": name, "batch": batch, "plain_s": plain_s, "auto_s": auto_s,
                          "best_fixed": best.split(" | ")[1], "best_fixed_s": best_s,
@@ -103,18 +116,38 @@ def main() -> None:
                          "best_speedup": plain_s / best_s,
                          "selection_pass": {"plain_s": timed["plain"][0], "auto_s": timed[f"{name} | auto"][0],
                                             "fixed_s": {k.split(" | ")[1]: v for k, v in fixed.items()}},
-                         "eval_times_s": {k: again[k][2] for k in ("plain", "best", "auto")},  # every pass
+                         "eval_times_s": {k: v[2] for k, v in again.items()},  # every pass
                          "calibration_calls": calibration[name], "lossless": lossless,
                          "auto_shapes": dict(sorted(shapes[name].items(), key=lambda kv: -kv[1])[:5])})
             r = rows[-1]
+            if held_best is not None:
+                held_s = again["heldout best"][0] if held_best != best else best_s
+                r.update(heldout_best_fixed=held_best.split(" | ")[1], heldout_best_s=held_s,
+                         auto_over_heldout_best=auto_s / held_s,
+                         heldout_selection_pass={k.split(" | ")[1]: held_timed[k][0] for k in fixed})
             print(f"| {name} | {batch} | {plain_s:.3f} | {r['best_fixed']} {best_s:.3f} "
                   f"({r['best_speedup']:.2f}x) | {auto_s:.3f} ({r['auto_speedup']:.2f}x) | {r['auto_over_best']:.3f} | "
-                  f"{', '.join(f'{k} ({v})' for k, v in r['auto_shapes'].items())} | {lossless} |", flush=True)
+                  f"{', '.join(f'{k} ({v})' for k, v in r['auto_shapes'].items())} | {lossless} |" +
+                  (f" held out: {r['heldout_best_fixed']} {r['heldout_best_s']:.3f}, Auto / it "
+                   f"{r['auto_over_heldout_best']:.3f} |" if held_best is not None else ""), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "world_bench.json").write_text(json.dumps({"rows": rows, "threads": torch.get_num_threads(),
                                                           "prompts": args.prompts, "repeats": args.repeats,
                                                           "eval_repeats": args.eval_repeats}, indent=1))
     print("median over rows of auto/best:", statistics.median(r["auto_over_best"] for r in rows))
+    if heldout:
+        print("median over rows of auto/held-out best:", statistics.median(r["auto_over_heldout_best"] for r in rows))
+
+
+def heldout_examples(examples: list, per_task: int) -> list:
+    """As many held-out scenes as ``examples``, task for task, none of them (the evaluation world drawn with
+    ``per_task`` scenes a task: its scenes differ from the smaller draw's but for a few, which are left out)."""
+    seen = {(e.image_sha, e.prompt) for e in examples}
+    pool = {task: [e for e in group if (e.image_sha, e.prompt) not in seen]
+            for task, group in eval_examples(per_task).items()}
+    if any(sum(e.task == task for e in examples) > len(group) for task, group in pool.items()):
+        raise SystemExit(f"--heldout: fewer than {len(examples)} other scenes in a draw of {per_task} a task")
+    return [pool[e.task].pop(0) for e in examples]
 
 
 def in_turns(methods: dict, inputs: list, repeats: int) -> dict[str, tuple[float, list, list[float]]]:
