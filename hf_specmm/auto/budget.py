@@ -16,7 +16,7 @@ from ..budget import DraftBudget, RoundBudget
 from .acceptance import AcceptanceTable, tree_observations
 from .calls import WholeCalls
 from .costs import SAMPLES, CostTable
-from .policy import PLAIN, SWITCH_MARGIN, Choice, CostAwarePolicy, FixedPolicy, Shape, fit, hold
+from .policy import PLAIN, Choice, CostAwarePolicy, FixedPolicy, Shape, fit, hold
 
 REFRESH, MAX_REFRESH = 8, 64  # rounds between two rankings of the candidate shapes (the tables move slowly)
 MIN_PROBE_GAP, MAX_PROBE_GAP = 8, 256
