@@ -17,6 +17,7 @@ past a cap, so the table follows a draft whose acceptance drifts.
 from __future__ import annotations
 
 import json
+from itertools import accumulate
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -157,9 +158,11 @@ class AcceptanceTable:
         rarely has the right second one; chains never show the second)."""
         if prior is None:
             prior = self.prior[0] if rank == 0 else RANK_PRIOR_RATIO * self.pooled_hazard(0)
-        hits = sum(row[rank] for row in self.hits)
-        trials = sum(row[rank] for row in self.trials)
-        return (hits + PRIOR_STRENGTH * prior) / (trials + PRIOR_STRENGTH)
+        return _pool(self._rank_counts(rank), prior)
+
+    def _rank_counts(self, rank: int) -> tuple[float, float]:
+        """Rank ``rank``'s hits and trials summed over all depths (what :meth:`pooled_hazard` pools)."""
+        return sum(row[rank] for row in self.hits), sum(row[rank] for row in self.trials)
 
     def hazard(self, depth: int, rank: int) -> float:
         d = min(depth, self.depth) - 1
@@ -172,14 +175,21 @@ class AcceptanceTable:
         """``p[d][r]`` (d = 0 is depth 1): the probability that the target's token is the draft's r-th choice
         at depth d + 1, given the path to it was accepted."""
         depth, ranks = depth or self.depth, ranks or self.ranks
-        pooled = [self.pooled_hazard(r) for r in range(min(ranks, self.ranks))] if self.depth_prior is None else None
+        # each rank's counts summed once, not once per cell (a ranking reads this table on the decoding path)
+        counts = [self._rank_counts(r) for r in range(min(ranks, self.ranks))]
+        pooled = None
+        if self.depth_prior is None:  # pooled_hazard(r) of each rank, its prior from rank 0's
+            first = _pool(counts[0], self.prior[0])
+            pooled = [first] + [_pool(c, RANK_PRIOR_RATIO * first) for c in counts[1:]]
         table = []
         for d in range(1, depth + 1):
+            di = min(d, self.depth) - 1
+            hits, trials = self.hits[di], self.trials[di]
             row, left = [], 1.0
             for r in range(ranks):
-                di, ri = min(d, self.depth) - 1, min(r, self.ranks - 1)
-                prior = pooled[ri] if pooled is not None else self.pooled_hazard(ri, self.depth_prior[di][ri])
-                h = (self.hits[di][ri] + DEPTH_STRENGTH * prior) / (self.trials[di][ri] + DEPTH_STRENGTH)
+                ri = min(r, self.ranks - 1)
+                prior = pooled[ri] if pooled is not None else _pool(counts[ri], self.depth_prior[di][ri])
+                h = (hits[ri] + DEPTH_STRENGTH * prior) / (trials[ri] + DEPTH_STRENGTH)
                 row.append(left * h)
                 left *= 1.0 - h
             table.append(row)
@@ -190,13 +200,23 @@ class AcceptanceTable:
         answer did not end at one of the d - 1 tokens before it, (1 - λ)^(d - 1) with λ the :meth:`end_hazard`
         — so a node's path value (Π p along it) carries the end, and a shape reaching past answers that end
         soon expects that much less. (The table itself counts no trial past an answer's end.)"""
+        return self.with_ends(self.probabilities(depth, ranks))
+
+    def with_ends(self, p: Sequence[Sequence[float]]) -> list[list[float]]:
+        """:meth:`probabilities`' table ``p`` with the answer's end (see :meth:`kept_probabilities`): a ranking
+        needs both, and computes ``p`` once."""
         keep = 1.0 - self.end_hazard()
-        return [[p * (keep if d else 1.0) for p in row]
-                for d, row in enumerate(self.probabilities(depth, ranks))]
+        return [[v * (keep if d else 1.0) for v in row] for d, row in enumerate(p)]
 
     def as_profile(self, depth: int | None = None, ranks: int | None = None) -> list[list[float]]:
         """:meth:`probabilities` rounded, as ``--acceptance-profile`` and :meth:`set_prior` take it."""
         return [[round(p, 4) for p in row] for row in self.probabilities(depth, ranks)]
+
+
+def _pool(counts: tuple[float, float], prior: float) -> float:
+    """A hazard from (hits, trials) shrunk toward ``prior`` by :data:`PRIOR_STRENGTH` pseudo-trials."""
+    hits, trials = counts
+    return (hits + PRIOR_STRENGTH * prior) / (trials + PRIOR_STRENGTH)
 
 
 def profile_hazards(row: Sequence[float], ranks: int) -> list[float]:
@@ -231,22 +251,27 @@ def tree_lengths(p: Sequence[Sequence[float]], top_k: int, max_depth: int,
     is the probability that it is on the accepted path, so the sum of the kept values is E[accepted]
     (Sequoia's objective, under EAGLE-2's frontier rule)."""
     out: dict[tuple[int, int], float] = {}
-    values: list[float] = []
+    best: list[float] = []  # the max(nodes) largest values so far, largest first (no other is ever kept)
+    prefix = [0.0]  # prefix[n]: the n best values summed, largest first
+    expanded = 0  # nodes so far
     frontier = [1.0]
     most = max(nodes)
     for depth in range(1, max_depth + 1):
         row = p[min(depth - 1, len(p) - 1)]
-        level = [v * row[min(r, len(row) - 1)] for v in frontier for r in range(top_k)]
-        values.extend(level)
-        frontier = sorted(level, reverse=True)[:top_k]
+        factors = list(row[:top_k]) + [row[-1]] * (top_k - len(row))  # ranks past the row's: its last
+        level = sorted([v * f for v in frontier for f in factors], reverse=True)
+        frontier = level[:top_k]
+        expanded += len(level)
+        # the level merged into the best (two descending runs: timsort merges them) unless none of it gets in, not
+        # every value sorted again: the same values in the same order, so the sums add them as a full sort would
+        if level and (len(best) < most or level[0] > best[-1]):
+            best = sorted(best + level, reverse=True)[:most]
+            prefix = list(accumulate(best, initial=0.0))
         if depth < 2:
             continue
-        prefix = [0.0]
-        for v in sorted(values, reverse=True)[:most]:
-            prefix.append(prefix[-1] + v)
         for n in nodes:
-            if n <= len(values):
-                out[(depth, n)] = prefix[min(n, most)]
+            if n <= expanded:
+                out[(depth, n)] = prefix[n]  # n ≤ most: the nodes' largest
     return out
 
 

@@ -46,9 +46,7 @@ def interpolate(points: dict[int, float], x: float) -> float | None:
     shrink with width)."""
     if not points:
         return None
-    xs = list(points)
-    if any(b < a for a, b in zip(xs, xs[1:])):
-        xs.sort()
+    xs = sorted(points)
     if len(xs) == 1:
         return points[xs[0]]
     if x <= xs[0]:
@@ -329,7 +327,10 @@ class CostModel:
         return self.memo[key]
 
     def chain_draft_time(self, gamma: int) -> float | None:
-        return interpolate(self.chain, gamma)
+        key = ("chain draft", gamma)  # not ("chain", width): the verification's key
+        if key not in self.memo:
+            self.memo[key] = interpolate(self.chain, gamma)
+        return self.memo[key]
 
     def tree_draft_time(self, top_k: int, depth: int) -> float | None:
         key = ("tree", top_k, depth)
@@ -340,11 +341,14 @@ class CostModel:
     def _tree_draft_time(self, top_k: int, depth: int) -> float | None:
         if self.base is None:
             return None
-        level = interpolate(self.level, top_k)
-        if level is None:  # no tree timed yet: a level of K nodes costs at least a chain step
-            two = interpolate(self.chain, 2)
-            level = 0.0 if two is None else max(two - self.base, 0.0)
-        return self.base + (depth - 1) * level
+        key = ("level", top_k)  # one per top_k, read by every depth's tree
+        if key not in self.memo:
+            level = interpolate(self.level, top_k)
+            if level is None:  # no tree timed yet: a level of K nodes costs at least a chain step
+                two = interpolate(self.chain, 2)
+                level = 0.0 if two is None else max(two - self.base, 0.0)
+            self.memo[key] = level
+        return self.base + (depth - 1) * self.memo[key]
 
 
 def _push(values: list[float], x: float) -> None:

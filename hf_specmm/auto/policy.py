@@ -118,6 +118,9 @@ class CostAwarePolicy:
         self.fallback = PLAIN if plain else Shape(1)
         self.shapes = candidate_shapes(max_tokens, max_depth, plain, trees)
         self.calibration = calibration_shapes(max_tokens, max_depth, plain, trees)
+        #: per candidate, the kind and family a ranking reads (worked out once: a ranking is on the decoding path)
+        self._plan = [(s, s.kind, s.family) for s in self.shapes]
+        self._top_ks = sorted({s.tree.top_k for s in self.shapes if s.tree is not None})
         #: tables with every calibration timing (a table's samples never shrink: once calibrated, always)
         self._calibrated: weakref.WeakSet[CostTable] = weakref.WeakSet()
 
@@ -139,20 +142,15 @@ class CostAwarePolicy:
 
     def expected_accepted(self, acceptance: AcceptanceTable, ends: bool = True) -> dict[Shape, float]:
         """E[accepted drafts] of every candidate shape (``ends``: with answers' ends, else for a row not ending)."""
-        p = acceptance.kept_probabilities(self.max_depth, max(TOP_KS)) if ends else \
-            acceptance.probabilities(self.max_depth, max(TOP_KS))
+        p = acceptance.probabilities(self.max_depth, max(TOP_KS))
+        return dict(zip(self.shapes, self._accepted(acceptance.with_ends(p) if ends else p)))
+
+    def _accepted(self, p: list[list[float]]) -> list[float]:
+        """E[accepted drafts] of each candidate, in :attr:`shapes`' order, under the probabilities ``p``."""
         chains = chain_lengths(p, self.max_depth)
-        out: dict[Shape, float] = {}
-        by_k: dict[int, dict[tuple[int, int], float]] = {}
-        for s in self.shapes:
-            if s.tree is None:
-                out[s] = chains[s.gamma - 1] if s.gamma else 0.0
-                continue
-            k = s.tree.top_k
-            if k not in by_k:
-                by_k[k] = tree_lengths(p, k, self.max_depth, TREE_NODES)
-            out[s] = by_k[k][(s.tree.depth, s.tree.nodes)]
-        return out
+        trees = {k: tree_lengths(p, k, self.max_depth, TREE_NODES) for k in self._top_ks}
+        return [trees[s.tree.top_k][(s.tree.depth, s.tree.nodes)] if s.tree is not None
+                else chains[s.gamma - 1] if s.gamma else 0.0 for s in self.shapes]
 
     def rank(self, acceptance: AcceptanceTable, costs: CostTable, rows: int, batch: bool = False) -> list[Choice]:
         """Every candidate with a predicted cost, best first. ``batch``: rounds of several live rows, ranked by the
@@ -162,17 +160,21 @@ class CostAwarePolicy:
         choices = []
         model = costs.model()
         shares: dict[str, float] = {}
-        expected = self.expected_accepted(acceptance)
-        critical = self.expected_accepted(acceptance, ends=False) if batch else expected
-        for shape, accepted in expected.items():
+        factors: dict[str, float] = {}  # per kind: its time factor, one for all its shapes
+        p = acceptance.probabilities(self.max_depth, max(TOP_KS))  # once for both expectations
+        expected = self._accepted(acceptance.with_ends(p))
+        critical = self._accepted(p) if batch else expected
+        for (shape, kind, family), accepted, ahead in zip(self._plan, expected, critical):
             seconds = round_time(model, shape)
             if seconds is None or seconds <= 0:
                 continue
-            if shape.gamma and shape.family not in shares:
-                shares[shape.family] = acceptance.yield_of(shape.family)
-            tokens = 1.0 + accepted * shares[shape.family] if shape.gamma else 1.0
-            scored = 1.0 + critical[shape] * shares[shape.family] if shape.gamma else 1.0
-            realised = seconds * costs.time_factor(shape.kind)
+            if shape.gamma and family not in shares:
+                shares[family] = acceptance.yield_of(family)
+            if kind not in factors:
+                factors[kind] = costs.time_factor(kind)
+            tokens = 1.0 + accepted * shares[family] if shape.gamma else 1.0
+            scored = 1.0 + ahead * shares[family] if shape.gamma else 1.0
+            realised = seconds * factors[kind]
             choices.append(Choice(shape, rows * scored / realised, tokens, accepted, seconds))
         choices.sort(key=lambda c: -c.predicted_tokens_per_s)
         return choices
