@@ -619,13 +619,19 @@ def test_a_batch_calls_rate_is_its_longest_rows_tokens_per_second(monkeypatch):
     assert budget.costs.lengths == [8.0] and budget.costs.round_seconds == [pytest.approx(0.4 / 3)]
 
 
-def test_rounds_timed_into_another_table_than_the_one_that_chose_them_are_not_explored(monkeypatch):
+@pytest.mark.parametrize("narrow_calibrated", [False, True])
+def test_only_rounds_of_the_calls_own_bucket_are_explored(monkeypatch, narrow_calibrated):
     """A batch call's last rounds, with fewer live rows, are timed into their narrower bucket's table and chosen by
     the call's while that one is still filling in: such a round's time is no contrast for either table's factor
-    (``CostTable.observe_ratio``), so exploring there would cost a round for nothing."""
+    (``CostTable.observe_ratio``), so exploring there would cost a round for nothing. Chosen by the narrower table
+    once it is calibrated, they are what the whole call waits for (its other rows are done): not explored either. A
+    batch-1 call's rounds are its own bucket's, and explored as ever."""
     policy = CostAwarePolicy(max_tokens=16, max_depth=4)
     tables = Tables()
     calibrate(policy, tables(4)[1])
+    if narrow_calibrated:
+        for rows in (1, 2):
+            calibrate(policy, tables(rows)[1])
     budget = AutoBudget(policy, AcceptanceTable(depth=4), tables, 4, ())
     asked = []
     monkeypatch.setattr(budget, "_contender", lambda best: asked.append(best) or best)
@@ -633,6 +639,11 @@ def test_rounds_timed_into_another_table_than_the_one_that_chose_them_are_not_ex
         budget.open = None  # no wall-clock timing of these empty rounds
         budget.for_round([20] * 4, [True] * rows + [False] * (4 - rows))
     assert len(asked) == 3  # the rounds of 4, 4 and 3 live rows (the call's bucket); not those of 1 and 2
+    if narrow_calibrated:
+        single = AutoBudget(policy, budget.acceptance, tables, 1, ())
+        monkeypatch.setattr(single, "_contender", lambda best: asked.append(best) or best)
+        single.for_round([20], [True])
+        assert len(asked) == 4
 
 
 def test_batch_rounds_are_ranked_for_a_row_whose_answer_does_not_end():
