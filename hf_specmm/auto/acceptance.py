@@ -176,11 +176,9 @@ class AcceptanceTable:
         at depth d + 1, given the path to it was accepted."""
         depth, ranks = depth or self.depth, ranks or self.ranks
         # each rank's counts summed once, not once per cell (a ranking reads this table on the decoding path)
-        counts = [self._rank_counts(r) for r in range(min(ranks, self.ranks))]
-        pooled = None
-        if self.depth_prior is None:  # pooled_hazard(r) of each rank, its prior from rank 0's
-            first = _pool(counts[0], self.prior[0])
-            pooled = [first] + [_pool(c, RANK_PRIOR_RATIO * first) for c in counts[1:]]
+        used = range(min(ranks, self.ranks))
+        pooled = [self.pooled_hazard(r) for r in used] if self.depth_prior is None else None
+        counts = [self._rank_counts(r) for r in used] if pooled is None else []
         table = []
         for d in range(1, depth + 1):
             di = min(d, self.depth) - 1
