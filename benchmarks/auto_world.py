@@ -37,6 +37,7 @@ from hf_specmm.train.data import encode_prompts
 from hf_specmm.trees import TreeShape
 from hf_specmm.world.shipped import eval_examples, load_world_models
 from hf_specmm.world.target import MAX_ANSWER_TOKENS
+from hf_specmm.world.tasks import TASKS
 
 CHAINS = (1, 2, 3, 4, 5, 6, 7, 8)
 TREES = (TreeShape(2, 4, 8), TreeShape(4, 6, 24), TreeShape(8, 6, 48), TreeShape(8, 8, 64))
@@ -55,11 +56,12 @@ def main() -> None:
                         help="also choose a best fixed shape on as many other held-out scenes (task for task) and "
                              "re-time it beside Auto: a shape chosen on other prompts, as a user would choose one")
     args = parser.parse_args()
+    if args.prompts < 1:
+        parser.error(f"--prompts must be >= 1, got {args.prompts}")
     torch.manual_seed(0)
     world = load_world_models()
     target, processor = world.target, world.processor
-    per_task = max(1, args.prompts // 4 + 1)
-    examples = [e for task in eval_examples(per_task).values() for e in task][:args.prompts]
+    examples, per_task = evaluation_examples(args.prompts)
     heldout = heldout_examples(examples, 2 * per_task) if args.heldout else []
     hf_specmm.enable(target)
     rows = []
@@ -137,6 +139,16 @@ def main() -> None:
     print("median over rows of auto/best:", statistics.median(r["auto_over_best"] for r in rows))
     if heldout:
         print("median over rows of auto/held-out best:", statistics.median(r["auto_over_heldout_best"] for r in rows))
+
+
+def evaluation_examples(prompts: int) -> tuple[list, int]:
+    """The first ``prompts`` held-out scenes, task after task, and the scenes per task drawn for them (every task
+    of the world's :data:`TASKS` gets ``ceil(prompts / len(TASKS))``)."""
+    per_task = -(-prompts // len(TASKS))
+    examples = [e for task in eval_examples(per_task).values() for e in task][:prompts]
+    if len(examples) < prompts:
+        raise SystemExit(f"--prompts {prompts}: the evaluation world drew only {len(examples)} scenes")
+    return examples, per_task
 
 
 def heldout_examples(examples: list, per_task: int) -> list:

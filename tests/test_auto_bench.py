@@ -150,3 +150,24 @@ def test_auto_diag_script_runs_every_method_and_prints_the_cost_table(capsys):
                  "drafting ms by shape:", "realised shares:"):
         assert line in out, line
     COSTS.clear()
+
+
+def test_the_world_bench_times_as_many_prompts_as_asked():
+    """benchmarks/auto_world.py --prompts N: N prompts over every task (it once drew 27 for 32: four tasks assumed)."""
+    import importlib.util
+    from pathlib import Path
+
+    from hf_specmm.world.tasks import TASKS
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "auto_world.py"
+    spec = importlib.util.spec_from_file_location("auto_world", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for prompts in (1, 8, 32):
+        examples, per_task = module.evaluation_examples(prompts)
+        assert len(examples) == prompts and per_task * len(TASKS) >= prompts
+        assert len({(e.image_sha, e.prompt) for e in examples}) == prompts
+        if prompts >= 2 * len(TASKS):
+            assert {e.task for e in examples} == set(TASKS)
+    held = module.heldout_examples(examples, 2 * per_task)
+    assert len(held) == 32 and not {(e.image_sha, e.prompt) for e in held} & {(e.image_sha, e.prompt) for e in examples}
