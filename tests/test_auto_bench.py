@@ -131,13 +131,7 @@ def test_a_call_whose_rounds_would_all_be_plain_steps_runs_as_plain_generate():
 
 def test_auto_diag_script_runs_every_method_and_prints_the_cost_table(capsys):
     """benchmarks/auto_diag.py is what a lent GPU runs first (gpu_bench.sh ad): it must not fail there."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "auto_diag.py"
-    spec = importlib.util.spec_from_file_location("auto_diag", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = benchmark_script("auto_diag")
     COSTS.clear()
     from hf_specmm.auto.budget import AutoBudget
 
@@ -154,15 +148,9 @@ def test_auto_diag_script_runs_every_method_and_prints_the_cost_table(capsys):
 
 def test_the_world_bench_times_as_many_prompts_as_asked():
     """benchmarks/auto_world.py --prompts N: N prompts over every task (it once drew 27 for 32: four tasks assumed)."""
-    import importlib.util
-    from pathlib import Path
-
     from hf_specmm.world.tasks import TASKS
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "auto_world.py"
-    spec = importlib.util.spec_from_file_location("auto_world", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = benchmark_script("auto_world")
     for prompts in (1, 8, 32):
         examples, per_task = module.evaluation_examples(prompts)
         assert len(examples) == prompts and per_task * len(TASKS) >= prompts
@@ -171,3 +159,15 @@ def test_the_world_bench_times_as_many_prompts_as_asked():
             assert {e.task for e in examples} == set(TASKS)
     held = module.heldout_examples(examples, 2 * per_task)
     assert len(held) == 32 and not {(e.image_sha, e.prompt) for e in held} & {(e.image_sha, e.prompt) for e in examples}
+
+
+def benchmark_script(name: str):
+    """``benchmarks/<name>.py`` imported as a module (the benchmarks are scripts, not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
