@@ -63,15 +63,19 @@ class DraftBudget:
         if self.schedule.startswith("heuristic") and accepted:
             self.gamma = self.gamma + 2 if min(accepted) == gamma_used else max(1, self.gamma - 1)
 
+    #: whether the drafter should report which pending tokens were its first choice (:attr:`Proposal.read`)
+    needs_first_choices = False
+
     # hooks for a budget that learns from its rounds (``hf_specmm.Auto``'s); a fixed budget ignores them
     def drafted(self) -> None:
         """The round's drafts are proposed (its verification starts)."""
 
     def observe(self, proposal: Any, accepted: Any, unfinished: list[bool], kept: list[int],
-                stopped: list[bool]) -> None:
+                stopped: list[bool], rows: list[int] | None = None) -> None:
         """The round's ``proposal`` and the verifier's ``accepted``, per cache row (``unfinished``: rows that
         were generating; ``kept``: the tokens each kept, fewer than accepted + 1 where its end, EOS or
-        ``max_length``, came inside the accepted drafts; ``stopped``: rows that ended before ``max_length``)."""
+        ``max_length``, came inside the accepted drafts; ``stopped``: rows that ended before ``max_length``;
+        ``rows``: the batch row of each cache row, None where they are the same)."""
 
     def runs_plain(self) -> bool:
         """Whether the call is best run as plain ``generate`` (a budget that measured so; a fixed one never)."""

@@ -78,6 +78,7 @@ class SpeculativeDecoding:
     def __init__(self, drafter: Drafter, budget: DraftBudget, streamer: Any = None,
                  image_inputs: dict[str, Any] | None = None, backend: Any = None):
         self.drafter, self.budget, self.streamer = drafter, budget, streamer
+        drafter.reports_first_choices = budget.needs_first_choices  # (hf_specmm.Auto's answers, greedy)
         self.image_inputs = dict(image_inputs or {})
         self.backend = backend if backend is not None else DynamicBackend()
         self.stats = SpecStats()
@@ -185,7 +186,7 @@ class SpeculativeDecoding:
         self.stats.record_round(gamma, kept.kept, kept.accepted, kept.drafted, start_rows.remaining,
                                 start_rows.unfinished, tree=block.is_tree)
         self.budget.observe(proposal, accepted, start_rows.unfinished_in_cache, rows.to_cache(kept.kept),
-                            rows.stopped(start_rows, kept.kept))
+                            rows.stopped(start_rows, kept.kept), rows.in_cache)
         self.budget.update(kept.kept, gamma)
 
         # 4. roll back both caches: each row keeps [cur, d_1..d_keep], keep = kept - 1; emitted[keep] is the new cur

@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 import torch
 
+from .runs import AnswerBook
 #: a node's hazard at rank 0 before any evidence (Beta prior mean); ranks beyond: RANK_PRIOR_RATIO of rank 0's
 PRIOR_HAZARD = 0.5
 RANK_PRIOR_RATIO = 0.4
@@ -70,6 +71,8 @@ class AcceptanceTable:
         #: per cost table (a batch bucket's), the last ranking of the candidate shapes, shared by this pair's calls
         #: (AutoBudget.ranking): a batch call whose rows finish moves through the buckets every call
         self.rankings: dict[Any, dict] = {}
+        #: the recent answers' hard tokens: the rounds each chain takes over them (:mod:`hf_specmm.auto.runs`)
+        self.answers = AnswerBook(depth)
 
     def set_prior(self, profile: Sequence[Sequence[float]]) -> None:
         """Prior from a profile ``profile[d][r]`` = P(the target's token is the r-th choice at depth d + 1)."""

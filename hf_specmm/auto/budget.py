@@ -17,6 +17,7 @@ from .acceptance import AcceptanceTable, tree_observations
 from .calls import WholeCalls
 from .costs import SAMPLES, CostTable
 from .policy import PLAIN, Choice, CostAwarePolicy, FixedPolicy, Shape, fit, hold
+from .runs import AnswerRecorder
 
 REFRESH, MAX_REFRESH = 8, 64  # rounds between two rankings of the candidate shapes (the tables move slowly)
 MIN_PROBE_GAP, MAX_PROBE_GAP = 8, 256
@@ -43,7 +44,8 @@ class AutoBudget(WholeCalls, DraftBudget):
 
     def __init__(self, policy: CostAwarePolicy | FixedPolicy, acceptance: AcceptanceTable,
                  tables: Callable[[int], tuple[str, CostTable]], batch: int, devices: tuple[torch.device, ...],
-                 on_calibrated: Callable[[list[str]], None] | None = None):
+                 on_calibrated: Callable[[list[str]], None] | None = None, answers: bool = False,
+                 first_choices: bool = False):
         depth = policy.max_depth if isinstance(policy, CostAwarePolicy) else max(s.gamma for s in policy.shapes)
         super().__init__(gamma=depth)
         self.policy, self.acceptance, self.tables = policy, acceptance, tables
@@ -66,6 +68,11 @@ class AutoBudget(WholeCalls, DraftBudget):
         self.row_tokens: list[int] = [0] * batch  # tokens each batch row kept in the call's rounds
         #: the family of the best drafted shape the call's own table ranked last (see :meth:`_held`)
         self.family: str | None = None
+        #: the rows' hard tokens, for the pair's AnswerBook at the call's end (a draft whose proposals depend on the
+        #: tokens alone; see Auto.budget)
+        self.answers = AnswerRecorder(batch) if answers else None
+        #: the drafter reports which pending tokens were its first choice (greedy calls): no token stays unknown
+        self.needs_first_choices = answers and first_choices
 
     # ---- the loop's hooks ------------------------------------------------------------------------------
     def for_round(self, remaining: list[int], unfinished: list[bool]) -> RoundBudget:
@@ -91,24 +98,31 @@ class AutoBudget(WholeCalls, DraftBudget):
             self.open["drafted"] = time.perf_counter()
 
     def observe(self, proposal: Any, accepted: Any, unfinished: list[bool], kept: list[int],
-                stopped: list[bool]) -> None:
+                stopped: list[bool], rows: list[int] | None = None) -> None:
         """A verified round: which drafted ranks the target took, per row still generating. A row whose end (EOS,
         ``max_length``) came inside its accepted drafts kept ``kept`` ≤ n of them: what was drafted past its end
         is no trial (the target's tokens after EOS are no answer), so its observation stops there, a success.
         (Counted, every answer's last round added a failure at a random depth: on the shipped world, 4-5 rounds
-        per answer, the table expected 4.1 tokens per round of chain 4 where its rounds kept 4.7.)"""
+        per answer, the table expected 4.1 tokens per round of chain 4 where its rounds kept 4.7.) ``rows``: the
+        batch row of each cache row (the call's answers are per batch row)."""
         live = [i for i, u in enumerate(unfinished) if u]
         self.acceptance.observe_ends(sum(kept[i] for i in live), sum(stopped[i] for i in live))
         if proposal.gamma == 0 or not live:
+            if self.answers is not None:
+                self.answers.record(proposal, live, kept, stopped, rows, None, None)
             return
         n = accepted.n.tolist()
         ended = [kept[i] <= n[i] for i in live]  # the end came at draft kept[i]
         taken = [kept[i] if end else n[i] for i, end in zip(live, ended)]
         if proposal.tree is None:
             self.acceptance.observe_chain(taken, [k if end else proposal.gamma for k, end in zip(taken, ended)])
+            if self.answers is not None:
+                self.answers.record(proposal, live, kept, stopped, rows, n, None)
             return
         counts, ranks = tree_observations(proposal.tree, accepted.n, accepted.path)
         self.acceptance.observe_tree(taken, [counts[i] for i in live], [ranks[i] for i in live], ended)
+        if self.answers is not None:
+            self.answers.record(proposal, live, kept, stopped, rows, n, (counts, ranks))
 
     def update(self, kept: list[int], gamma_used: int) -> None:
         if self.open is not None:
@@ -335,6 +349,10 @@ class AutoBudget(WholeCalls, DraftBudget):
         self._close(now, timed=False)  # the last round ends with the call
         chosen = [e for e in self.log if e["predicted"] is not None]  # the rounds the cost model chose
         self._time_call(now - self.created, chosen)
+        if self.rounds and self.answers is not None:  # (a call run as plain generate compared no token)
+            book = self.acceptance.answers
+            misses = [1.0 - row[0] for row in self.acceptance.probabilities(book.max_gamma + 1, 1)]
+            book.add_call(self.answers.answers, misses)
         per_shape: dict[str, dict[str, Any]] = {}
         for entry in self.log:
             s = per_shape.setdefault(entry["shape"], {"rounds": 0, "tokens": 0, "seconds": 0.0, "row_rounds": 0,

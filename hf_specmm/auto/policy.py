@@ -4,12 +4,14 @@ For every candidate shape s (a plain target step, a chain of γ, a tree (top_k, 
 
     tokens/s(s) = rows · (1 + y(s) · E[accepted | s]) / (z(s) · (T_verify(kind, width(s)) + T_draft(s)))
 
-with E[accepted] from the learned acceptance (:mod:`hf_specmm.auto.acceptance`), y(s) the share of it that
-rounds realised so far, every family's pooled and s's family's own (chains; trees of one top_k) shrunk toward it
+with E[accepted] from the learned acceptance (:mod:`hf_specmm.auto.acceptance`; for a draft that reads tokens
+only, the recent answers' rounds, :mod:`hf_specmm.auto.runs`), y(s) the share of it that rounds realised so far,
+every family's pooled and s's family's own (chains; trees of one top_k) shrunk toward it
 (:meth:`~hf_specmm.auto.acceptance.AcceptanceTable.yield_of`), the times from the measured costs' fitted curves
 (:mod:`hf_specmm.auto.costs`) and z(s) the realised share of those times for s's kind
-(:meth:`~hf_specmm.auto.costs.CostTable.time_factor`). A plain step has E = 0 and no drafting. Until every calibration shape of
-the cost key has been timed, rounds take those shapes in turn (real rounds: their tokens count).
+(:meth:`~hf_specmm.auto.costs.CostTable.time_factor`). A plain step has E = 0 and no drafting. Until every
+calibration shape of the cost key has been timed, rounds take those shapes in turn (real rounds: their tokens
+count).
 """
 
 from __future__ import annotations
@@ -152,6 +154,20 @@ class CostAwarePolicy:
         return [trees[s.tree.top_k][(s.tree.depth, s.tree.nodes)] if s.tree is not None
                 else chains[s.gamma - 1] if s.gamma else 0.0 for s in self.shapes]
 
+    def _from_answers(self, accepted: list[float], p: list[list[float]], chains: list[float] | None) -> list[float]:
+        """``accepted`` (E[accepted drafts] per candidate by the per-depth table ``p``) with the recent answers'
+        rounds where there are enough of them (``chains``: tokens per round of a chain of γ,
+        :meth:`~hf_specmm.auto.runs.AnswerBook.chain_tokens`): a chain's from its rounds over the answers, a
+        tree's scaled by what they make of the table's chain of its depth. The table sees depths, not where in an
+        answer the draft misses: on the shipped world, whose answers run easy between a few hard tokens, it put
+        chain 8 11 % above the rounds and chain 4 3 % below (:mod:`hf_specmm.auto.runs`)."""
+        if chains is None or len(chains) < self.max_depth:
+            return accepted
+        table = chain_lengths(p, self.max_depth)
+        scale = [(c - 1.0) / t if t > 1e-6 else 1.0 for c, t in zip(chains, table)]
+        return [chains[s.gamma - 1] - 1.0 if s.tree is None and s.gamma else
+                a * scale[s.gamma - 1] if s.gamma else a for s, a in zip(self.shapes, accepted)]
+
     def rank(self, acceptance: AcceptanceTable, costs: CostTable, rows: int, batch: bool = False) -> list[Choice]:
         """Every candidate with a predicted cost, best first. ``batch``: rounds of several live rows, ranked by the
         tokens per round of a row whose answer does not end in the round: a batch call lasts as long as its
@@ -162,8 +178,10 @@ class CostAwarePolicy:
         shares: dict[str, float] = {}
         factors: dict[str, float] = {}  # per kind: its time factor, one for all its shapes
         p = acceptance.probabilities(self.max_depth, max(TOP_KS))  # once for both expectations
-        expected = self._accepted(acceptance.with_ends(p))
-        critical = self._accepted(p) if batch else expected
+        ends = acceptance.with_ends(p)
+        expected = self._from_answers(self._accepted(ends), ends, acceptance.answers.chain_tokens(False))
+        critical = self._from_answers(self._accepted(p), p, acceptance.answers.chain_tokens(True)) if batch \
+            else expected
         for (shape, kind, family), accepted, ahead in zip(self._plan, expected, critical):
             seconds = round_time(model, shape)
             if seconds is None or seconds <= 0:

@@ -97,8 +97,10 @@ class Auto(DraftWrapper):
         return tables[sampling]
 
     def budget(self, target: Any, batch: int, sampling: bool, cache: str, trees: bool, plain: bool,
-               device: torch.device) -> AutoBudget:
-        """The call's budget: the policy, this pair's acceptance, the cost table of the call's key."""
+               device: torch.device, answers: bool = False) -> AutoBudget:
+        """The call's budget: the policy, this pair's acceptance, the cost table of the call's key. ``answers``:
+        the draft's proposals depend on the tokens alone (not on the target's hidden states): its rounds record
+        the answers' hard tokens, whose rounds rank chains (:mod:`hf_specmm.auto.runs`)."""
         draft_device = execution_device(self.draft)
         dtype, path = getattr(target, "dtype", None), self.costs_file
 
@@ -116,7 +118,8 @@ class Auto(DraftWrapper):
         else:
             policy = cost_aware_policy(self.max_tokens, self.max_depth, plain, trees)
         save = None if path is None else (lambda keys: COSTS.save(path, keys))
-        return AutoBudget(policy, self.acceptance(target, sampling), tables, batch, (device, draft_device), save)
+        return AutoBudget(policy, self.acceptance(target, sampling), tables, batch, (device, draft_device), save,
+                          answers=answers, first_choices=not sampling)
 
     def uses(self, trees: bool, plain: bool) -> str | None:
         """Why this Auto cannot run with trees / plain steps unavailable (its fixed ``shapes`` need them)."""
