@@ -107,22 +107,19 @@ class AutoBudget(WholeCalls, DraftBudget):
         batch row of each cache row (the call's answers are per batch row)."""
         live = [i for i, u in enumerate(unfinished) if u]
         self.acceptance.observe_ends(sum(kept[i] for i in live), sum(stopped[i] for i in live))
-        if proposal.gamma == 0 or not live:
-            if self.answers is not None:
-                self.answers.record(proposal, live, kept, stopped, rows, None, None)
-            return
-        n = accepted.n.tolist()
-        ended = [kept[i] <= n[i] for i in live]  # the end came at draft kept[i]
-        taken = [kept[i] if end else n[i] for i, end in zip(live, ended)]
-        if proposal.tree is None:
-            self.acceptance.observe_chain(taken, [k if end else proposal.gamma for k, end in zip(taken, ended)])
-            if self.answers is not None:
-                self.answers.record(proposal, live, kept, stopped, rows, n, None)
-            return
-        counts, ranks = tree_observations(proposal.tree, accepted.n, accepted.path)
-        self.acceptance.observe_tree(taken, [counts[i] for i in live], [ranks[i] for i in live], ended)
+        n, tree = None, None  # a plain step's (or a round with no live row's): nothing drafted to observe
+        if proposal.gamma and live:
+            n = accepted.n.tolist()
+            ended = [kept[i] <= n[i] for i in live]  # the end came at draft kept[i]
+            taken = [kept[i] if end else n[i] for i, end in zip(live, ended)]
+            if proposal.tree is None:
+                self.acceptance.observe_chain(taken, [k if end else proposal.gamma for k, end in zip(taken, ended)])
+            else:
+                tree = tree_observations(proposal.tree, accepted.n, accepted.path)
+                counts, ranks = tree
+                self.acceptance.observe_tree(taken, [counts[i] for i in live], [ranks[i] for i in live], ended)
         if self.answers is not None:
-            self.answers.record(proposal, live, kept, stopped, rows, n, (counts, ranks))
+            self.answers.record(proposal, live, kept, stopped, rows, n, tree)
 
     def update(self, kept: list[int], gamma_used: int) -> None:
         if self.open is not None:

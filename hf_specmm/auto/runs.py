@@ -192,7 +192,6 @@ class AnswerBook:
         self.answers: deque[tuple[int, list[float]]] = deque(maxlen=ANSWERS)  # (tokens after the first, rounds)
         self.calls: deque[tuple[int, list[float]]] = deque(maxlen=CALLS)  # (longest row's, most rounds per γ)
         self.compared = [0.0, 0.0]  # hard tokens, tokens compared with a first choice
-        self.version = 0  # answers added so far (a ranking's memo key)
 
     def hard_rate(self) -> float:
         """Hard tokens over the tokens compared with a first choice, shrunk toward 0.2."""
@@ -216,7 +215,6 @@ class AnswerBook:
         if len(answers) > 1:
             longest = max(tokens for tokens, _ in rows)
             self.calls.append((longest, [max(r[g] for _, r in rows) for g in range(self.max_gamma)]))
-        self.version += 1
 
     def chain_tokens(self, batch: bool) -> list[float] | None:
         """Tokens per round of a chain of γ = 1..max_gamma (1 + drafts kept): over answers one at a time, or
