@@ -309,9 +309,9 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
         budget.gamma, budget.tree = shape.depth, shape
     if auto is not None:
         trees, plain = _check_auto(auto, kind, config, budget, chosen_gamma, stateful)
-        # a draft that reads the target's hidden states misses by depth as much as by token (so does one under
-        # rank-aware controlled acceptance): its answers' hard tokens would not tell every chain's rounds
-        by_token = not kind.drafter.observes_verification and not getattr(draft, "misses_by_depth", False)
+        # a drafter whose misses depend on the depth as much as on the token (so does a draft under rank-aware
+        # controlled acceptance): its answers' hard tokens would not tell every chain's rounds
+        by_token = kind.drafter.misses_by_token and not getattr(draft, "misses_by_depth", False)
         budget = auto.budget(target, ids.shape[0], bool(config.do_sample), config.cache_implementation or "dynamic",
                              trees, plain, ids.device, answers=by_token)
     for key in ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold"):

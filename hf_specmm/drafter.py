@@ -139,6 +139,11 @@ class Drafter(ABC):
     #: drafter that can, then tells per pending slot it reads whether its token was the draft's first choice
     #: (:attr:`Proposal.read`)
     reports_first_choices: bool = False
+    #: True where a token the draft misses is missed whatever depth drafts it, so the answers' hard tokens fix
+    #: every chain's rounds (:mod:`hf_specmm.auto.runs`): exactly so for a draft that reads tokens only; measured
+    #: to hold closely for feature heads (EAGLE-1/-3), whose deeper levels read their own predicted features. False
+    #: for drafters whose misses depend on the depth as much (a block drafted at once; a depth-aware assistant)
+    misses_by_token: bool = True
     #: True when :meth:`select_rows` is implemented: the loop then drops finished rows from the batch
     #: (from the target's cache and through this method from the drafter's state), so later rounds run
     #: only the unfinished rows. False: every row stays in both batches until the call ends.

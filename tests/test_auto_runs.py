@@ -8,6 +8,7 @@ import random
 
 import pytest
 import torch
+import transformers
 
 import hf_specmm
 from hf_specmm import testing
@@ -178,12 +179,46 @@ def test_one_calls_rounds_tell_the_rounds_of_every_chain(shapes, monkeypatch):
             assert any(r > -(-(n - 1) // 6) for r, n in zip(took[5], lengths)) and any(a.hard for a in answers)
 
 
-def test_a_draft_that_reads_the_targets_states_keeps_no_answers():
-    """An EAGLE-3 head's misses depend on its depth in the round as much as on the token (the world's feature
-    heads: about 1 in 10 of their countdowns broke): no answers are kept, the per-depth table ranks alone."""
+@pytest.mark.parametrize("head", ("exact", "eagle3"))
+def test_a_feature_head_keeps_its_answers(head):
+    """A feature head's misses depend on the token far more than on its depth in the round (the world's heads:
+    212 and 140 of their countdowns uncut, 19 and 24 broken): its answers are kept, each round's misses as hard
+    tokens; an exact copy of the target misses none."""
     model = testing.tiny_target("llava", seed=5, eos_bias=2.0)
     inputs = batch_inputs("llava", 2, with_images=False)
-    auto = hf_specmm.Auto(lagged_head(model), shapes=[3])
+    draft = testing.feature_head_from_target(model) if head == "exact" else lagged_head(model)
+    auto = hf_specmm.Auto(draft, shapes=[3])
+    _, stats = generate(model, inputs, max_new_tokens=16, assistant_model=auto)
+    book = auto.acceptance(model).answers
+    assert len(book.answers) == 2 and len(book.calls) == 1
+    if head == "exact":
+        assert stats.accepted_tokens == stats.drafted_tokens > 0 and book.compared[0] == 0
+    else:  # the rounds that kept fewer than their drafts found hard tokens
+        assert 0 < stats.accepted_tokens < stats.drafted_tokens and book.compared[0] > 0
+
+
+@pytest.mark.skipif(not hasattr(transformers, "MuseGlimmerAssistantModel"), reason="no DFlash drafter class")
+def test_a_block_drafter_keeps_no_answers():
+    """A DFlash drafter proposes its whole block from one forward: a token's miss depends on its place in the
+    block as much as on the token, so no answers are kept and the per-depth table ranks alone."""
+    from hf_specmm.drafts.dflash import dflash_draft_for
+
+    model = testing.tiny_target("llava", seed=5, eos_bias=2.0)
+    inputs = batch_inputs("llava", 2, with_images=False)
+    auto = hf_specmm.Auto(dflash_draft_for(model, block_size=4), shapes=[3])
     generate(model, inputs, max_new_tokens=16, assistant_model=auto)
     book = auto.acceptance(model).answers
     assert not book.answers and not book.calls
+
+
+def test_every_drafter_that_reads_the_targets_states_says_whether_it_misses_by_token():
+    """Drafters that read only tokens obey the law exactly; one that reads the target's states must say itself
+    whether its misses follow the token (:attr:`~hf_specmm.drafter.Drafter.misses_by_token`), not inherit it."""
+    from hf_specmm.drafter import Drafter
+    from hf_specmm.drafts.registry import get_kind
+
+    for name in hf_specmm.draft_kinds():
+        drafter = get_kind(name).drafter
+        if drafter.observes_verification:
+            owner = next(c for c in drafter.__mro__ if "misses_by_token" in vars(c))
+            assert owner is not Drafter, f"{name}: {drafter.__name__} inherits Drafter.misses_by_token"

@@ -68,8 +68,8 @@ class AutoBudget(WholeCalls, DraftBudget):
         self.row_tokens: list[int] = [0] * batch  # tokens each batch row kept in the call's rounds
         #: the family of the best drafted shape the call's own table ranked last (see :meth:`_held`)
         self.family: str | None = None
-        #: the rows' hard tokens, for the pair's AnswerBook at the call's end (a draft whose proposals depend on the
-        #: tokens alone; see Auto.budget)
+        #: the rows' hard tokens, for the pair's AnswerBook at the call's end (a draft that misses a token whatever
+        #: depth drafts it; see Auto.budget)
         self.answers = AnswerRecorder(batch) if answers else None
         #: the drafter reports which pending tokens were its first choice (greedy calls): no token stays unknown
         self.needs_first_choices = answers and first_choices

@@ -26,6 +26,11 @@ hard tokens four apart, chain 3's rounds ended on them and never drafted one, an
 questions: the tokens a chain of γ keeps per round over answers one at a time (batch 1: the answers' tokens over
 their rounds) and over batch calls, which last as long as their slowest row (the longest row's tokens over the most
 rounds a row of the call takes).
+
+The law is exact for a draft that reads tokens only; a feature head drafts deeper levels from its own predicted
+features, so a token hard at depth 2 may be easy at depth 1, but on the world the book still ranked its chains far
+better than the table (``docs/auto-design.md``). A drafter keeps answers where
+:attr:`~hf_specmm.drafter.Drafter.misses_by_token` says the law holds.
 """
 
 from __future__ import annotations

@@ -99,8 +99,8 @@ class Auto(DraftWrapper):
     def budget(self, target: Any, batch: int, sampling: bool, cache: str, trees: bool, plain: bool,
                device: torch.device, answers: bool = False) -> AutoBudget:
         """The call's budget: the policy, this pair's acceptance, the cost table of the call's key. ``answers``:
-        the draft's proposals depend on the tokens alone (not on the target's hidden states): its rounds record
-        the answers' hard tokens, whose rounds rank chains (:mod:`hf_specmm.auto.runs`)."""
+        the draft misses a token whatever depth drafts it (:attr:`~hf_specmm.drafter.Drafter.misses_by_token`): its
+        rounds record the answers' hard tokens, whose rounds rank chains (:mod:`hf_specmm.auto.runs`)."""
         draft_device = execution_device(self.draft)
         dtype, path = getattr(target, "dtype", None), self.costs_file
 
