@@ -16,7 +16,7 @@ from ..budget import DraftBudget, RoundBudget
 from .acceptance import AcceptanceTable, tree_observations
 from .calls import WholeCalls
 from .costs import SAMPLES, CostTable
-from .policy import PLAIN, Choice, CostAwarePolicy, FixedPolicy, Shape, fit, hold
+from .policy import PLAIN, SWITCH_MARGIN, Choice, CostAwarePolicy, FixedPolicy, Shape, fit, hold
 from .runs import AnswerRecorder
 
 REFRESH, MAX_REFRESH = 8, 64  # rounds between two rankings of the candidate shapes (the tables move slowly)
@@ -66,8 +66,8 @@ class AutoBudget(WholeCalls, DraftBudget):
         self.plain_forwards: list[float] = []  # a call run as plain generate: when each target forward started
         self.created = time.perf_counter()  # the call's start (the budget is made as it starts)
         self.row_tokens: list[int] = [0] * batch  # tokens each batch row kept in the call's rounds
-        #: the family of the best drafted shape the call's own table ranked last (see :meth:`_held`)
-        self.family: str | None = None
+        #: the best drafted shape the call's own table ranked last (see :meth:`_held`)
+        self.own_best: Shape | None = None
         #: the rows' hard tokens, for the pair's AnswerBook at the call's end (a draft that misses a token whatever
         #: depth drafts it; see Auto.budget)
         self.answers = AnswerRecorder(batch) if answers else None
@@ -195,20 +195,25 @@ class AutoBudget(WholeCalls, DraftBudget):
 
     def _held(self, ranked: list[Choice], costs: CostTable) -> list[Choice]:
         """``ranked`` as this call takes it. In a batch call's last rounds, chosen by a narrower bucket's table, the
-        best shape of the family the call's own table ranked best keeps its place unless the narrower table's best
-        is predicted :data:`~hf_specmm.auto.policy.SWITCH_MARGIN` faster (:func:`~hf_specmm.auto.policy.hold`'s
-        rule, across the change of table). A switch of family pays for its realised share and time factor, learned
-        from its own rounds; the last rounds, 1-3 a call of one live row each, never pay that back (on the shipped
-        world at batch 8 the text-only draft's calls took chain 2 and ended in two 1-row rounds of tree 4,3,24,
-        9-10 ms each for 3 tokens each, the batch-1 table's best by 2 %, where a fixed chain 2's calls ended in two
-        rounds of about 5 ms for the same 3 tokens each: Auto took 1.13x the fixed chain's time a call)."""
+        best shape the call's own table ranked keeps its place unless the narrower table's best is predicted
+        :data:`~hf_specmm.auto.policy.SWITCH_MARGIN` faster (:func:`~hf_specmm.auto.policy.hold`'s margin, across
+        the change of table, within a family too). Those rounds run the longest row's last tokens, fewer than the
+        narrower table's ends expect of a row (its answers' ends are geometric, its rows whole answers), so its
+        deeper shapes keep no more there: on the shipped world at batch 8 the feature head's 1-row rounds took the
+        batch-1 table's chain 7, 9.4 ms each, where a fixed chain 5's took 7.9 ms, and as many of them (30 in
+        six passes of its four calls). A switch of family also pays for its realised share and time factor,
+        learned from its own rounds, which the last rounds (1-3 a call) never pay back (the text-only draft's calls
+        took chain 2 and ended in two 1-row rounds of tree 4,3,24, 9-10 ms each for 3 tokens each, the batch-1
+        table's best by 2 %, where a fixed chain 2's calls ended in two rounds of about 5 ms for the same 3 tokens
+        each: Auto took 1.13x the fixed chain's time a call)."""
         if costs is self.costs:
             if ranked and ranked[0].shape.gamma:
-                self.family = ranked[0].shape.family
+                self.own_best = ranked[0].shape
             return ranked
-        same = None if self.family is None else \
-            next((c for c in ranked if c.shape.gamma and c.shape.family == self.family), None)
-        return ranked if same is None else hold(ranked, same.shape)
+        own = next((i for i, c in enumerate(ranked) if c.shape == self.own_best), None)
+        if not own or ranked[0].predicted_tokens_per_s > (1.0 + SWITCH_MARGIN) * ranked[own].predicted_tokens_per_s:
+            return ranked
+        return [ranked[own]] + ranked[:own] + ranked[own + 1:]
 
     def _probe(self) -> tuple[Choice | None, bool]:
         """The drafted shape a probe takes, and whether it is the last of its turn: the one whose last probe won,
