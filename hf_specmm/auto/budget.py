@@ -16,7 +16,7 @@ from ..budget import DraftBudget, RoundBudget
 from .acceptance import AcceptanceTable, tree_observations
 from .calls import WholeCalls
 from .costs import SAMPLES, CostTable
-from .policy import PLAIN, SWITCH_MARGIN, Choice, CostAwarePolicy, FixedPolicy, Shape, fit, hold
+from .policy import PLAIN, Choice, CostAwarePolicy, FixedPolicy, Shape, fit, hold
 from .runs import AnswerRecorder
 
 REFRESH, MAX_REFRESH = 8, 64  # rounds between two rankings of the candidate shapes (the tables move slowly)
@@ -210,10 +210,7 @@ class AutoBudget(WholeCalls, DraftBudget):
             if ranked and ranked[0].shape.gamma:
                 self.own_best = ranked[0].shape
             return ranked
-        own = next((i for i, c in enumerate(ranked) if c.shape == self.own_best), None)
-        if not own or ranked[0].predicted_tokens_per_s > (1.0 + SWITCH_MARGIN) * ranked[own].predicted_tokens_per_s:
-            return ranked
-        return [ranked[own]] + ranked[:own] + ranked[own + 1:]
+        return hold(ranked, self.own_best, family_moves=False)
 
     def _probe(self) -> tuple[Choice | None, bool]:
         """The drafted shape a probe takes, and whether it is the last of its turn: the one whose last probe won,

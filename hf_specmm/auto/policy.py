@@ -233,9 +233,11 @@ def cost_aware_policy(max_tokens: int, max_depth: int, plain: bool, trees: bool)
     return CostAwarePolicy(max_tokens, max_depth, plain, trees)
 
 
-def hold(ranked: list[Choice], last: Shape | None, margin: float = SWITCH_MARGIN) -> list[Choice]:
+def hold(ranked: list[Choice], last: Shape | None, margin: float = SWITCH_MARGIN,
+         family_moves: bool = True) -> list[Choice]:
     """``ranked`` with ``last`` (the best of the ranking before) moved first unless the best is of its family
-    (chains; trees of one top_k: their shares and factors are one) or predicted more than ``margin`` faster.
+    (chains; trees of one top_k: their shares and factors are one; not with ``family_moves`` False) or predicted
+    more than ``margin`` faster.
 
     >>> from hf_specmm.trees import TreeShape
     >>> tree = Shape(4, TreeShape(2, 4, 8))
@@ -244,9 +246,11 @@ def hold(ranked: list[Choice], last: Shape | None, margin: float = SWITCH_MARGIN
     (['tree 2,4,8', 'chain 3'], ['chain 3', 'tree 2,4,8'])
     >>> [x.shape.label for x in hold([a, c], Shape(4))]  # one family: the best goes first
     ['chain 3', 'chain 4']
+    >>> [x.shape.label for x in hold([a, c], Shape(4), family_moves=False)]
+    ['chain 4', 'chain 3']
     """
     kept = next((i for i, c in enumerate(ranked) if c.shape == last), None)
-    if not kept or ranked[0].shape.family == ranked[kept].shape.family or \
+    if not kept or (family_moves and ranked[0].shape.family == ranked[kept].shape.family) or \
             ranked[0].predicted_tokens_per_s > (1.0 + margin) * ranked[kept].predicted_tokens_per_s:
         return ranked
     return [ranked[kept]] + ranked[:kept] + ranked[kept + 1:]
