@@ -401,6 +401,31 @@ def test_calls_run_as_plain_generate_by_whole_calls_measured_not_by_predictions(
     assert costs.stock_share() * STOCK_MARGIN < 1.0 and budget.runs_plain()
 
 
+def test_the_whole_calls_choice_weighs_the_workloads_mix_of_lengths_not_its_last_block():
+    """A call's length is unknown when it starts: the whole calls' choice weighs the lengths of the last
+    LENGTH_CALLS calls, so a block of short answers in a workload of long ones leaves its calls speculative, and a
+    workload of short answers runs as plain generate. Weighing the last 9 calls, on the shipped world at batch 1
+    (prompts in task blocks) calls ran as plain generate after a block of 1-token answers, into the long answers
+    after it (1.2-1.45x their chain's time), and the image adapter's Auto came to 1.05x its best chain."""
+    from hf_specmm.auto.calls import plain_wins
+    from hf_specmm.auto.costs import LENGTH_CALLS
+
+    table = CostTable()
+    for _ in range(3):  # pairs: plain generate 1 s outside its steps of 1 s; the speculative loop 2 s and 2 tokens/s
+        table.add_stock_call(1.0, 1.0, 20)
+        table.add_call(2.0, 2.0, 2.0, 20)
+    for _ in range(24):  # a workload of 20-token answers: speculative (2 + 10 s against 21 s)
+        table.add_call(2.0, 2.0, 2.0, 20)
+    for _ in range(11):  # then a block of 2-token answers (one round, 4 s against 3 s: plain generate's own)
+        table.add_call(None, None, 2.0, 2)
+    long = 30  # the pairs' calls too
+    assert table.pair_share(table.pairs[-1]) == pytest.approx((long * 21 + 11 * 3) / (long * 12 + 11 * 4))
+    assert not plain_wins(table.stock_share())
+    for _ in range(LENGTH_CALLS):  # a workload of short answers
+        table.add_call(None, None, 2.0, 2)
+    assert table.stock_share() == pytest.approx(3 / 4) and plain_wins(table.stock_share())
+
+
 def test_a_choice_of_plain_generate_made_in_a_slow_spell_is_undone_by_the_checks():
     """Plain generate chosen from pairs whose speculative calls ran in a slow spell (rounds 4x their usual time):
     the speculative calls at the gap, timed at the machine's usual speed beside plain generate, take the choice

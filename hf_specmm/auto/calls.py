@@ -46,12 +46,12 @@ class WholeCalls:
         """Whether this call is best run as plain ``generate`` (stock's own decoding loop, no draft). Once the
         costs are calibrated, one call runs as plain generate (it is plain generate: no slower than plain), its
         steps and what it spent outside them (set-up, the prefill) timed; from then on a call runs so where the
-        recent calls' lengths would take :data:`STOCK_MARGIN` less time that way, whole calls compared (the
-        draft's prefill and set-up included; :meth:`CostTable.stock_share`): an overhead-bound machine (tiny
-        models, a fast GPU at small batches), once there are :data:`MIN_PAIRS` pairs of calls of the two kinds next
-        to each other (until then the calls alternate, each making one: on the world at batch 1 one pair's share
-        ranged from 0.74 to 1.23 over two diagnosis runs of the feature head, and the choice was made from the
-        first). Whichever wins, a call of the other now and then (:meth:`_now_and_then`: the 8th after a switch,
+        last calls' lengths (:data:`~hf_specmm.auto.costs.LENGTH_CALLS`, the workload's mix) would take
+        :data:`STOCK_MARGIN` less time that way, whole calls compared (the draft's prefill and set-up included;
+        :meth:`CostTable.stock_share`): an overhead-bound machine (tiny models, a fast GPU at small batches), once
+        there are :data:`MIN_PAIRS` pairs of calls of the two kinds next to each other (until then the calls
+        alternate, each making one: on the world at batch 1 one pair's share ranged from 0.74 to 1.23 over two
+        diagnosis runs of the feature head, and the choice was made from the first). Whichever wins, a call of the other now and then (:meth:`_now_and_then`: the 8th after a switch,
         then 16, ... up to :data:`MAX_CALL_GAP` calls apart while they agree) keeps both sides measured next to each
         other in time: costs, acceptance and the rates current, and plain generate's side no older than the
         speculative one's (measured once, a slow spell of the speculative calls alone flipped the choice). Measured

@@ -32,6 +32,8 @@ KIND_SAMPLES = 64  # relative round-time ratios kept per kind (chain, tree), see
 RATIO_STRENGTH = 4.0  # pseudo-rounds pulling a kind's relative factor toward 1
 SPEED_WEIGHT = 0.2  # how far one round moves the machine's speed index (fast: curves are fixed, see add)
 PAIR_CALLS = 3  # the speculative calls' recent ones a plain generate call is compared with (see CostTable._pair)
+#: calls whose lengths (longest rows' tokens) the whole calls' choice weighs (see :meth:`CostTable.stock_share`)
+LENGTH_CALLS = 64
 CALIBRATION_SAMPLES = 3  # timings per calibration shape before the policy chooses (curve points are fixed: a median of 3
 # is robust to one slow round, one of 2 is not)
 
@@ -116,7 +118,7 @@ class CostTable:
         rounds (AutoBudget._time_call) and their mean seconds (None: too few of them), its seconds outside its
         rounds and its longest row's tokens."""
         _push(self.overheads, overhead_s)
-        _push(self.lengths, float(tokens))
+        _push(self.lengths, float(tokens), LENGTH_CALLS)
         if tokens_per_s is None or round_s is None:
             return
         _push(self.rates, tokens_per_s)
@@ -130,7 +132,7 @@ class CostTable:
         """A call run as plain generate: its seconds outside its decoding steps, its mean step, its longest row's
         tokens (its decoding steps)."""
         _push(self.stock_calls, [overhead_s, step_s])
-        _push(self.lengths, float(tokens))
+        _push(self.lengths, float(tokens), LENGTH_CALLS)
         if self.last_call == "spec":
             self._pair()
         self.last_call, self.spec_run = "plain", 0
@@ -149,9 +151,9 @@ class CostTable:
         self.paired += 1
 
     def stock_share(self) -> float | None:
-        """Plain generate's time over the speculative loop's for the recent calls' lengths (their longest rows'
-        tokens, calls of either kind), the median over the recent pairs of calls next to each other in time
-        (:meth:`_pair`; None before the first pair): plain generate, its overhead (set-up, the prefill) plus a step
+        """Plain generate's time over the speculative loop's for the last :data:`LENGTH_CALLS` calls' lengths (their
+        longest rows' tokens, calls of either kind), the median over the recent pairs of calls next to each other in
+        time (:meth:`_pair`; None before the first pair): plain generate, its overhead (set-up, the prefill) plus a step
         per token; the speculative loop, its overhead (set-up, the target's and the draft's prefills) plus the
         tokens at its rounds' realised rate, at least one round (an answer of one token takes a whole round).
 
@@ -161,7 +163,10 @@ class CostTable:
         cycle. Pairs, not each kind's recent calls: plain generate's side rested on calls minutes older than the
         speculative side's, and a slow spell on one side only flipped the choice (on the shipped world the
         EAGLE-3 head's share fell from 1.3 to 0.98 with plain generate's step measured once, and its calls ran
-        as plain generate at 0.85x its chain's speed)."""
+        as plain generate at 0.85x its chain's speed). The workload's mix of lengths, not the last few calls': a
+        call's length is unknown when it starts, and weighing the last 9 the choice followed the shipped world's task
+        blocks at batch 1 a few calls late (after a block of 1-token answers, the long answers after it ran as plain
+        generate at 1.2-1.45x their chain's time: the image adapter's Auto 1.05x its chain 4, 1.03x so)."""
         if not self.pairs or not self.lengths:
             return None
         return _median([self.pair_share(p) for p in self.pairs])
@@ -351,6 +356,6 @@ class CostModel:
         return self.base + (depth - 1) * self.memo[key]
 
 
-def _push(values: list[float], x: float) -> None:
+def _push(values: list[Any], x: Any, keep: int = SAMPLES) -> None:
     values.append(x)
-    del values[:-SAMPLES]
+    del values[:-keep]
