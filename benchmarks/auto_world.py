@@ -19,7 +19,9 @@ plain pass drifts by up to 1.5x over a minute):
   on other prompts is the shape a user tuning by hand would have.
 
 Auto is called untimed first until a call has no calibration round (it measures costs once per process).
-Reported: median seconds per method, Auto / best fixed shape, and the shapes Auto took.
+Reported: median seconds per method, Auto / best fixed shape, the shapes Auto took in one more untimed pass, and
+how many of its evaluated (timed) calls ran as plain generate (``evaluated_auto_shapes`` in the JSON: every shape
+those calls took).
 """
 
 from __future__ import annotations
@@ -106,7 +108,15 @@ def main() -> None:
             best = min(fixed, key=fixed.get)
             lossless = all(all(torch.equal(a, b) for a, b in zip(timed[k][1], plain_out))
                            for k in timed if k.startswith(f"{name} |"))
-            evaluated = {"plain": methods["plain"], "best": methods[best], "auto": methods[f"{name} | auto"]}
+            timed_shapes: dict[str, int] = {}  # every shape Auto's evaluated calls took (a call as plain generate: one)
+
+            def auto_recorded(x, run=methods[f"{name} | auto"], counts=timed_shapes):
+                out = run(x)
+                for shape in hf_specmm.last_stats(target).auto["shapes"]:
+                    counts[shape] = counts.get(shape, 0) + 1
+                return out
+
+            evaluated = {"plain": methods["plain"], "best": methods[best], "auto": auto_recorded}
             held_best = min((k for k in fixed if k in held_timed), key=lambda k: held_timed[k][0], default=None)
             if held_best is not None and held_best != best:  # the shape chosen on the other scenes
                 evaluated["heldout best"] = methods[held_best]
@@ -120,7 +130,9 @@ def main() -> None:
                                             "fixed_s": {k.split(" | ")[1]: v for k, v in fixed.items()}},
                          "eval_times_s": {k: v[2] for k, v in again.items()},  # every pass
                          "calibration_calls": calibration[name], "lossless": lossless,
-                         "auto_shapes": dict(sorted(shapes[name].items(), key=lambda kv: -kv[1])[:5])})
+                         "auto_shapes": dict(sorted(shapes[name].items(), key=lambda kv: -kv[1])[:5]),
+                         "evaluated_auto_shapes": dict(sorted(timed_shapes.items(), key=lambda kv: -kv[1])),
+                         "evaluated_auto_calls": len(inputs) * (args.eval_repeats + 1)})
             r = rows[-1]
             if held_best is not None:
                 held_s = again["heldout best"][0] if held_best != best else best_s
@@ -129,7 +141,8 @@ def main() -> None:
                          heldout_selection_pass={k.split(" | ")[1]: held_timed[k][0] for k in fixed})
             print(f"| {name} | {batch} | {plain_s:.3f} | {r['best_fixed']} {best_s:.3f} "
                   f"({r['best_speedup']:.2f}x) | {auto_s:.3f} ({r['auto_speedup']:.2f}x) | {r['auto_over_best']:.3f} | "
-                  f"{', '.join(f'{k} ({v})' for k, v in r['auto_shapes'].items())} | {lossless} |" +
+                  f"{', '.join(f'{k} ({v})' for k, v in r['auto_shapes'].items())} | "
+                  f"{timed_shapes.get('plain generate', 0)} / {r['evaluated_auto_calls']} | {lossless} |" +
                   (f" held out: {r['heldout_best_fixed']} {r['heldout_best_s']:.3f}, Auto / it "
                    f"{r['auto_over_heldout_best']:.3f} |" if held_best is not None else ""), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
