@@ -2,15 +2,9 @@
 Per method sum of time; Auto's per call what it took. argv: draft, cycles, g0, g1..."""
 import sys, time, statistics, collections
 import hf_specmm
-from hf_specmm.train.data import encode_prompts
-from hf_specmm.world.shipped import eval_examples, load_world_models
-from hf_specmm.world.target import MAX_ANSWER_TOKENS
+from world_batch1 import world_batch1
 name, cycles, gs = sys.argv[1], int(sys.argv[2]), [int(v) for v in sys.argv[3:]]
-world = load_world_models(); target, processor = world.target, world.processor
-hf_specmm.enable(target)
-ex = [e for task in eval_examples(11).values() for e in task][:32]
-x1 = [encode_prompts(processor, ex[i:i+1], "raw", target.device) for i in range(32)]
-gen = dict(max_new_tokens=MAX_ANSWER_TOKENS, do_sample=False)
+world, target, x1, gen = world_batch1()
 d = world.drafts[name]
 auto, autog = hf_specmm.Auto(d, max_tokens=64), hf_specmm.Auto(d, max_tokens=64, shapes=[gs[0]])
 for c in range(40): target.generate(**x1[c % 32], **gen, assistant_model=auto)

@@ -6,15 +6,9 @@ plain generate, its choice still made and timed, as where plain generate wins)""
 import sys, time, collections
 import hf_specmm, hf_specmm.api as A, hf_specmm._compat as C
 from hf_specmm.auto.budget import AutoBudget
-from hf_specmm.train.data import encode_prompts
-from hf_specmm.world.shipped import eval_examples, load_world_models
-from hf_specmm.world.target import MAX_ANSWER_TOKENS
+from world_batch1 import world_batch1
 name = sys.argv[1]
-world = load_world_models(); target, processor = world.target, world.processor
-hf_specmm.enable(target)
-ex = [e for task in eval_examples(11).values() for e in task][:32]
-x1 = [encode_prompts(processor, ex[i:i+1], "raw", target.device) for i in range(32)]
-gen = dict(max_new_tokens=MAX_ANSWER_TOKENS, do_sample=False)
+world, target, x1, gen = world_batch1()
 auto = hf_specmm.Auto(world.drafts[name], max_tokens=64)
 for c in range(72): target.generate(**x1[c % 32], **gen, assistant_model=auto)
 spent = collections.Counter()  # this call's seconds per part

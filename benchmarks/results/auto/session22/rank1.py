@@ -4,15 +4,9 @@ for g in 1..8 and Auto. Then per chain: measured whole time, rounds, round secon
 import sys, os, time, collections, statistics
 import hf_specmm
 from hf_specmm.auto.store import COSTS
-from hf_specmm.train.data import encode_prompts
-from hf_specmm.world.shipped import eval_examples, load_world_models
-from hf_specmm.world.target import MAX_ANSWER_TOKENS
+from world_batch1 import world_batch1
 name = sys.argv[1]; cycles = int(sys.argv[2])
-world = load_world_models(); target, processor = world.target, world.processor
-hf_specmm.enable(target)
-ex = [e for task in eval_examples(11).values() for e in task][:32]
-x1 = [encode_prompts(processor, ex[i:i+1], "raw", target.device) for i in range(32)]
-gen = dict(max_new_tokens=MAX_ANSWER_TOKENS, do_sample=False)
+world, target, x1, gen = world_batch1()
 d = world.drafts[name]
 auto = hf_specmm.Auto(d, max_tokens=64)
 for c in range(40): target.generate(**x1[c % 32], **gen, assistant_model=auto)
