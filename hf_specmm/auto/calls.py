@@ -43,27 +43,27 @@ class WholeCalls:
     row_tokens: list[int]
 
     def runs_plain(self) -> bool:
-        """Whether this call is best run as plain ``generate`` (stock's own decoding loop, no draft). Once the
-        costs are calibrated, one call runs as plain generate (it is plain generate: no slower than plain), its
-        steps and what it spent outside them (set-up, the prefill) timed; from then on a call runs so where the
-        last calls' lengths (:data:`~hf_specmm.auto.costs.LENGTH_CALLS`, the workload's mix) would take
-        :data:`STOCK_MARGIN` less time that way, whole calls compared (the draft's prefill and set-up included;
-        :meth:`CostTable.stock_share`): an overhead-bound machine (tiny models, a fast GPU at small batches), once
-        there are :data:`MIN_PAIRS` pairs of calls of the two kinds next to each other (until then the calls
-        alternate, each making one: on the world at batch 1 one pair's share ranged from 0.74 to 1.23 over two
-        diagnosis runs of the feature head, and the choice was made from the first). Whichever wins, a call of the other now and then (:meth:`_now_and_then`: the 8th after a switch,
-        then 16, ... up to :data:`MAX_CALL_GAP` calls apart while they agree) keeps both sides measured next to each
-        other in time: costs, acceptance and the rates current, and plain generate's side no older than the
+        """Whether this call is best run as plain ``generate`` (stock's own decoding loop, no draft). Once the costs are
+        calibrated, one call runs as plain generate (it is plain generate: no slower than plain), its steps and what it
+        spent outside them (set-up, the prefill) timed; from then on a call runs so where the last calls' lengths
+        (:data:`~hf_specmm.auto.costs.LENGTH_CALLS`, the workload's mix) would take :data:`STOCK_MARGIN` less time that
+        way, whole calls compared (the draft's prefill and set-up included; :meth:`CostTable.stock_share`): an
+        overhead-bound machine (tiny models, a fast GPU at small batches), once there are :data:`MIN_PAIRS` pairs of
+        calls of the two kinds next to each other (until then the calls alternate, each making one: on the world at
+        batch 1 one pair's share ranged from 0.74 to 1.23 over two diagnosis runs of the feature head, and the choice
+        was made from the first). Whichever wins, a call of the other now and then (:meth:`_now_and_then`: the 8th after
+        a switch, then 16, ... up to :data:`MAX_CALL_GAP` calls apart while they agree) keeps both sides measured next
+        to each other in time: costs, acceptance and the rates current, and plain generate's side no older than the
         speculative one's (measured once, a slow spell of the speculative calls alone flipped the choice). Measured
-        calls, not predictions: one pessimistic prediction (on the world, an image-adapter draft predicted below plain generate while its
-        chain 5 ran at 1.13x plain) would hold for up to 64 calls. A ranking of plain steps sends calls to plain
-        generate only once the pair's acceptance has seen :data:`EVIDENCE_ROUNDS` drafted rounds: a new draft on
-        costs already calibrated (another draft's, a costs file) was ranked by the prior alone, and its calls ran
-        as plain generate, which observes no acceptance, until the 8th (on cpu-proxy, where its chain 8 ran at
-        1.7x plain). Nor before :data:`PROBES_LOST` probes in a row (the best drafted shape, the other kind's best:
+        calls, not predictions: one pessimistic prediction (on the world, an image-adapter draft predicted below plain
+        generate while its chain 5 ran at 1.13x plain) would hold for up to 64 calls. A ranking of plain steps sends
+        calls to plain generate only once the pair's acceptance has seen :data:`EVIDENCE_ROUNDS` drafted rounds: a new
+        draft on costs already calibrated (another draft's, a costs file) was ranked by the prior alone, and its calls
+        ran as plain generate, which observes no acceptance, until the 8th (on cpu-proxy, where its chain 8 ran at 1.7x
+        plain). Nor before :data:`PROBES_LOST` probes in a row (the best drafted shape, the other kind's best:
         :meth:`_probe`) realised less than the plain steps beside them: a ranking of plain steps rests on the cost
-        curves too, and calibrated in an unusual spell (an H200's first rounds) they ranked plain steps first where
-        a fixed chain ran 2x plain."""
+        curves too, and calibrated in an unusual spell (an H200's first rounds) they ranked plain steps first where a
+        fixed chain ran 2x plain."""
         if isinstance(self.policy, FixedPolicy) or not self.policy.calibrated(self.costs):
             return False
         state = (id(self.costs), self.costs.version, self.acceptance.rounds)
