@@ -30,6 +30,7 @@ import argparse
 import json
 import statistics
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -95,25 +96,23 @@ def main() -> None:
                 if hf_specmm.last_stats(target).auto["calibration_rounds"] == 0:
                     break
             calibration[name] = calls
-        shapes: dict[str, dict[str, int]] = {name: {} for name in autos}
+        shapes = {name: Counter() for name in autos}
         timed = in_turns(methods, inputs, args.repeats)
         held_timed = in_turns(methods, held_inputs, args.repeats) if held_inputs else {}
         plain_out = timed["plain"][1]
         for name in args.drafts:
             for x in inputs:  # the shapes Auto takes now (one more untimed pass over the prompts)
                 target.generate(**x, **gen, assistant_model=autos[name])
-                for shape in hf_specmm.last_stats(target).auto["shapes"]:
-                    shapes[name][shape] = shapes[name].get(shape, 0) + 1
+                shapes[name].update(hf_specmm.last_stats(target).auto["shapes"])
             fixed = {k: v[0] for k, v in timed.items() if k.startswith(f"{name} |") and not k.endswith("auto")}
             best = min(fixed, key=fixed.get)
             lossless = all(all(torch.equal(a, b) for a, b in zip(timed[k][1], plain_out))
                            for k in timed if k.startswith(f"{name} |"))
-            timed_shapes: dict[str, int] = {}  # every shape Auto's evaluated calls took (a call as plain generate: one)
+            timed_shapes = Counter()  # every shape Auto's evaluated calls took (a call as plain generate: one)
 
             def auto_recorded(x, run=methods[f"{name} | auto"], counts=timed_shapes):
                 out = run(x)
-                for shape in hf_specmm.last_stats(target).auto["shapes"]:
-                    counts[shape] = counts.get(shape, 0) + 1
+                counts.update(hf_specmm.last_stats(target).auto["shapes"])
                 return out
 
             evaluated = {"plain": methods["plain"], "best": methods[best], "auto": auto_recorded}
@@ -130,8 +129,8 @@ def main() -> None:
                                             "fixed_s": {k.split(" | ")[1]: v for k, v in fixed.items()}},
                          "eval_times_s": {k: v[2] for k, v in again.items()},  # every pass
                          "calibration_calls": calibration[name], "lossless": lossless,
-                         "auto_shapes": dict(sorted(shapes[name].items(), key=lambda kv: -kv[1])[:5]),
-                         "evaluated_auto_shapes": dict(sorted(timed_shapes.items(), key=lambda kv: -kv[1])),
+                         "auto_shapes": dict(shapes[name].most_common(5)),
+                         "evaluated_auto_shapes": dict(timed_shapes.most_common()),
                          "evaluated_auto_calls": len(inputs) * (args.eval_repeats + 1)})
             r = rows[-1]
             if held_best is not None:
@@ -142,7 +141,7 @@ def main() -> None:
             print(f"| {name} | {batch} | {plain_s:.3f} | {r['best_fixed']} {best_s:.3f} "
                   f"({r['best_speedup']:.2f}x) | {auto_s:.3f} ({r['auto_speedup']:.2f}x) | {r['auto_over_best']:.3f} | "
                   f"{', '.join(f'{k} ({v})' for k, v in r['auto_shapes'].items())} | "
-                  f"{timed_shapes.get('plain generate', 0)} / {r['evaluated_auto_calls']} | {lossless} |" +
+                  f"{timed_shapes['plain generate']} / {r['evaluated_auto_calls']} | {lossless} |" +
                   (f" held out: {r['heldout_best_fixed']} {r['heldout_best_s']:.3f}, Auto / it "
                    f"{r['auto_over_heldout_best']:.3f} |" if held_best is not None else ""), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
