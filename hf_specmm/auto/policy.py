@@ -129,6 +129,8 @@ class CostAwarePolicy:
     def calibrating(self, costs: CostTable, room: int) -> Shape | None:
         """The next calibration shape with the fewest timings that fits in ``room`` drafts (near max_length a
         cut shape would be timed as another), or None once each has enough (or none fits)."""
+        if costs in self._calibrated:  # asked every round: a calibrated table stays so (see calibrated)
+            return None
         counts = [(costs.samples(s.kind, s.width, s.draft_label), i) for i, s in enumerate(self.calibration)
                   if s.gamma <= room]
         fewest, index = min(counts) if counts else (CALIBRATION_SAMPLES, 0)
