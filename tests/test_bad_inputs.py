@@ -20,7 +20,6 @@ from transformers.generation.streamers import BaseStreamer
 import hf_specmm
 from hf_specmm import _compat
 from hf_specmm import testing
-from hf_specmm.targets import target_spec
 from hf_specmm.errors import (
     IncompatibleDraftError,
     SpecMMError,

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from conftest import target
-from eagle3_fixtures import lagged_head
 
 try:
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 from fake_hub import populate_hf_cache, run_python
 from fake_hub_fixtures import fake_hub  # noqa: F401 - pytest fixture
 from huggingface_hub import ModelCard

@@ -10,7 +10,6 @@ import transformers
 
 import hf_specmm
 from hf_specmm import testing
-from hf_specmm.errors import IncompatibleDraftError
 from hf_specmm.targets import SUPPORTED_TARGETS, target_spec
 
 pytestmark = pytest.mark.skipif(not hasattr(transformers, "MuseGlimmerForConditionalGeneration"),

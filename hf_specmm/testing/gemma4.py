@@ -53,7 +53,7 @@ GEMMA4_LAYOUT = Layout(
 
 def text_config(cls: type, **extra) -> object:
     """A 4-layer Gemma 4 text config in :data:`GEMMA4_LAYOUT`'s ids (``cls``: the family's text config)."""
-    ids, vocab = GEMMA4_LAYOUT.ids(), GEMMA4_LAYOUT.vocab()
+    ids = GEMMA4_LAYOUT.ids()
     return cls(
         vocab_size=ids["vocab"], hidden_size=64, intermediate_size=128, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=32, num_global_key_value_heads=1,

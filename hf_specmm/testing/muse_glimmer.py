@@ -44,7 +44,7 @@ from .. import _compat
 from .gemma3 import Gemma3Fixtures
 from .layouts import NoVideo, Layout
 from .registry import register_fixture
-from .shaping import INIT_RANGE, bias_channel_value, language_model
+from .shaping import INIT_RANGE, language_model
 
 PATCH, MERGE, TEMPORAL = 4, 2, 2
 MUSE_LAYOUT = Layout(

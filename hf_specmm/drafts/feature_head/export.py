@@ -67,7 +67,6 @@ def export_head(head: "Eagle3FeatureHead", save_directory: str | Path, layout: s
     folder = Path(save_directory)
     folder.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}
-    target = config.target or config.target_class
     layer = _layer_dict(head)
     if layout == "speculators":
         tensors = _speculators_names(state)
