@@ -21,7 +21,7 @@ plain pass drifts by up to 1.5x over a minute):
 Auto is called untimed first until a call has no calibration round (it measures costs once per process).
 Reported: median seconds per method, Auto / best fixed shape, the shapes Auto took in one more untimed pass, and
 how many of its evaluated (timed) calls ran as plain generate (``evaluated_auto_shapes`` in the JSON: every shape
-those calls took).
+those calls took; ``evaluated_whole_calls``: how each was chosen, ``last_stats(model).auto["whole_call"]``).
 """
 
 from __future__ import annotations
@@ -109,10 +109,15 @@ def main() -> None:
             lossless = all(all(torch.equal(a, b) for a, b in zip(timed[k][1], plain_out))
                            for k in timed if k.startswith(f"{name} |"))
             timed_shapes = Counter()  # every shape Auto's evaluated calls took (a call as plain generate: one)
+            whole_calls = Counter()  # how those calls were chosen: the rule, and plain generate or not
 
-            def auto_recorded(x, run=methods[f"{name} | auto"], counts=timed_shapes):
+            def auto_recorded(x, run=methods[f"{name} | auto"], counts=timed_shapes, choices=whole_calls):
                 out = run(x)
-                counts.update(hf_specmm.last_stats(target).auto["shapes"])
+                report = hf_specmm.last_stats(target).auto
+                counts.update(report["shapes"])
+                chose = report["whole_call"]
+                choices[f"{chose['by']}: {'plain generate' if chose['plain_generate'] else 'speculative'}"
+                        if chose else "no choice"] += 1
                 return out
 
             evaluated = {"plain": methods["plain"], "best": methods[best], "auto": auto_recorded}
@@ -131,6 +136,7 @@ def main() -> None:
                          "calibration_calls": calibration[name], "lossless": lossless,
                          "auto_shapes": dict(shapes[name].most_common(5)),
                          "evaluated_auto_shapes": dict(timed_shapes.most_common()),
+                         "evaluated_whole_calls": dict(whole_calls.most_common()),
                          "evaluated_auto_calls": len(inputs) * (args.eval_repeats + 1)})
             r = rows[-1]
             if held_best is not None:

@@ -92,12 +92,17 @@ def test_a_call_plain_generate_wins_runs_as_plain_generate():
     table_of_pair.regimes.clear()  # whatever the calibration calls left: plain generate's first choice starts its gap
     # and, where the random draft's ranking is plain steps (timing decides), its probes lost: the same schedule
     table_of_pair.probes_lost, table_of_pair.probe_won = PROBES_LOST, None
-    shapes = []
+    shapes, choices = [], []
     for _ in range(9):
         out, stats = generate(model, inputs, max_new_tokens=12, assistant_model=auto)
         assert torch.equal(out, plain)
         shapes.append(stats.auto["shapes"][0] if stats.auto["shapes"] == ["plain generate"] else "speculative")
+        choices.append(stats.auto["whole_call"])  # how each call was chosen: the rule, the share, a check or not
     assert shapes == ["plain generate"] * 7 + ["speculative", "plain generate"], shapes
+    assert [c["plain_generate"] for c in choices] == [s == "plain generate" for s in shapes]
+    assert [c["check"] for c in choices] == [s == "speculative" for s in shapes]
+    for c in choices:  # by the (faked) share, or by a ranking of plain steps, which reads no share
+        assert (c["by"], c["share"]) in (("share", 1e-9), ("plain steps ranked first", None)), c
     assert table.stock != measured and all(t > 0 for t in table.stock)  # the plain calls' steps were timed
 
 
@@ -127,6 +132,8 @@ def test_a_call_whose_rounds_would_all_be_plain_steps_runs_as_plain_generate():
     pair.probes_lost, pair.probe_won = PROBES_LOST, None  # the probes' evidence (timing decides it in calibration)
     out, stats = generate(model, inputs, max_new_tokens=12, assistant_model=auto)
     assert torch.equal(out, plain) and stats.auto["shapes"] == ["plain generate"]
+    assert stats.auto["whole_call"] == {"plain_generate": True, "by": "plain steps ranked first", "share": None,
+                                        "check": False}
 
 
 def test_auto_diag_script_runs_every_method_and_prints_the_cost_table(capsys):

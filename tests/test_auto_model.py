@@ -379,6 +379,8 @@ def test_calls_run_as_plain_generate_by_whole_calls_measured_not_by_predictions(
     best = budget.ranking(budget.costs)[0]
     assert best.shape.gamma  # a drafted shape is predicted best
     assert budget.runs_plain()  # never measured: one call as plain generate measures it
+    assert budget.whole_call == {"plain_generate": True, "by": "plain generate unmeasured", "share": None,
+                                 "check": False}  # (last_stats(model).auto["whole_call"])
     costs = budget.costs
     costs.add_stock_step(2.0 / best.predicted_tokens_per_s)
     assert not budget.runs_plain()  # no speculative call timed beside it yet: one is, whatever the prediction
@@ -388,6 +390,7 @@ def test_calls_run_as_plain_generate_by_whole_calls_measured_not_by_predictions(
         costs.add_call(2.0 / step, step, 1.0, 20)
     assert costs.stock_share() == pytest.approx((1.0 + 20 * step) / (1.0 + 10 * step))
     assert budget.runs_plain()  # one pair is too few to choose by (MIN_PAIRS): the calls alternate, each making one
+    assert budget.whole_call["by"] == "too few pairs"
     costs.add_stock_call(1.0, step, 20)
     assert not budget.runs_plain()
     costs.add_call(2.0 / step, step, 1.0, 20)
@@ -399,6 +402,7 @@ def test_calls_run_as_plain_generate_by_whole_calls_measured_not_by_predictions(
             costs.add_call(2.0 / step, step, 1.0 + 20 * step, 20)
         costs.add_stock_call(1.0, step, 20)
     assert costs.stock_share() * STOCK_MARGIN < 1.0 and budget.runs_plain()
+    assert budget.whole_call["by"] == "share" and budget.whole_call["share"] == pytest.approx(costs.stock_share())
 
 
 def test_the_whole_calls_choice_weighs_the_workloads_mix_of_lengths_not_its_last_block():

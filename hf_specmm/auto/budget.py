@@ -64,6 +64,7 @@ class AutoBudget(WholeCalls, DraftBudget):
         self.plain_run = 0
         self.calibration_rounds = 0
         self.plain_forwards: list[float] = []  # a call run as plain generate: when each target forward started
+        self.whole_call: dict[str, Any] | None = None  # how runs_plain chose (WholeCalls._chose)
         self.created = time.perf_counter()  # the call's start (the budget is made as it starts)
         self.row_tokens: list[int] = [0] * batch  # tokens each batch row kept in the call's rounds
         #: the best drafted shape the call's own table ranked last (see :meth:`_held`)
@@ -380,6 +381,7 @@ class AutoBudget(WholeCalls, DraftBudget):
             "measured_tokens_per_s": tokens / seconds if seconds else None,
             "acceptance": self.acceptance.as_profile(min(self.gamma, 8), 4),
             "cost_key": self.cost_key,
+            "whole_call": self.whole_call,
         }
 
 

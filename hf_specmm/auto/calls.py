@@ -38,6 +38,8 @@ class WholeCalls:
     acceptance: AcceptanceTable
     ranking: Callable[[CostTable], list[Choice]]
     log: list[dict[str, Any]]
+    #: how :meth:`runs_plain` chose for this call (``last_stats(model).auto["whole_call"]``; None: no choice made)
+    whole_call: dict[str, Any] | None
     plain_forwards: list[float]
     calibration_rounds: int
     row_tokens: list[int]
@@ -73,20 +75,31 @@ class WholeCalls:
                 return False
             self.acceptance.plain_ranking = (state, ranked[0].shape)
         if self.costs.stock_step_time() is None:  # plain generate never measured: this call measures it
-            return True
+            return self._chose(True, "plain generate unmeasured")
+        share = None
         if self.acceptance.plain_ranking[1] == PLAIN:  # the loop would take plain steps only
             if self.acceptance.rounds < EVIDENCE_ROUNDS:  # by the prior alone: a speculative call, its probes evidence
-                return False
+                return self._chose(False, "plain steps ranked first, too few drafted rounds")
             # the costs measured, too: plain generate once the probes of both kinds lost (a probe that beat plain
             # steps says the curves are wrong: calls go on probing)
             if self.acceptance.probe_won is not None or self.acceptance.probes_lost < PROBES_LOST:
-                return False
-            wins = True
+                return self._chose(False, "plain steps ranked first, probes not lost")
+            wins, by = True, "plain steps ranked first"
         elif len(self.costs.pairs) < MIN_PAIRS:  # too few pairs to choose by: each call makes one more
-            return self.costs.last_call == "spec"
+            return self._chose(self.costs.last_call == "spec", "too few pairs")
         else:  # whole calls, by the recent pairs
-            wins = plain_wins(self.costs.stock_share())
-        return self._now_and_then("plain" if wins else "speculative")
+            share = self.costs.stock_share()
+            wins, by = plain_wins(share), "share"
+        chosen = "plain" if wins else "speculative"
+        plain = self._now_and_then(chosen)
+        return self._chose(plain, by, share, check=plain != (chosen == "plain"))
+
+    def _chose(self, plain: bool, by: str, share: float | None = None, check: bool = False) -> bool:
+        """Record how this call was chosen (:attr:`whole_call`) and return ``plain``: ``by`` the rule that chose,
+        ``share`` plain generate's predicted time over the speculative loop's (when it chose), ``check`` whether the
+        call is of the kind not chosen (:meth:`_now_and_then`)."""
+        self.whole_call = {"plain_generate": plain, "by": by, "share": share, "check": check}
+        return plain
 
     def _now_and_then(self, chosen: str) -> bool:
         """Whether this call runs as plain generate, the whole-call choice being ``chosen`` ('plain',
