@@ -19,7 +19,7 @@ from .targets import target_spec
 from .drafts.wrapper import Tree
 from .trees.expand import TreeShape
 from .auto.wrapper import Auto
-from .vocab import VocabMap, check_vocab_compatible, draft_vocab_size
+from .vocab import VocabMap, check_vocab_compatible, draft_vocab_size, vocab_map
 
 DEFAULT_GAMMA = 5
 """γ when neither generate() nor the draft's generation_config sets ``num_assistant_tokens``.
@@ -251,7 +251,11 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
     kwargs = dict(kwargs)
     tokenizer = kwargs.pop("tokenizer", None)
     draft_tokenizer = kwargs.pop("assistant_tokenizer", None)
+    stateful = None  # the first role whose model keeps recurrent states
     for role, model in (("target", target), ("draft", draft)):
+        if not _compat.stateful_layer_types(model.config):
+            continue
+        stateful = stateful or role
         why = _compat.unsupported_stateful_layers(model)
         if why is not None:
             _fail(IncompatibleDraftError if role == "draft" else UnsupportedGenerationError,
@@ -284,7 +288,7 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
               f"{type(target).__name__} target (hf_specmm speculates on its text and image inputs): drop them, or "
               "call hf_specmm.disable(model) and generate without an assistant_model.")
     check_placeholders(spec, target.config, ids, mask, spec.family.model_inputs(kwargs))
-    vocab = VocabMap(spec, draft_vocab_size(draft) if own_vocab else kind.target_vocab_size(draft, target), ids.device)
+    vocab = vocab_map(spec, draft_vocab_size(draft) if own_vocab else kind.target_vocab_size(draft, target), ids.device)
     _check_draft(draft, kind, ids, config, vocab, kwargs)
     if config.stop_strings is not None:
         if tokenizer is None:
@@ -301,8 +305,6 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
                                           or config.cache_implementation == "static") \
             and not _chosen("assistant_confidence_threshold", kwargs, generation_config, sources[1]):
         budget.confidence = None  # transformers' filled-in default, not the caller's: no threshold for fixed shapes
-    stateful = next((role for role, model in (("target", target), ("draft", draft))
-                     if _compat.stateful_layer_types(model.config)), None)
     chosen_gamma = _gamma_source(kwargs, generation_config, target)  # a γ the caller set conflicts with a shape
     if shape is not None:
         _check_tree(shape, kind, config, budget, chosen_gamma, vocab, stateful)

@@ -135,3 +135,49 @@ def test_load_draft_reads_the_speculators_dflash_layout_as_data(tmp_path):
     with count_forwards() as calls, pytest.raises(IncompatibleDraftError, match="sample_from_anchor"):
         hf_specmm.load_draft(folder, target=model)
     assert calls["n"] == 0
+
+
+def test_a_drafts_own_forward_is_read_each_call_and_not_kept():
+    """The text-only kind reads a draft's forward signature: the class's forward once per class; an instance's own
+    forward (accelerate's hooks, a compiled forward, which hold their module) each call and never kept, so a draft
+    whose forward stops reading input_ids is no longer claimed, and a dropped draft is freed."""
+    import gc
+    import weakref
+
+    from hf_specmm.drafts.text_only.drafter import runs_alone
+
+    from hf_specmm import testing
+
+    small = testing.random_text_draft(target("llava"))  # its own: the shared drafts are not changed
+    assert runs_alone(small)
+    inner = small.forward
+    small.forward = lambda input_ids=None, **kwargs: inner(input_ids=input_ids, **kwargs)  # holds the module
+    assert runs_alone(small)
+    small.forward = lambda pixel_values=None: None  # an instance forward without input_ids: not a text-only draft
+    assert not runs_alone(small)
+    del small.forward
+    assert runs_alone(small)
+    def own_forward(module):  # a forward holding its module, as accelerate's hooks do
+        return lambda input_ids=None, **kwargs: type(module).forward(module, input_ids=input_ids, **kwargs)
+
+    other = type(small)(small.config)
+    other.forward = own_forward(other)
+    assert runs_alone(other)
+    dropped = weakref.ref(other)
+    del other
+    gc.collect()
+    assert dropped() is None
+
+
+def test_the_vocabulary_map_is_built_once_per_target_draft_and_device():
+    """resolve_plan's VocabMap comes from vocab_map: one object per (target spec, draft vocabulary, device), equal
+    to a fresh one; another draft vocabulary gets its own."""
+    from hf_specmm.targets import target_spec
+    from hf_specmm.vocab import VocabMap, vocab_map
+
+    spec, cpu = target_spec(target("llava")), torch.device("cpu")
+    first = vocab_map(spec, 100, cpu)
+    assert vocab_map(spec, 100, cpu) is first and vocab_map(spec, 90, cpu) is not first
+    fresh = VocabMap(spec, 100, cpu)
+    assert torch.equal(first.proposable, fresh.proposable) and torch.equal(first.draft_visible, fresh.draft_visible)
+    assert (first.stand_in, first.unverified) == (fresh.stand_in, fresh.unverified)

@@ -3,7 +3,9 @@ with the image/video placeholders (and vision span markers) removed."""
 
 from __future__ import annotations
 
+import functools
 import inspect
+import types
 from typing import Any
 
 import torch
@@ -29,12 +31,26 @@ def runs_alone(model: Any) -> bool:
     it has its own LM head, and it is none of transformers' ``*_assistant`` model types (Gemma 4's assistant, Muse
     Glimmer's DFlash drafter), which read their target's internal states and so need a draft kind of their own."""
     model_type = str(getattr(getattr(model, "config", None), "model_type", None) or "")
-    try:
-        params = inspect.signature(model.forward).parameters.values()
-    except (AttributeError, TypeError, ValueError):  # no inspectable forward
+    forward = getattr(model, "forward", None)
+    if forward is None:
         return False
-    reads_ids = any(p.name == "input_ids" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+    # the class's own forward is asked once (inspect.signature was a tenth of a millisecond of every generate
+    # call's checks); an instance's (accelerate's partial, a compiled forward) holds its module: not kept
+    own = isinstance(forward, types.MethodType) and forward.__func__ is getattr(type(model), "forward", None)
+    reads_ids = _class_forward_reads_ids(forward.__func__) if own else _reads_ids(forward)
     return reads_ids and _lm_head(model) is not None and not model_type.endswith("_assistant")
+
+
+def _reads_ids(forward: Any) -> bool:
+    """Whether a forward takes ``input_ids`` (by name or ``**kwargs``)."""
+    try:
+        params = inspect.signature(forward).parameters.values()
+    except (TypeError, ValueError):  # no inspectable forward
+        return False
+    return any(p.name == "input_ids" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+_class_forward_reads_ids = functools.lru_cache(maxsize=256)(_reads_ids)
 
 
 class TextOnly(DraftWrapper):
