@@ -4,6 +4,8 @@
 # acceptance profile (rank-aware controlled acceptance), on tiny and cpu-proxy at batch 1 and 4; a useless draft
 # (acceptance 0); the shipped world's trained drafts at batch 1 and 8 (benchmarks/auto_world.py).
 #   bash benchmarks/auto_bench.sh [tiny] [zero] [world] [cpu1] [cpu4]      (no section named: all of them)
+#   DRAWS=per-call bash benchmarks/auto_bench.sh tiny cpu1 cpu4   (the profile's draws: a pattern per timed call,
+#   hf-specmm bench --acceptance-draws; default fixed, one pattern per (row, position))
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results/auto}
@@ -12,7 +14,8 @@ mkdir -p "$OUT"
 export PYTHONPATH=$(pwd)${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 profile=$OUT/world_profile_text-only-distilled.json  # hf-specmm world-tau --profile --per-task 16 --gammas 5
 # the best grid row is then re-timed beside Auto and plain (--auto-eval-repeats: the best of 12 noisy rows is biased high)
-grid=(--gammas 1 2 3 4 5 6 7 8 --tree 2,4,8 --tree 4,6,24 --tree 8,6,48 --tree 8,8,64 --auto --no-stock)
+grid=(--gammas 1 2 3 4 5 6 7 8 --tree 2,4,8 --tree 4,6,24 --tree 8,6,48 --tree 8,8,64 --auto --no-stock
+      --acceptance-draws "${DRAWS:-fixed}")
 bench() { local name=$1; shift; echo "hf-specmm bench $*" > "$OUT/$name.command.txt"
           $PY -m hf_specmm.cli bench "$@" --out "$OUT/$name" 2>&1 | grep --line-buffered -v "^bench:" | tee "$OUT/$name.txt"; }
 for s in ${*:-tiny zero world cpu1 cpu4}; do

@@ -13,6 +13,7 @@ import torch
 import hf_specmm
 from hf_specmm import FeatureHeadDraft, cli
 from hf_specmm.bench import BenchConfig, build_preset, controlled_acceptance, run_benchmark, set_reference, synthetic_inputs
+from hf_specmm.bench import methods, timing
 from hf_specmm.bench.controlled import hit_table
 from hf_specmm.drafts.registry import kind_of
 from hf_specmm.targets import target_spec
@@ -73,6 +74,64 @@ def test_every_method_and_draft_kind_sees_the_same_acceptance_pattern():
     assert head["stock_speedup"] is None and head["Td_over_T1"] > 0
     if text["stock_error"] is None:  # transformers 5.17's stock assisted generation refuses LLaVA
         assert text["stock_tau"] == pytest.approx(text["tau"], rel=1e-9)
+
+
+def test_a_methods_prepare_runs_before_its_clock_starts(monkeypatch):
+    """interleaved_medians times the call alone: a method's prepare() (the harness's set-up) runs before the clock
+    starts, once per timed call, and is not counted (a fake clock: prepare spends 1 s, the call 0.25 s)."""
+    now = [0.0]
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: now[0])
+
+    class Method:
+        prepared = calls = 0
+
+        def prepare(self):
+            self.prepared += 1
+            now[0] += 1.0
+
+        def __call__(self):
+            self.calls += 1
+            now[0] += 0.25
+            return self.calls
+
+    method = Method()
+    out = timing.interleaved_medians({"m": method, "plain": lambda: 0}, torch.device("cpu"), warmup=2, repeats=3)
+    assert out["m"][0] == 0.25 and out["m"][2] == [0.25] * 3 and out["plain"][2] == [0.0] * 3
+    assert (method.prepared, method.calls) == (3, 5)  # the warm-up calls are not prepared by the timer
+
+
+def test_the_bench_sets_a_controlled_drafts_reference_outside_the_timed_call(monkeypatch):
+    """hf_specmm's methods set the controlled draft's reference in prepare() (untimed), once per call: a call
+    after its prepare() does not set it again; a call without one (warm-up, calibration) sets it itself."""
+    set_calls = []
+    real = methods.set_reference
+    monkeypatch.setattr(methods, "set_reference", lambda *a, **k: set_calls.append(1) or real(*a, **k))
+    result = run_benchmark(BenchConfig(preset="tiny", gammas=[3], batch_sizes=[1], acceptance=0.7, max_new_tokens=8,
+                                       repeats=3, warmup=1, stock=False), progress=False)
+    assert result["rows"][0]["lossless"] is True
+    assert len(set_calls) == 1 + 3  # the warm-up call, then one per timed call
+
+
+def test_per_call_draws_give_each_timed_call_its_pattern_and_every_method_the_same(monkeypatch):
+    """--acceptance-draws per-call: the k-th timed call of every method draws pattern k (seed + k + 1), an untimed
+    call the seed's; two draft kinds then still run the same rounds (equal τ), and the rows differ from fixed draws'."""
+    seeds = {}
+    real = methods.set_reference
+
+    def record(draft, *args, seed=None, **kwargs):
+        seeds.setdefault(id(draft), []).append(seed)
+        return real(draft, *args, seed=seed, **kwargs)
+
+    monkeypatch.setattr(methods, "set_reference", record)
+    common = dict(preset="tiny", gammas=[3], batch_sizes=[1], acceptance=0.7, max_new_tokens=24, repeats=3, warmup=1,
+                  stock=False, draft_kinds=["text_only", "feature_head"], seed=5)
+    text, head = run_benchmark(BenchConfig(**common, acceptance_draws="per-call"), progress=False)["rows"]
+    assert sorted(seeds.values()) == [[5, 6, 7, 8]] * 2  # per draft: the warm-up call, then timed calls 0, 1, 2
+    assert head["tau"] == text["tau"] and head["rounds"] == text["rounds"] and text["lossless"] and head["lossless"]
+    seeds.clear()
+    fixed, _ = run_benchmark(BenchConfig(**common), progress=False)["rows"]
+    assert sorted(seeds.values()) == [[5, 5, 5, 5]] * 2
+    assert fixed["tau"] != text["tau"]  # three patterns, not one
 
 
 @pytest.mark.parametrize("kind", ["text_only", "feature_head"])
@@ -145,6 +204,13 @@ def test_sampling_mode_runs_and_bad_flags_are_refused(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(["bench", "--help"])
     assert exc.value.code == 0 and "(default: text_only)" in " ".join(capsys.readouterr().out.split())
+    with pytest.raises(SystemExit) as exc:  # per-call draws of what? (no controlled acceptance)
+        cli.main(["bench", "--preset", "tiny", "--acceptance-draws", "per-call", "--out", str(tmp_path)])
+    assert exc.value.code == 2 and "--acceptance-draws per-call is for controlled acceptance" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="acceptance_draws='per-call' is for controlled acceptance"):
+        run_benchmark(BenchConfig(preset="tiny", acceptance_draws="per-call"), progress=False)
+    with pytest.raises(ValueError, match=r"acceptance_draws='each' \(one of \('fixed', 'per-call'\)\)"):
+        run_benchmark(BenchConfig(preset="tiny", acceptance=0.5, acceptance_draws="each"), progress=False)
     with pytest.raises(ValueError, match="draft_kinds"):
         run_benchmark(BenchConfig(preset="tiny", draft_kinds=["medusa"]), progress=False)
     with pytest.raises(ValueError, match="unknown preset"):

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import SpecMMError
+from .config import ACCEPTANCE_DRAWS
 from .presets import DEVICE_MAPS, DRAFT_KINDS, PRESETS
 
 if TYPE_CHECKING:  # argparse is used only when the dispatcher builds the parser
@@ -40,6 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "with probability p[d][r], given as 'p11,p12,..;p21,..' (depths split by ';') or a JSON "
                              "file (hf-specmm world-tau --profile writes one per draft); trees gain τ under it as with "
                              "trained drafts; greedy only, not with --acceptance (default: off)")
+    parser.add_argument("--acceptance-draws", choices=ACCEPTANCE_DRAWS, default="fixed",
+                        help="with --acceptance or --acceptance-profile: fixed = one accept/reject pattern per (row, "
+                             "position) in every call; per-call = the k-th timed call of every method draws pattern k, "
+                             "so a row is an average over patterns, not how one pattern lines up with a shape's rounds "
+                             "(at batch 1 one prompt's 40 draws ran chain 7 at τ 4.88 against the profile's 4.05); "
+                             "every method still sees the same pattern in the same turn (default: fixed)")
     parser.add_argument("--auto", action="store_true",
                         help="also time hf_specmm.Auto(draft) for every draft kind, in turns with each batch's first γ "
                              "(untimed calls first until its cost calibration is done: Auto measures costs once per "
@@ -113,6 +120,9 @@ def run(args: argparse.Namespace) -> int:
         raise _refuse(f"--draft-kind {' '.join(args.draft_kinds)} names a kind twice")
     if args.acceptance is not None and args.do_sample:
         raise _refuse("--acceptance is for greedy decoding; drop --do-sample")
+    if args.acceptance_draws != "fixed" and args.acceptance is None and args.acceptance_profile is None:
+        raise _refuse(f"--acceptance-draws {args.acceptance_draws} is for controlled acceptance: add --acceptance or "
+                      "--acceptance-profile")
     if args.acceptance_profile is not None and (args.do_sample or args.acceptance is not None or args.compile):
         raise _refuse("--acceptance-profile is for greedy, eager runs: drop --do-sample / --acceptance / --compile")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -132,7 +142,8 @@ def run(args: argparse.Namespace) -> int:
                          seed=args.seed, draft_kinds=args.draft_kinds, compile=args.compile,
                          trees=[[shape.top_k, shape.depth, shape.nodes] for shape in args.tree],
                          acceptance_profile=args.acceptance_profile, auto=args.auto,
-                         auto_max_tokens=args.auto_max_tokens, auto_eval_repeats=args.auto_eval_repeats)
+                         auto_max_tokens=args.auto_max_tokens, auto_eval_repeats=args.auto_eval_repeats,
+                         acceptance_draws=args.acceptance_draws)
     try:
         result = run_benchmark(config)
     except SpecMMError as err:  # e.g. a --tree wider than the preset's vocabulary: refused before that call's forward

@@ -13,6 +13,9 @@ from .presets import DEVICE_MAPS, DRAFT_KINDS, GEMMA4_ASSISTANT
 from .presets_gemma4 import ASSISTANT_PRESETS, NO_ASSISTANT
 
 
+ACCEPTANCE_DRAWS = ("fixed", "per-call")
+
+
 @dataclass
 class BenchConfig:
     preset: str = "cpu-proxy"
@@ -45,6 +48,10 @@ class BenchConfig:
     #: passes of the evaluation of each Auto row (0: none): the grid's best row of its draft kind and batch re-timed
     #: in turns beside Auto and plain (see :func:`~hf_specmm.bench.runner.evaluate_auto`)
     auto_eval_repeats: int = 0
+    #: controlled acceptance's draws: "fixed", one pattern per (row, position) for every call; "per-call", the
+    #: k-th timed call of every method draws pattern k (seed + k + 1), so the rows average over patterns rather
+    #: than ranking shapes on how one pattern lines up with their rounds (warm-up and calibration calls: seed)
+    acceptance_draws: str = "fixed"
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming every bad field (the CLI's ``type=`` checks refuse the same values)."""
@@ -88,6 +95,11 @@ class BenchConfig:
             if self.compile:
                 problems.append("acceptance_profile with compile: the profile reads each round's root from a hook on "
                                 "the target's forward, which compiled graphs do not run; drop one of them")
+        if self.acceptance_draws not in ACCEPTANCE_DRAWS:
+            problems.append(f"acceptance_draws={self.acceptance_draws!r} (one of {ACCEPTANCE_DRAWS})")
+        elif self.acceptance_draws != "fixed" and self.acceptance is None and self.acceptance_profile is None:
+            problems.append(f"acceptance_draws={self.acceptance_draws!r} is for controlled acceptance: give acceptance "
+                            "or acceptance_profile")
         if self.auto_max_tokens < 1:
             problems.append(f"auto_max_tokens={self.auto_max_tokens} (must be >= 1)")
         if problems:
@@ -98,6 +110,8 @@ def config_note(config: BenchConfig, target: Any) -> str | None:
     if config.acceptance is None and config.acceptance_profile is None:
         return None
     note = "controlled acceptance: systems benchmark (random weights)"
+    if config.acceptance_draws == "per-call":
+        note += "; draws per call (the k-th timed call of every method draws pattern k)"
     if target.dtype in (torch.bfloat16, torch.float16):
         # a random head's near-tied argmaxes flip between a verification and a 1-token step in half precision (H100,
         # benchmarks/results/gpu-h100/p1-bf16: τ 1.1 at α 0.7); the presets' margin rule (margins.py) rules them out

@@ -36,7 +36,32 @@ class PlainMethod:
         return self.step.target.generate(**self.step.inputs, **self.step.gen_for(self.compiled))
 
 
-class StockMethod:
+class ControlledMethod:
+    """A method whose draft may run under controlled acceptance: the draft's reference (and the call's draws) are set
+    before each call, for a timed call by :meth:`prepare` outside its time (:func:`~.timing.interleaved_medians` runs
+    it before the clock starts). Timed with the call, that set-up was about 0.5 ms of a 72 ms call on the tiny preset
+    that plain's calls did not pay (docs/benchmarks.md, session 24)."""
+
+    step: "BenchStep"
+    prepared = False  # prepare() ran for the next call
+    turns = 0  # timed calls prepared so far: the k-th draws pattern k (BenchStep.draw_seed)
+
+    def prepare(self) -> None:
+        self._set_reference(self.turns)
+        self.turns, self.prepared = self.turns + 1, True
+
+    def _before_call(self) -> None:
+        """In the call: an untimed one (warm-up, calibration; not prepared) sets its reference itself."""
+        if not self.prepared:
+            self._set_reference(None)
+        self.prepared = False
+
+    def _set_reference(self, turn: int | None) -> None:
+        """The controlled draft's reference for the ``turn``-th timed call (None: an untimed call)."""
+        raise NotImplementedError
+
+
+class StockMethod(ControlledMethod):
     """Stock assisted generation, counting target forwards. ``stock_as_called`` passes γ to generate() as
     users do (stock ignores it: default γ = 20); ``stock`` sets γ where stock reads it, the draft's
     generation_config, for the run only."""
@@ -45,11 +70,16 @@ class StockMethod:
         self.step, self.name = step, name
         self.forwards: list[int] = []  # target forwards per call
 
+    def _set_reference(self, turn: int | None) -> None:
+        step = self.step  # the draft is shared with hf_specmm's methods, which set their own prompt positions
+        if step.controlled:  # stock's draft reads the whole prompt, image placeholders included
+            set_reference(step.proposers[SMALL_LM], step.reference, step.inputs["attention_mask"].sum(-1),
+                          seed=step.draw_seed(turn))
+
     def __call__(self) -> torch.Tensor:
         step = self.step
         proposer = step.proposers[SMALL_LM]
-        if step.controlled:  # stock's draft reads the whole prompt, image placeholders included
-            set_reference(proposer, step.reference, step.inputs["attention_mask"].sum(-1))
+        self._before_call()
         calls: list[int] = []
         handle = step.target.register_forward_pre_hook(lambda *args: calls.append(1))
         draft_config = proposer.generation_config
@@ -65,7 +95,7 @@ class StockMethod:
             self.forwards.append(len(calls))
 
 
-class OursMethod:
+class OursMethod(ControlledMethod):
     """hf_specmm with one draft kind (``compiled``: static caches + compiled forwards, stock's switch); keeps each
     call's statistics."""
 
@@ -76,13 +106,18 @@ class OursMethod:
         # one Auto per row for the whole step: its acceptance is learned across the calls, as a user's would be
         self.auto = Auto(step.proposers[kind], max_tokens=step.config.auto_max_tokens) if auto else None
 
-    def __call__(self) -> torch.Tensor:
+    def _set_reference(self, turn: int | None) -> None:
         step, run = self.step, self.step.run
+        if step.controlled:
+            set_reference(step.proposers[self.kind], step.reference,
+                          _prompt_positions(run.drafts[self.kind], run.vocabs[self.kind], step.inputs),
+                          seed=step.draw_seed(turn))
+
+    def __call__(self) -> torch.Tensor:
+        step = self.step
+        self._before_call()
         api.enable(step.target)
         try:
-            if step.controlled:
-                set_reference(step.proposers[self.kind], step.reference,
-                              _prompt_positions(run.drafts[self.kind], run.vocabs[self.kind], step.inputs))
             proposer, options = step.proposers[self.kind], {"num_assistant_tokens": step.gamma}
             if self.tree is not None:  # the same (controlled) draft, drafting trees: γ is the depth
                 proposer = Tree(proposer, self.tree.top_k, self.tree.depth, self.tree.nodes)

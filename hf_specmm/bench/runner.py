@@ -103,6 +103,14 @@ class BenchStep:
         self.stock = {name: StockMethod(self, name) for name in ("stock", "stock_as_called")}
         self.stock_error = self._stock_error()
 
+    def draw_seed(self, turn: int | None) -> int:
+        """The controlled acceptance's seed for a method's ``turn``-th timed call (None: an untimed call, warm-up or
+        calibration): the config's seed, or with per-call draws seed + turn + 1 (every method's k-th timed call
+        draws the same pattern; see ``BenchConfig.acceptance_draws``)."""
+        if turn is None or self.config.acceptance_draws == "fixed":
+            return self.config.seed
+        return self.config.seed + turn + 1
+
     def _stock_error(self) -> str | None:
         """Why stock assisted generation is not in this step's table (None: it is). Stock runs with the small
         LM draft only, at batch 1, with the same vocabulary; it may refuse even where it should run (5.17

@@ -60,7 +60,9 @@ def interleaved_medians(fns: dict[str, Callable[[], Any]], device: torch.device,
                         clock: PrefillClock | None = None) -> dict[str, tuple[float, Any, list[float], list[float]]]:
     """Median time of each function, measured in turns (a, b, c, a, b, c, ...) so that load from
     other processes affects every method alike; returns ``{name: (median_s, last_result, all_times_s,
-    decode_times_s)}``, the last: each call's time after its first forward of ``clock``'s model (empty without)."""
+    decode_times_s)}``, the last: each call's time after its first forward of ``clock``'s model (empty without).
+    A function with a ``prepare()`` method has it run before its clock starts: the harness's own set-up (a
+    controlled draft's reference) is no part of the method's time."""
     results: dict[str, Any] = {}
     times: dict[str, list[float]] = {name: [] for name in fns}
     decode: dict[str, list[float]] = {name: [] for name in fns}
@@ -69,6 +71,9 @@ def interleaved_medians(fns: dict[str, Callable[[], Any]], device: torch.device,
             results[name] = fn()
     for _ in range(repeats):
         for name, fn in fns.items():
+            prepare = getattr(fn, "prepare", None)
+            if prepare is not None:
+                prepare()
             sync(device)
             if clock is not None:
                 clock.arm()
