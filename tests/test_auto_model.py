@@ -455,10 +455,11 @@ def test_a_choice_of_plain_generate_made_in_a_slow_spell_is_undone_by_the_checks
             costs.add_stock_call(0.1, step, 20)
         else:
             costs.add_call(200.0, step, 0.1, 20)
-    # checked at the 8th and 16th calls: each makes two pairs (with the call before it and the one after), which
-    # outnumber the spell's three after the second; plain generate is checked 8 calls after the switch, agrees,
-    # and the gap doubles
-    assert "".join(chosen) == "PPPPPPPs" + "PPPPPPPs" + "P" + "s" * 7 + "P" + "s" * 15
+    # checked at the 8th and 17th calls (the second check one call past its gap: check_offset(1, 8) == 1): each
+    # makes two pairs (with the call before it and the one after), which outnumber the spell's three after the
+    # second; plain generate is checked 8 calls after the switch (check_offset(2, 8) == 0), agrees, and the gap
+    # doubles
+    assert "".join(chosen) == "PPPPPPPs" + "PPPPPPPPs" + "P" + "s" * 7 + "P" + "s" * 14
     assert acceptance.regimes[costs].gap == 16
 
 
@@ -478,7 +479,7 @@ def test_each_batch_bucket_checks_the_kind_it_did_not_choose_on_its_own_schedule
             costs.add_stock_call(0.1, step, 20)
             costs.add_call(rate, step, 0.1, 20)
     chosen: dict[int, str] = {1: "", 8: ""}
-    for _ in range(26):
+    for _ in range(30):
         for batch in (1, 8):
             costs = tables(batch)[1]
             runs_plain = AutoBudget(policy, acceptance, tables, batch, ()).runs_plain()
@@ -487,9 +488,27 @@ def test_each_batch_bucket_checks_the_kind_it_did_not_choose_on_its_own_schedule
                 costs.add_stock_call(0.1, step, 20)
             else:
                 costs.add_call(rates[batch], step, 0.1, 20)
-    assert chosen[1] == "PPPPPPPs" + "P" * 15 + "s" + "PP", chosen  # checks at its 8th and 24th calls
-    assert chosen[8] == "sssssssP" + "s" * 15 + "P" + "ss", chosen
+    # checks at its 8th and 27th calls (the second 16 + check_offset(1, 16) == 19 calls after the first)
+    assert chosen[1] == "PPPPPPPs" + "P" * 18 + "s" + "PPP", chosen
+    assert chosen[8] == "sssssssP" + "s" * 18 + "P" + "sss", chosen
     assert acceptance.regimes[tables(1)[1]].gap == acceptance.regimes[tables(8)[1]].gap == 32  # two checks agreed
+def test_a_pairs_speculative_rate_is_its_calls_tokens_over_their_seconds():
+    """A pair's speculative side prices tokens at its calls' pooled rate (their tokens over their seconds), not at
+    their median rate: three calls of 10, 40 and 10 tokens at 100, 400 and 1000 tokens/s took 0.21 s for 60 tokens
+    (286 tokens/s; the median, 400, priced them 29 % fast)."""
+    table = CostTable()
+    for rate, tokens in ((100.0, 10), (400.0, 40), (1000.0, 10)):
+        table.add_call(rate, 0.01, 0.002, tokens)
+    table.add_stock_call(0.001, 0.004, 20)
+    (pair,) = table.pairs
+    assert pair == [0.001, 0.004, 0.002, pytest.approx(60 / 0.21), 0.01]
+    lengths = [10.0, 40.0, 10.0, 20.0]  # the recent calls' lengths, this one's too
+    plain = sum(0.001 + 0.004 * n for n in lengths)
+    assert table.stock_share() == pytest.approx(plain / sum(0.002 + n * 0.21 / 60 for n in lengths))
+    restored = CostTable(table.to_json())
+    assert restored.rate_tokens == [10.0, 40.0, 10.0] and restored.stock_share() == pytest.approx(table.stock_share())
+
+
 def test_plain_generate_is_compared_with_the_speculative_calls_next_to_it_in_time():
     """A slow spell of the speculative calls alone does not make plain generate (timed before it) win: each
     side is read beside the other's calls of the same moment; the calls not chosen run now and then."""
@@ -518,17 +537,60 @@ def test_plain_generate_is_compared_with_the_speculative_calls_next_to_it_in_tim
     costs.add_stock_call(1.0, step, 20)
     costs.add_call(2.0 / step, step, 1.0, 20)
     runs = []
-    for _ in range(40):  # speculative calls win: plain generate at the 8th call, then 16, 32, ... calls apart
+    for _ in range(40):  # speculative calls win: plain generate at the 8th call, then 16, 32, ... calls apart (and
+        # check_offset's few more: 0, 3, 2, 7 at gaps 8, 16, 32, 32)
         runs.append(budget.runs_plain())
         if runs[-1]:
             costs.add_stock_call(1.0, step, 20)
         else:
             costs.add_call(2.0 / step, step, 1.0, 20)
     # one pair before: a plain generate call and a speculative one make MIN_PAIRS, then the choice
-    assert [i for i, plain in enumerate(runs) if plain] == [0, 9, 25]
-    for _ in range(56):  # calls that leave no pair (no rate: too few rounds) are no evidence: the check is made again on
+    assert [i for i, plain in enumerate(runs) if plain] == [0, 9, 28]
+    for _ in range(80):  # calls that leave no pair (no rate: too few rounds) are no evidence: the check is made again on
         runs.append(budget.runs_plain())  # the next call, CHECK_TRIES calls in a row at most, and the gap holds
-    assert [i for i, plain in enumerate(runs) if plain] == [0, 9, 25, 57, 58, 59, 60, 92, 93, 94, 95]  # not 57 + 64
+    assert [i for i, plain in enumerate(runs) if plain] == [0, 9, 28, 62, 63, 64, 65, 104, 105, 106, 107]  # not 62 + 64
+
+
+def test_checks_do_not_fall_on_the_same_prompts_of_a_workload_that_cycles(monkeypatch):
+    """32 prompts in a loop; speculative calls win on 8 of them and lose on the rest (plain generate wins the mix:
+    0.41 s a call against 0.3 s). At checks every 8, 16, 32, 64 calls each check fell on the same prompt from the
+    second on, its pairs beside the same four: where those were fast, the choice held the speculative loop for good.
+    check_offset moves the checks over the cycle, the pairs see the mix, and the calls run as plain generate."""
+    from hf_specmm.auto import calls
+
+    step, prompts = 0.01, 32
+
+    def run(fast: set[int]) -> str:
+        policy, tables = CostAwarePolicy(max_tokens=16, max_depth=4), Tables()
+        calibrate(policy, tables(1)[1])
+        budget = AutoBudget(policy, AcceptanceTable(depth=4), tables, 1, ())
+        costs = budget.costs
+        costs.add_stock_step(step)
+        for _ in range(9):  # the first pairs beside prompts the speculative loop wins on
+            costs.add_stock_call(0.1, step, 20)
+            costs.add_call(400.0, step, 0.1, 20)  # 0.15 s against plain generate's 0.3 s
+        chosen = ""
+        for call in range(640):
+            plain = budget.runs_plain()
+            chosen += "P" if plain else "s"
+            if plain:
+                costs.add_stock_call(0.1, step, 20)
+            else:  # 20 tokens: 0.15 s on the fast prompts, 0.5 s on the others
+                costs.add_call(400.0 if call % prompts in fast else 50.0, step, 0.1, 20)
+        return chosen
+
+    with monkeypatch.context() as m:
+        m.setattr(calls, "check_offset", lambda checks, gap: 0)  # checks exactly at the gaps
+        before = run(set(range(prompts)))  # the speculative loop wins every call: where its checks fall
+        checks = [i for i, c in enumerate(before) if c == "P"]
+        assert len({i % prompts for i in checks[1:]}) == 1  # one prompt, from the second check on
+        # the speculative loop wins beside the first two checks' prompts (the three calls before a check and the one
+        # after: the speculative sides of the two pairs it makes), so that they agree with the choice: 8 of 32
+        fast = {(check + k) % prompts for check in checks[:2] for k in (-3, -2, -1, 1)}
+        aliased = run(fast)
+    assert aliased[-320:].count("s") >= 310  # held speculative, on four prompts' evidence
+    walked = run(fast)
+    assert walked[-320:].count("P") >= 300, walked  # plain generate, checked now and then
 
 
 def test_plain_steps_ranked_best_by_the_prior_alone_leave_calls_speculative():

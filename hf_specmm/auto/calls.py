@@ -21,6 +21,8 @@ MIN_RATE_ROUNDS = 2  # chosen rounds a call needs for its realised rate to count
 FIRST_CALL_GAP, MAX_CALL_GAP = 8, 64
 #: calls in a row that make such a call while it leaves no pair (an answer too short for a rate)
 CHECK_TRIES = 4
+#: the k-th such call comes frac(k · GOLDEN) · (gap / 4 + 1) calls after the gap (:func:`check_offset`)
+GOLDEN = 0.6180339887498949
 #: pairs of calls (plain generate beside speculative ones) before the whole calls' choice: until then they alternate
 MIN_PAIRS = 3
 #: drafted rounds a pair's acceptance must have seen before a ranking of plain steps sends its calls to plain generate
@@ -115,7 +117,11 @@ class WholeCalls:
         plain generate call no step) is made again on the next call, :data:`CHECK_TRIES` calls in a row at most: at
         the gap it fell on the same prompt each time where calls cycle through 8 prompts, and on the world at batch 1
         that prompt's answer was one token: 2 pairs in 64 calls, and the feature head's calls held plain generate.
-        The schedule is the call's cost table's (:class:`Regime`)."""
+        The k-th check comes :func:`check_offset` calls after its gap: at gaps of 8, 16, 32, 64 calls over 32
+        prompts in a cycle (the shipped world's bench) every check from the second on fell on the same prompt, beside
+        the same three, so every recent pair priced the workload by those four prompts, and which four was the
+        process's luck (the text-only draft at batch 1 ran speculative at 0.88x plain in one whole-world run, as
+        plain generate in others). The schedule is the call's cost table's (:class:`Regime`)."""
         state = self.acceptance.regimes.setdefault(self.costs, Regime())
         costs = self.costs
         checked, state.checking = state.checking, None  # the last call here was a check: (pairs before it, tries)
@@ -130,8 +136,8 @@ class WholeCalls:
             if plain_wins(costs.pair_share(costs.pairs[-1])) == (chosen == "plain"):
                 state.gap = min(2 * state.gap, MAX_CALL_GAP)
         state.calls += 1
-        if state.calls >= state.gap:  # the other kind, beside this one in time
-            state.calls, state.checking = 0, (costs.paired, 1)
+        if state.calls >= state.gap + check_offset(state.checks, state.gap):  # the other kind, beside this one
+            state.calls, state.checking, state.checks = 0, (costs.paired, 1), state.checks + 1
             return chosen == "speculative"
         return chosen == "plain"
 
@@ -176,6 +182,17 @@ class WholeCalls:
                                 max(self.row_tokens))
 
 
+def check_offset(checks: int, gap: int) -> int:
+    """Calls added to ``gap`` before a regime's ``checks``-th check (0 for the first): the golden-ratio sequence
+    over [0, gap / 4], so that checks do not fall on the same call of a workload that repeats itself (a fixed
+    list of prompts in a loop) and the pairs they make see its mix, deterministically.
+
+    >>> [check_offset(k, 64) for k in range(6)]
+    [0, 10, 4, 14, 8, 1]
+    """
+    return int((checks * GOLDEN) % 1.0 * (gap // 4 + 1))
+
+
 def plain_wins(share: float | None) -> bool:
     """Whether plain generate's whole calls win at this share (plain generate's time over the speculative
     loop's, :meth:`CostTable.stock_share`): :data:`STOCK_MARGIN` less time."""
@@ -193,3 +210,4 @@ class Regime:
     gap: int = FIRST_CALL_GAP  # calls between two of those
     #: after such a call (a check): the table's pairs made before it, and the calls in a row made so
     checking: tuple[int, int] | None = None
+    checks: int = 0  # checks made (their offsets: check_offset)
