@@ -152,7 +152,8 @@ class CostTable:
         rate), not their median: a call's time goes with one over its rate, and the prompts' rates spread (on the
         shipped world at batch 1 the text-only draft's 450-810 tokens/s): the median rate priced the workload's
         speculative calls 4 % fast there, and 9 pairs' median share spread 0.049 about the truth (0.91, plain
-        generate faster), 0.030 pooled; in one whole-world run in four its calls ran speculative at 0.88x plain."""
+        generate faster), 0.030 pooled; in 2 of 4 processes of session 24 its calls ran speculative, at 0.88-0.90x
+        plain (benchmarks/results/auto/session24/mix)."""
         overhead, step = self.stock_calls[-1]
         calls = min(max(self.spec_run, 1), PAIR_CALLS)
         tokens, rates = self.rate_tokens[-calls:], self.rates[-calls:]
