@@ -13,7 +13,8 @@ import torch
 import hf_specmm
 from hf_specmm import FeatureHeadDraft, cli
 from hf_specmm.bench import BenchConfig, build_preset, controlled_acceptance, run_benchmark, set_reference, synthetic_inputs
-from hf_specmm.bench import methods, timing
+from hf_specmm.bench import methods, runner, timing
+from hf_specmm.bench.config import UNTIMED_DRAWS
 from hf_specmm.bench.controlled import hit_table
 from hf_specmm.drafts.registry import kind_of
 from hf_specmm.targets import target_spec
@@ -113,8 +114,8 @@ def test_the_bench_sets_a_controlled_drafts_reference_outside_the_timed_call(mon
 
 
 def test_per_call_draws_give_each_timed_call_its_pattern_and_every_method_the_same(monkeypatch):
-    """--acceptance-draws per-call: the k-th timed call of every method draws pattern k (seed + k + 1), an untimed
-    call the seed's; two draft kinds then still run the same rounds (equal τ), and the rows differ from fixed draws'."""
+    """--acceptance-draws per-call: the k-th timed call of every method draws pattern k (seed + k + 1), its k-th
+    untimed call pattern seed + UNTIMED_DRAWS + k; two draft kinds then still run the same rounds (equal τ), and the rows differ from fixed draws'."""
     seeds = {}
     real = methods.set_reference
 
@@ -126,7 +127,8 @@ def test_per_call_draws_give_each_timed_call_its_pattern_and_every_method_the_sa
     common = dict(preset="tiny", gammas=[3], batch_sizes=[1], acceptance=0.7, max_new_tokens=24, repeats=3, warmup=1,
                   stock=False, draft_kinds=["text_only", "feature_head"], seed=5)
     text, head = run_benchmark(BenchConfig(**common, acceptance_draws="per-call"), progress=False)["rows"]
-    assert sorted(seeds.values()) == [[5, 6, 7, 8]] * 2  # per draft: the warm-up call, then timed calls 0, 1, 2
+    # per draft: the warm-up call (untimed: a pattern of the untimed calls' own), then timed calls 0, 1, 2
+    assert sorted(seeds.values()) == [[5 + UNTIMED_DRAWS, 6, 7, 8]] * 2
     assert head["tau"] == text["tau"] and head["rounds"] == text["rounds"] and text["lossless"] and head["lossless"]
     seeds.clear()
     fixed, _ = run_benchmark(BenchConfig(**common), progress=False)["rows"]
@@ -275,3 +277,47 @@ def test_generated_ids_the_draft_cannot_read_keep_every_kind_on_the_same_pattern
     small, head = result["rows"]
     assert small["lossless"] is True and head["lossless"] is True
     assert small["rounds"] == head["rounds"] and small["tau"] == pytest.approx(head["tau"])
+
+
+def test_the_evaluation_warms_auto_up_on_patterns_of_its_own(monkeypatch):
+    """auto_warmup_calls: in the evaluation Auto makes that many untimed calls after its calibration, each (per-call
+    draws) on a pattern no other of its calls drew, none a timed call's; then every method's k-th timed call draws
+    pattern k as before."""
+    log: list = []
+    real_reference, real_calibrate = methods.set_reference, runner.calibrate_auto
+
+    def record(draft, *args, seed=None, **kwargs):
+        log.append(seed)
+        return real_reference(draft, *args, seed=seed, **kwargs)
+
+    def calibrate(step, method):
+        log.append("calibration")
+        calls = real_calibrate(step, method)
+        log.append(("calls", calls))
+        return calls
+
+    monkeypatch.setattr(methods, "set_reference", record)
+    monkeypatch.setattr(runner, "calibrate_auto", calibrate)
+    config = BenchConfig(preset="tiny", gammas=[3], batch_sizes=[1], acceptance_profile=[[0.7, 0.2]] * 3,
+                         max_new_tokens=24, repeats=2, warmup=1, stock=False, seed=5, auto=True, auto_max_tokens=16,
+                         auto_eval_repeats=2, auto_warmup_calls=3, acceptance_draws="per-call")
+    auto = next(r for r in run_benchmark(config, progress=False)["rows"] if r.get("tree") == "auto")
+    assert auto["eval"]["auto_warmup_calls"] == 3 and auto["eval"]["lossless"] is True
+    markers = [i for i, entry in enumerate(log) if entry == "calibration"]
+    assert len(markers) == 2  # the grid pass's Auto row, then the evaluation's
+    evaluation = log[markers[1] + 1:]  # the evaluation's calls' draws, its calibration's count among them
+    (calibration_calls,) = [entry[1] for entry in evaluation if isinstance(entry, tuple)]
+    seeds = [entry for entry in evaluation if isinstance(entry, int)]
+    base = 5 + UNTIMED_DRAWS
+    # Auto: its calibration calls, the 3 warm-up calls and the passes' warm-up call, untimed patterns 0, 1, ...;
+    # the best row: its one warm-up call, untimed pattern 0
+    assert sorted(s for s in seeds if s >= base) == sorted([base, *range(base, base + calibration_calls + 3 + 1)])
+    assert sorted(s for s in seeds if s < base) == [6, 6, 7, 7]  # best and Auto: timed calls 0, 1
+
+
+def test_auto_warmup_calls_need_an_evaluation(tmp_path, capsys):
+    with pytest.raises(ValueError, match="auto_warmup_calls=2 warms Auto up before its evaluation"):
+        run_benchmark(BenchConfig(preset="tiny", auto=True, auto_warmup_calls=2), progress=False)
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["bench", "--preset", "tiny", "--auto", "--auto-warmup-calls", "2", "--out", str(tmp_path)])
+    assert exc.value.code == 2 and "--auto-warmup-calls 2 warms Auto up" in capsys.readouterr().err

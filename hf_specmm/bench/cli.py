@@ -57,6 +57,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --auto: then re-time each draft kind's best grid row (chain or tree) in turns beside "
                              "Auto and plain, N passes, for an Auto / best ratio free of the best-of-many bias of picking "
                              "the fastest of noisy rows (default 0: no evaluation)")
+    parser.add_argument("--auto-warmup-calls", type=int_at_least(0), default=0, metavar="N",
+                        help="with --auto-eval-repeats: N untimed Auto calls after its calibration, before the "
+                             "evaluation's passes: what a process that has served N calls runs (Auto learns acceptance "
+                             "across calls; the grid pass's Auto row shows its first calls) (default 0)")
     parser.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
     parser.add_argument("--max-new-tokens", type=int_at_least(1), default=64, help="tokens generated per row")
     parser.add_argument("--prompt-tokens", type=int_at_least(1), default=32, help="text tokens per synthetic prompt")
@@ -123,6 +127,9 @@ def run(args: argparse.Namespace) -> int:
     if args.acceptance_draws != "fixed" and args.acceptance is None and args.acceptance_profile is None:
         raise _refuse(f"--acceptance-draws {args.acceptance_draws} is for controlled acceptance: add --acceptance or "
                       "--acceptance-profile")
+    if args.auto_warmup_calls and not (args.auto and args.auto_eval_repeats):
+        raise _refuse(f"--auto-warmup-calls {args.auto_warmup_calls} warms Auto up before its evaluation: add --auto "
+                      "and --auto-eval-repeats N")
     if args.acceptance_profile is not None and (args.do_sample or args.acceptance is not None or args.compile):
         raise _refuse("--acceptance-profile is for greedy, eager runs: drop --do-sample / --acceptance / --compile")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -143,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
                          trees=[[shape.top_k, shape.depth, shape.nodes] for shape in args.tree],
                          acceptance_profile=args.acceptance_profile, auto=args.auto,
                          auto_max_tokens=args.auto_max_tokens, auto_eval_repeats=args.auto_eval_repeats,
-                         acceptance_draws=args.acceptance_draws)
+                         auto_warmup_calls=args.auto_warmup_calls, acceptance_draws=args.acceptance_draws)
     try:
         result = run_benchmark(config)
     except SpecMMError as err:  # e.g. a --tree wider than the preset's vocabulary: refused before that call's forward

@@ -14,6 +14,8 @@ from .presets_gemma4 import ASSISTANT_PRESETS, NO_ASSISTANT
 
 
 ACCEPTANCE_DRAWS = ("fixed", "per-call")
+#: with per-call draws, the k-th untimed call of a method draws pattern seed + UNTIMED_DRAWS + k (timed calls: seed + 1 + k)
+UNTIMED_DRAWS = 1 << 20
 
 
 @dataclass
@@ -48,9 +50,14 @@ class BenchConfig:
     #: passes of the evaluation of each Auto row (0: none): the grid's best row of its draft kind and batch re-timed
     #: in turns beside Auto and plain (see :func:`~hf_specmm.bench.runner.evaluate_auto`)
     auto_eval_repeats: int = 0
+    #: untimed calls of each Auto row in its evaluation after its calibration, before the timed passes: the calls a
+    #: process has served before the ones timed (Auto learns acceptance across calls). On cpu-proxy at batch 1 its
+    #: calls 1-20 ran 1.05-1.07x a fixed chain 5's time, calls 20-60 1.00-1.02x (docs/benchmarks.md, session 25)
+    auto_warmup_calls: int = 0
     #: controlled acceptance's draws: "fixed", one pattern per (row, position) for every call; "per-call", the
     #: k-th timed call of every method draws pattern k (seed + k + 1), so the rows average over patterns rather
-    #: than ranking shapes on how one pattern lines up with their rounds (warm-up and calibration calls: seed)
+    #: than ranking shapes on how one pattern lines up with their rounds; a method's k-th untimed call (warm-up,
+    #: calibration) draws pattern seed + UNTIMED_DRAWS + k, so the calls Auto learns from do not repeat one pattern
     acceptance_draws: str = "fixed"
 
     def validate(self) -> None:
@@ -61,7 +68,7 @@ class BenchConfig:
             if not values or any(int(v) < 1 for v in values):
                 problems.append(f"{name}={values} (a non-empty list of integers >= 1)")
         for name, low in (("max_new_tokens", 1), ("prompt_tokens", 1), ("repeats", 1), ("warmup", 0), ("seed", 0),
-                          ("auto_eval_repeats", 0)):
+                          ("auto_eval_repeats", 0), ("auto_warmup_calls", 0)):
             if int(getattr(self, name)) < low:
                 problems.append(f"{name}={getattr(self, name)} (must be >= {low})")
         if self.acceptance is not None and not 0.0 <= self.acceptance <= 1.0:
@@ -100,6 +107,9 @@ class BenchConfig:
         elif self.acceptance_draws != "fixed" and self.acceptance is None and self.acceptance_profile is None:
             problems.append(f"acceptance_draws={self.acceptance_draws!r} is for controlled acceptance: give acceptance "
                             "or acceptance_profile")
+        if self.auto_warmup_calls and not (self.auto and self.auto_eval_repeats):
+            problems.append(f"auto_warmup_calls={self.auto_warmup_calls} warms Auto up before its evaluation: give auto "
+                            "and auto_eval_repeats too")
         if self.auto_max_tokens < 1:
             problems.append(f"auto_max_tokens={self.auto_max_tokens} (must be >= 1)")
         if problems:

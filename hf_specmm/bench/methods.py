@@ -45,6 +45,7 @@ class ControlledMethod:
     step: "BenchStep"
     prepared = False  # prepare() ran for the next call
     turns = 0  # timed calls prepared so far: the k-th draws pattern k (BenchStep.draw_seed)
+    untimed = 0  # untimed calls made so far (warm-up, calibration): with per-call draws each draws its own pattern
 
     def prepare(self) -> None:
         self._set_reference(self.turns)
@@ -54,10 +55,12 @@ class ControlledMethod:
         """In the call: an untimed one (warm-up, calibration; not prepared) sets its reference itself."""
         if not self.prepared:
             self._set_reference(None)
+            self.untimed += 1
         self.prepared = False
 
     def _set_reference(self, turn: int | None) -> None:
-        """The controlled draft's reference for the ``turn``-th timed call (None: an untimed call)."""
+        """The controlled draft's reference for the ``turn``-th timed call (None: the next untimed call,
+        :attr:`untimed`)."""
         raise NotImplementedError
 
 
@@ -74,7 +77,7 @@ class StockMethod(ControlledMethod):
         step = self.step  # the draft is shared with hf_specmm's methods, which set their own prompt positions
         if step.controlled:  # stock's draft reads the whole prompt, image placeholders included
             set_reference(step.proposers[SMALL_LM], step.reference, step.inputs["attention_mask"].sum(-1),
-                          seed=step.draw_seed(turn))
+                          seed=step.draw_seed(turn, self.untimed))
 
     def __call__(self) -> torch.Tensor:
         step = self.step
@@ -111,7 +114,7 @@ class OursMethod(ControlledMethod):
         if step.controlled:
             set_reference(step.proposers[self.kind], step.reference,
                           _prompt_positions(run.drafts[self.kind], run.vocabs[self.kind], step.inputs),
-                          seed=step.draw_seed(turn))
+                          seed=step.draw_seed(turn, self.untimed))
 
     def __call__(self) -> torch.Tensor:
         step = self.step

@@ -29,7 +29,7 @@ from ..drafts.dflash import dflash_draft_for
 from ..drafts.registry import kind_of
 from ..targets import target_spec
 from ..vocab import VocabMap, draft_vocab_size
-from .config import BenchConfig, config_note
+from .config import UNTIMED_DRAWS, BenchConfig, config_note
 from .controlled import controlled_acceptance, watch_target
 from ..devices import execution_device
 from .methods import OursMethod, PlainMethod, StockMethod
@@ -103,13 +103,14 @@ class BenchStep:
         self.stock = {name: StockMethod(self, name) for name in ("stock", "stock_as_called")}
         self.stock_error = self._stock_error()
 
-    def draw_seed(self, turn: int | None) -> int:
-        """The controlled acceptance's seed for a method's ``turn``-th timed call (None: an untimed call, warm-up or
-        calibration): the config's seed, or with per-call draws seed + turn + 1 (every method's k-th timed call
-        draws the same pattern; see ``BenchConfig.acceptance_draws``)."""
-        if turn is None or self.config.acceptance_draws == "fixed":
+    def draw_seed(self, turn: int | None, untimed: int = 0) -> int:
+        """The controlled acceptance's seed for a method's ``turn``-th timed call (None: its ``untimed``-th untimed
+        call, warm-up or calibration): the config's seed, or with per-call draws seed + turn + 1 (every method's k-th
+        timed call draws the same pattern; see ``BenchConfig.acceptance_draws``) and seed + UNTIMED_DRAWS + untimed
+        (Auto's calibration and warm-up calls learn from as many patterns as calls)."""
+        if self.config.acceptance_draws == "fixed":
             return self.config.seed
-        return self.config.seed + turn + 1
+        return self.config.seed + (turn + 1 if turn is not None else UNTIMED_DRAWS + untimed)
 
     def _stock_error(self) -> str | None:
         """Why stock assisted generation is not in this step's table (None: it is). Stock runs with the small
@@ -324,7 +325,8 @@ def evaluate_auto(run: BenchmarkRun, batch: int, rows: list[dict[str, Any]]) -> 
     """Selection, then evaluation (as ``benchmarks/auto_world.py`` does on the world): per draft kind with an Auto
     row at ``batch``, its best grid row (the highest speedup; each γ step was timed against its own plain run) is
     re-timed in turns beside Auto and plain, ``auto_eval_repeats`` passes after the warm-up, on a fresh step (the
-    same inputs and acceptance draws). The best of a dozen noisy rows is biased high (on cpu-proxy at batch 4 chain 7
+    same inputs and acceptance draws); Auto first makes ``auto_warmup_calls`` untimed calls after its calibration
+    (its acceptance and costs are the process's: so does a process that has served those calls). The best of a dozen noisy rows is biased high (on cpu-proxy at batch 4 chain 7
     ran 2.31x plain in its step where chains 6 and 8 ran 1.77x and 2.00x in theirs); the chosen row re-timed is
     not. Adds to the Auto row: ``best_fixed`` (the row's label), ``auto_over_best`` (Auto's median wall time over
     that row's, evaluation), ``eval`` (both speedups vs plain, every pass's seconds, the shapes Auto took,
@@ -343,6 +345,9 @@ def evaluate_auto(run: BenchmarkRun, batch: int, rows: list[dict[str, Any]]) -> 
             contender = step.ours_auto[f"{kind}_auto"]
             fixed = step.ours[kind] if tree is None else next(m for m in step.ours_tree.values() if m.kind == kind)
             calibrate_auto(step, contender)
+            for _ in range(config.auto_warmup_calls):  # the calls a process has served before these (see the config)
+                contender()
+            contender.stats.clear()
             timed = interleaved_medians({"plain": PlainMethod(step), "best": fixed, "auto": contender}, run.device,
                                         config.warmup, config.auto_eval_repeats)
         finally:
@@ -352,7 +357,7 @@ def evaluate_auto(run: BenchmarkRun, batch: int, rows: list[dict[str, Any]]) -> 
         auto["best_fixed"] = best["tree"] if tree is not None else f"chain {best['gamma']}"
         auto["auto_over_best"] = t_auto / t_best
         auto["eval"] = {
-            "repeats": config.auto_eval_repeats, "best_speedup": t_plain / t_best, "auto_speedup": t_plain / t_auto,
+            "repeats": config.auto_eval_repeats, "auto_warmup_calls": config.auto_warmup_calls, "best_speedup": t_plain / t_best, "auto_speedup": t_plain / t_auto,
             "times_s": {name: timed[name][2] for name in ("plain", "best", "auto")},
             "auto_shapes": shapes_taken(contender.stats[-config.auto_eval_repeats:]),
             "lossless": None if config.do_sample else all(torch.equal(timed[name][1], step.plain)
