@@ -34,9 +34,9 @@ for s in ${*:-tiny zero world cpu1 cpu4}; do
     world) $PY benchmarks/auto_world.py --batch-sizes 1 8 --prompts 32 --repeats 3 --out "$OUT/world-bench" \
             2>&1 | grep --line-buffered -v "^Loading" | tee "$OUT/world-bench.txt" ;;
     cpu1) bench cpu-proxy-b1 --preset cpu-proxy --acceptance-profile "$profile" "${grid[@]}" --batch-sizes 1 \
-            --max-new-tokens 40 --warmup 1 --repeats 3 --auto-eval-repeats 7 ;;
+            --max-new-tokens 40 --warmup 1 --repeats 3 --auto-eval-repeats 15 ;;
     cpu4) bench cpu-proxy-b4 --preset cpu-proxy --acceptance-profile "$profile" "${grid[@]}" --batch-sizes 4 \
-            --max-new-tokens 40 --warmup 1 --repeats 3 --auto-eval-repeats 7 ;;
+            --max-new-tokens 40 --warmup 1 --repeats 3 --auto-eval-repeats 15 ;;
     *) echo "unknown section $s (tiny zero world cpu1 cpu4)"; exit 2 ;;
   esac
 done

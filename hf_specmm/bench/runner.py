@@ -321,16 +321,28 @@ def run_benchmark(config: BenchConfig, progress: bool = True, preset: Preset | N
     return {"env": run.env(), "rows": rows}
 
 
+def paired_ratio(numerator: list[float], denominator: list[float]) -> float:
+    """The median over passes of one method's time over another's in the same pass. Paired, not a ratio of
+    medians: with per-call draws each pass runs its own pattern (its calls took 2.3-3.1 s on cpu-proxy at batch 1),
+    and the two medians could be different patterns' passes (there Auto / best 1.085 of medians, 1.032 paired).
+
+    >>> paired_ratio([2.0, 3.0, 4.4], [2.0, 2.5, 4.0])
+    1.1
+    """
+    return statistics.median(a / b for a, b in zip(numerator, denominator, strict=True))
+
+
 def evaluate_auto(run: BenchmarkRun, batch: int, rows: list[dict[str, Any]]) -> None:
     """Selection, then evaluation (as ``benchmarks/auto_world.py`` does on the world): per draft kind with an Auto
     row at ``batch``, its best grid row (the highest speedup; each γ step was timed against its own plain run) is
     re-timed in turns beside Auto and plain, ``auto_eval_repeats`` passes after the warm-up, on a fresh step (the
     same inputs and acceptance draws); Auto first makes ``auto_warmup_calls`` untimed calls after its calibration
-    (its acceptance and costs are the process's: so does a process that has served those calls). The best of a dozen noisy rows is biased high (on cpu-proxy at batch 4 chain 7
-    ran 2.31x plain in its step where chains 6 and 8 ran 1.77x and 2.00x in theirs); the chosen row re-timed is
-    not. Adds to the Auto row: ``best_fixed`` (the row's label), ``auto_over_best`` (Auto's median wall time over
-    that row's, evaluation), ``eval`` (both speedups vs plain, every pass's seconds, the shapes Auto took,
-    losslessness)."""
+    (its acceptance and costs are the process's: so does a process that has served those calls). The best of a
+    dozen noisy rows is biased high (on cpu-proxy at batch 4 chain 7 ran 2.31x plain in its step where chains 6
+    and 8 ran 1.77x and 2.00x in theirs); the chosen row re-timed is not. Adds to the Auto row: ``best_fixed`` (the
+    row's label), ``auto_over_best`` (Auto's wall time over that row's, :func:`paired_ratio` over the evaluation's
+    passes), ``eval`` (both speedups vs plain, paired too; the ratio of the median times; every pass's seconds, the
+    shapes Auto took, losslessness)."""
     config = run.config
     for auto in [r for r in rows if r.get("tree") == "auto" and r["batch"] == batch]:
         kind = auto["draft_kind"]
@@ -353,12 +365,16 @@ def evaluate_auto(run: BenchmarkRun, batch: int, rows: list[dict[str, Any]]) -> 
         finally:
             for hook in step.hooks:
                 hook.remove()
-        t_plain, t_best, t_auto = (timed[name][0] for name in ("plain", "best", "auto"))
+        passes = {name: timed[name][2] for name in ("plain", "best", "auto")}
         auto["best_fixed"] = best["tree"] if tree is not None else f"chain {best['gamma']}"
-        auto["auto_over_best"] = t_auto / t_best
+        auto["auto_over_best"] = paired_ratio(passes["auto"], passes["best"])
         auto["eval"] = {
-            "repeats": config.auto_eval_repeats, "auto_warmup_calls": config.auto_warmup_calls, "best_speedup": t_plain / t_best, "auto_speedup": t_plain / t_auto,
-            "times_s": {name: timed[name][2] for name in ("plain", "best", "auto")},
+            "repeats": config.auto_eval_repeats, "auto_warmup_calls": config.auto_warmup_calls,
+            "best_speedup": paired_ratio(passes["plain"], passes["best"]),
+            "auto_speedup": paired_ratio(passes["plain"], passes["auto"]),
+            # the ratio of the methods' median times (which may be different passes' patterns)
+            "auto_over_best_of_medians": timed["auto"][0] / timed["best"][0],
+            "times_s": passes,
             "auto_shapes": shapes_taken(contender.stats[-config.auto_eval_repeats:]),
             "lossless": None if config.do_sample else all(torch.equal(timed[name][1], step.plain)
                                                           for name in ("best", "auto")),
