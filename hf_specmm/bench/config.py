@@ -14,7 +14,8 @@ from .presets_gemma4 import ASSISTANT_PRESETS, NO_ASSISTANT
 
 
 ACCEPTANCE_DRAWS = ("fixed", "per-call")
-#: with per-call draws, the k-th untimed call of a method draws pattern seed + UNTIMED_DRAWS + k (timed calls: seed + 1 + k)
+#: with per-call draws, a method's k-th untimed call draws pattern seed + UNTIMED_DRAWS + k (its k-th timed call:
+#: seed + 1 + k, never as high)
 UNTIMED_DRAWS = 1 << 20
 
 
