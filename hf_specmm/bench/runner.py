@@ -359,7 +359,6 @@ def evaluate_auto(run: BenchmarkRun, batch: int, rows: list[dict[str, Any]]) -> 
             calibrate_auto(step, contender)
             for _ in range(config.auto_warmup_calls):  # the calls a process has served before these (see the config)
                 contender()
-            contender.stats.clear()
             timed = interleaved_medians({"plain": PlainMethod(step), "best": fixed, "auto": contender}, run.device,
                                         config.warmup, config.auto_eval_repeats)
         finally:
