@@ -768,3 +768,32 @@ def test_batch_rounds_are_ranked_for_a_row_whose_answer_does_not_end():
     assert best_chain(single).shape.gamma < best_chain(batch).shape.gamma == 8
     by_shape = {c.shape: c for c in single}
     assert all(c.expected_tokens == pytest.approx(by_shape[c.shape].expected_tokens) for c in batch)
+
+
+def test_calibration_times_each_shape_in_a_run_whose_first_round_is_not_timed():
+    """Taken in turn, each calibration round followed a round of another shape, and the shortest shapes were timed
+    slow (a plain step 1.14x its rounds in runs on the world): each shape is taken in a run, its first round untimed,
+    its next three timed; a call that ends inside a run leaves the next call's first round of it untimed too (and
+    a call's last round is never timed: it has the call's end)."""
+    policy = CostAwarePolicy(max_tokens=16, max_depth=4)
+    tables = Tables()
+    _, table = tables(1)
+    budget = AutoBudget(policy, AcceptanceTable(depth=4), tables, 1, ())
+    for _ in range(7):  # the first shape's run and the second's first three rounds
+        budget.for_round([40], [True])
+    budget.report()  # the call ends inside the second shape's run
+    first, second = policy.calibration[:2]
+    assert [e["shape"] for e in budget.log] == [first.label] * 4 + [second.label] * 3
+    assert table.samples(first.kind, first.width, first.draft_label) == 3
+    assert table.samples(second.kind, second.width, second.draft_label) == 1
+    budget = AutoBudget(policy, AcceptanceTable(depth=4), tables, 1, ())
+    while not policy.calibrated(table):
+        budget.for_round([40], [True])
+    shapes = [e["shape"] for e in budget.log]  # (the round open now is the first the cost model chose)
+    assert not budget.open["choice"].calibrating
+    # the shapes with the fewest timings first: the second shape's rest after the others' runs, one untimed round
+    # and the two timings it lacked
+    runs = [shapes[4 * i: 4 * i + 4] for i in range(len(policy.calibration) - 2)] + [shapes[-3:]]
+    assert [run[0] for run in runs] == [s.label for s in policy.calibration[2:]] + [second.label], shapes
+    assert all(len(set(run)) == 1 for run in runs) and len(shapes) == 4 * (len(policy.calibration) - 2) + 3, shapes
+    assert all(table.samples(s.kind, s.width, s.draft_label) == 3 for s in policy.calibration)

@@ -56,6 +56,7 @@ class AutoBudget(WholeCalls, DraftBudget):
         self.devices = tuple(d for d in devices if d.type == "cuda")
         self.on_calibrated = on_calibrated
         self.open: dict[str, Any] | None = None  # the running round: shape, choice, start, draft end, tokens
+        self.previous: Shape | None = None  # the shape of the call's round before the running one
         self.log: list[dict[str, Any]] = []  # closed rounds
         self.ranked: list[Choice] = []
         self.ranked_by: CostTable | None = None
@@ -86,8 +87,9 @@ class AutoBudget(WholeCalls, DraftBudget):
         shape = fit(choice.shape, room)
         # the round starts after the choice: ranking the candidates is no shape's cost
         self.open = {"shape": shape, "choice": choice, "start": time.perf_counter(), "drafted": None, "tokens": 0,
-                     "rows": rows, "table": timed,
+                     "rows": rows, "table": timed, "after": self.previous,
                      "chooser": self.ranked_by if choice.curve_seconds > 0 else None}
+        self.previous = shape
         self.rounds += 1
         self.acceptance.clock += 1
         return RoundBudget(shape.gamma, shape.tree)
@@ -152,10 +154,10 @@ class AutoBudget(WholeCalls, DraftBudget):
     def _choose(self, timed: CostTable, costs: CostTable, room: int) -> Choice:
         if isinstance(self.policy, FixedPolicy):
             return Choice(self.policy.next(), None, 0.0)
-        calibrating = self.policy.calibrating(timed, room) if costs is timed else None
+        calibrating = self.policy.calibrating(timed, room, self.previous) if costs is timed else None
         if calibrating is not None:
             self.calibration_rounds += 1
-            return Choice(calibrating, None, 0.0)
+            return Choice(calibrating, None, 0.0, calibrating=True)
         if not self.policy.calibrated(costs) and self.policy.calibrated(self.costs):
             costs = self.costs  # near max_length no calibration shape fits: the call's bucket chooses
         if not self.policy.calibrated(costs):  # the rest does not fit near max_length: no cost model yet
@@ -315,8 +317,10 @@ class AutoBudget(WholeCalls, DraftBudget):
         seconds = now - entry["start"]
         draft = (entry["drafted"] - entry["start"]) if entry["drafted"] is not None else 0.0
         choice = entry["choice"]
+        # a calibration round is timed only after a round of its shape (CostAwarePolicy.calibrating: runs)
         if timed and not isinstance(self.policy, FixedPolicy) and \
-                not entry["table"].first_round(shape.label, shape.kind, shape.width, shape.draft_label):
+                not entry["table"].first_round(shape.label, shape.kind, shape.width, shape.draft_label) and \
+                (not choice.calibrating or entry["after"] == shape):
             if choice.curve_seconds > 0 and shape == choice.shape and entry["chooser"] is entry["table"]:
                 # the speed index first: add() divides by it (a round chosen by another bucket's curves: no ratio)
                 entry["table"].observe_ratio(shape.kind, choice.curve_seconds, seconds)
