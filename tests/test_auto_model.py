@@ -772,9 +772,9 @@ def test_batch_rounds_are_ranked_for_a_row_whose_answer_does_not_end():
 
 def test_calibration_times_each_shape_in_a_run_whose_first_round_is_not_timed():
     """Taken in turn, each calibration round followed a round of another shape, and the shortest shapes were timed
-    slow (a plain step 1.14x its rounds in runs on the world): each shape is taken in a run, its first round untimed,
-    its next three timed; a call that ends inside a run leaves the next call's first round of it untimed too (and
-    a call's last round is never timed: it has the call's end)."""
+    slow (a plain step 1.14x its rounds in runs on the world): each shape is taken in a run, its first round untimed
+    (after another shape's), its next three timed. A call's last round is never timed (it has the call's end); a
+    run the call's end cut short goes on first in the next call, whose first round is timed (no shape before it)."""
     policy = CostAwarePolicy(max_tokens=16, max_depth=4)
     tables = Tables()
     _, table = tables(1)
@@ -791,9 +791,9 @@ def test_calibration_times_each_shape_in_a_run_whose_first_round_is_not_timed():
         budget.for_round([40], [True])
     shapes = [e["shape"] for e in budget.log]  # (the round open now is the first the cost model chose)
     assert not budget.open["choice"].calibrating
-    # the shapes with the fewest timings first: the second shape's rest after the others' runs, one untimed round
-    # and the two timings it lacked
-    runs = [shapes[4 * i: 4 * i + 4] for i in range(len(policy.calibration) - 2)] + [shapes[-3:]]
-    assert [run[0] for run in runs] == [s.label for s in policy.calibration[2:]] + [second.label], shapes
-    assert all(len(set(run)) == 1 for run in runs) and len(shapes) == 4 * (len(policy.calibration) - 2) + 3, shapes
+    # the second shape's two missing timings at once, then a run of 4 for each other shape
+    assert shapes[:2] == [second.label] * 2 and len(shapes) == 2 + 4 * (len(policy.calibration) - 2), shapes
+    runs = [shapes[2 + 4 * i: 6 + 4 * i] for i in range(len(policy.calibration) - 2)]
+    assert [run[0] for run in runs] == [s.label for s in policy.calibration[2:]], shapes
+    assert all(len(set(run)) == 1 for run in runs), shapes
     assert all(table.samples(s.kind, s.width, s.draft_label) == 3 for s in policy.calibration)

@@ -317,10 +317,11 @@ class AutoBudget(WholeCalls, DraftBudget):
         seconds = now - entry["start"]
         draft = (entry["drafted"] - entry["start"]) if entry["drafted"] is not None else 0.0
         choice = entry["choice"]
-        # a calibration round is timed only after a round of its shape (CostAwarePolicy.calibrating: runs)
+        # a calibration round is timed only at the call's start or after a round of its shape (its run:
+        # CostAwarePolicy.calibrating)
         if timed and not isinstance(self.policy, FixedPolicy) and \
                 not entry["table"].first_round(shape.label, shape.kind, shape.width, shape.draft_label) and \
-                (not choice.calibrating or entry["after"] == shape):
+                (not choice.calibrating or entry["after"] in (None, shape)):
             if choice.curve_seconds > 0 and shape == choice.shape and entry["chooser"] is entry["table"]:
                 # the speed index first: add() divides by it (a round chosen by another bucket's curves: no ratio)
                 entry["table"].observe_ratio(shape.kind, choice.curve_seconds, seconds)

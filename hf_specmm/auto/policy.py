@@ -130,8 +130,9 @@ class CostAwarePolicy:
     def calibrating(self, costs: CostTable, room: int, previous: Shape | None = None) -> Shape | None:
         """The next calibration shape that fits in ``room`` drafts (near max_length a cut shape would be timed as
         another), or None once each has enough timings (or none fits): ``previous`` (the call's last round's shape)
-        again while it has too few, so each shape is timed in a run of rounds, else the one with the fewest. A run's
-        first round, after a round of another shape, is not timed (:class:`~hf_specmm.auto.budget.AutoBudget`):
+        again while it has too few, so each shape is timed in a run of rounds, else one whose run a call's end cut
+        short, else the one with the fewest. A round
+        after a round of another shape is not timed (:class:`~hf_specmm.auto.budget.AutoBudget`; a call's first is):
         taken in turn, each round after another shape, the calibration timed the shortest shapes slow, and they
         were not timed again unless taken (on the world at batch 8, median over 8 fresh tables, a plain step 1.14x
         and chain 2's drafting 1.17x the same shapes' rounds in runs; rounds 2-4 of runs of 4 came within 3 %)."""
@@ -140,10 +141,10 @@ class CostAwarePolicy:
         if previous is not None and previous in self.calibration and previous.gamma <= room and \
                 costs.samples(previous.kind, previous.width, previous.draft_label) < CALIBRATION_SAMPLES:
             return previous
-        counts = [(costs.samples(s.kind, s.width, s.draft_label), i) for i, s in enumerate(self.calibration)
-                  if s.gamma <= room]
-        fewest, index = min(counts) if counts else (CALIBRATION_SAMPLES, 0)
-        return self.calibration[index] if fewest < CALIBRATION_SAMPLES else None
+        # a run a call's end cut short first (its next round, at the call's start, is timed), then the fewest
+        counts = [(not 0 < n < CALIBRATION_SAMPLES, n, i) for i, s in enumerate(self.calibration) if s.gamma <= room
+                  for n in (costs.samples(s.kind, s.width, s.draft_label),) if n < CALIBRATION_SAMPLES]
+        return self.calibration[min(counts)[2]] if counts else None
 
     def calibrated(self, costs: CostTable) -> bool:
         if costs in self._calibrated:  # asked several times a round: a table, once calibrated, stays so
