@@ -772,7 +772,7 @@ def test_batch_rounds_are_ranked_for_a_row_whose_answer_does_not_end():
 
 def test_calibration_times_each_shape_in_a_run_whose_first_round_is_not_timed():
     """Taken in turn, each calibration round followed a round of another shape, and the shortest shapes were timed
-    slow (a plain step 1.14x its rounds in runs on the world): each shape is taken in a run, its first round untimed
+    slow (a plain step 1.13-1.22x its rounds on the world): each shape is taken in a run, its first round untimed
     (after another shape's), its next three timed. A call's last round is never timed (it has the call's end); a
     run the call's end cut short goes on first in the next call, whose first round is timed (no shape before it)."""
     policy = CostAwarePolicy(max_tokens=16, max_depth=4)

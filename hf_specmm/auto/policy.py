@@ -134,8 +134,9 @@ class CostAwarePolicy:
         short, else the one with the fewest. A round
         after a round of another shape is not timed (:class:`~hf_specmm.auto.budget.AutoBudget`; a call's first is):
         taken in turn, each round after another shape, the calibration timed the shortest shapes slow, and they
-        were not timed again unless taken (on the world at batch 8, median over 8 fresh tables, a plain step 1.14x
-        and chain 2's drafting 1.17x the same shapes' rounds in runs; rounds 2-4 of runs of 4 came within 3 %)."""
+        were not timed again unless taken (on the world, medians over 6-8 fresh tables in four processes: a plain step
+        1.13-1.22x and chain 2's drafting 1.04-1.17x the same shapes' rounds in calls of one shape; in runs
+        0.99-1.05x)."""
         if costs in self._calibrated:  # asked every round: a calibrated table stays so (see calibrated)
             return None
         if previous is not None and previous in self.calibration and previous.gamma <= room and \
