@@ -131,12 +131,11 @@ class CostAwarePolicy:
         """The next calibration shape that fits in ``room`` drafts (near max_length a cut shape would be timed as
         another), or None once each has enough timings (or none fits): ``previous`` (the call's last round's shape)
         again while it has too few, so each shape is timed in a run of rounds, else one whose run a call's end cut
-        short, else the one with the fewest. A round
-        after a round of another shape is not timed (:class:`~hf_specmm.auto.budget.AutoBudget`; a call's first is):
-        taken in turn, each round after another shape, the calibration timed the shortest shapes slow, and they
-        were not timed again unless taken (on the world, medians over 6-8 fresh tables in four processes: a plain step
-        1.13-1.22x and chain 2's drafting 1.04-1.17x the same shapes' rounds in calls of one shape; in runs
-        0.99-1.05x)."""
+        short, else the one with the fewest. A round after a round of another shape is not timed
+        (:class:`~hf_specmm.auto.budget.AutoBudget`; a call's first is): taken in turn, each round after another
+        shape, the calibration timed the shortest shapes slow, and they were not timed again unless taken (on the
+        world, medians over 6-8 fresh tables in four processes: a plain step 1.13-1.22x and chain 2's drafting
+        1.04-1.17x the same shapes' rounds in calls of one shape; in runs 0.99-1.05x)."""
         if costs in self._calibrated:  # asked every round: a calibrated table stays so (see calibrated)
             return None
         if previous is not None and previous in self.calibration and previous.gamma <= room and \

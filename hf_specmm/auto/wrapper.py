@@ -32,9 +32,9 @@ class Auto(DraftWrapper):
 
     - **costs, measured**: the target's verification time by block width and the draft's time per shape,
       timed on the real rounds of the first call for each (target, draft, device, dtype, batch bucket, cache
-      kind) — its first rounds take calibration shapes, a run of rounds each — then kept up to date by every round, for the
-      process (and in ``costs_file``, a JSON file, when given: loaded before the first call, written once a
-      calibration completes);
+      kind) — its first rounds take calibration shapes, a run of rounds each — then kept up to date by every
+      round, for the process (and in ``costs_file``, a JSON file, when given: loaded before the first call,
+      written once a calibration completes);
     - **acceptance, learned**: how often the target's token is the draft's r-th choice at depth d, updated
       from every round's verification and kept across calls for this (target, draft) pair (for the process,
       whichever ``Auto`` wraps the draft), greedy and sampling apart; ``prior``: a profile ``prior[d][r]`` (as ``hf-specmm world-tau --profile`` writes) for
