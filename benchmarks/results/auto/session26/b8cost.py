@@ -2,7 +2,7 @@
 (the draft with num_assistant_tokens=γ), Auto(shapes=[γ]) (the same rounds with Auto's bookkeeping) and Auto
 (cost-aware, after `warm` passes), in turns; then, with timers, Auto(shapes=[γ])'s bookkeeping per pass."""
 import collections
-import functools
+import pathlib
 import statistics as st
 import sys
 import time
@@ -11,17 +11,13 @@ import hf_specmm
 from hf_specmm.auto import acceptance as A
 from hf_specmm.auto import budget as B
 from hf_specmm.auto import runs as R
-from hf_specmm.train.data import encode_prompts
-from hf_specmm.world.shipped import eval_examples, load_world_models
-from hf_specmm.world.target import MAX_ANSWER_TOKENS
+from world32 import world_calls  # beside this script (its folder is sys.path[0])
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "session23"))
+from timers import timed  # noqa: E402 - session 23's
 
 name, gamma, warm, passes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-world = load_world_models()
-target = world.target
-hf_specmm.enable(target)
-examples = [e for task in eval_examples(11).values() for e in task][:32]
-inputs = [encode_prompts(world.processor, examples[i:i + 8], "raw", target.device) for i in range(0, 32, 8)]
-gen = {"max_new_tokens": MAX_ANSWER_TOKENS, "do_sample": False}
+world, target, inputs, gen = world_calls(8)
 draft = world.drafts[name]
 auto, fixed_auto = hf_specmm.Auto(draft, max_tokens=64), hf_specmm.Auto(draft, shapes=[gamma])
 methods = {"chain": dict(assistant_model=draft, num_assistant_tokens=gamma),
@@ -49,25 +45,12 @@ print("Auto's shapes:", shapes.most_common(6))
 acc: collections.Counter = collections.Counter()
 
 
-def timed(owner, attr):
-    f = getattr(owner, attr)
-
-    @functools.wraps(f)
-    def w(*a, **k):
-        s = time.perf_counter()
-        try:
-            return f(*a, **k)
-        finally:
-            acc[f"{owner.__name__}.{attr}"] += time.perf_counter() - s
-    setattr(owner, attr, w)
-
-
 for owner, attrs in ((B.AutoBudget, ("report", "_close", "for_round", "observe", "drafted", "update", "__init__")),
                      (A.AcceptanceTable, ("as_profile", "observe_chain", "observe_ends")),
                      (R.AnswerRecorder, ("record",)), (R.AnswerBook, ("add_call",))):
     for a in attrs:
         if hasattr(owner, a):
-            timed(owner, a)
+            timed(owner, a, f"{owner.__name__}.{a}", acc)
 for k in ("Auto(shapes=[g])", "Auto"):
     acc.clear()
     for _ in range(passes):

@@ -8,9 +8,7 @@ import hf_specmm
 from hf_specmm.auto import COSTS
 from hf_specmm.auto import budget as budget_mod
 from hf_specmm.trees import TreeShape
-from hf_specmm.train.data import encode_prompts
-from hf_specmm.world.shipped import eval_examples, load_world_models
-from hf_specmm.world.target import MAX_ANSWER_TOKENS
+from world32 import world_calls  # beside this script (its folder is sys.path[0])
 
 name, batch, tables = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 phases: list = []
@@ -27,12 +25,7 @@ def close(self, now, timed):
 
 
 budget_mod.AutoBudget._close = close
-world = load_world_models()
-target = world.target
-hf_specmm.enable(target)
-examples = [e for task in eval_examples(11).values() for e in task][:32]
-inputs = [encode_prompts(world.processor, examples[i:i + batch], "raw", target.device) for i in range(0, 32, batch)]
-gen = {"max_new_tokens": MAX_ANSWER_TOKENS, "do_sample": False}
+world, target, inputs, gen = world_calls(batch)
 draft = world.drafts[name]
 CAL = [0, 2, 8, TreeShape(2, 4, 8), TreeShape(4, 6, 32), TreeShape(8, 6, 64)]
 RUNS = [s for s in CAL for _ in range(4)]

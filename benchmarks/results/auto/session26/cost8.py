@@ -14,9 +14,7 @@ import hf_specmm
 from hf_specmm.auto import COSTS
 from hf_specmm.auto import budget as budget_mod
 from hf_specmm.auto.policy import cost_aware_policy
-from hf_specmm.train.data import encode_prompts
-from hf_specmm.world.shipped import eval_examples, load_world_models
-from hf_specmm.world.target import MAX_ANSWER_TOKENS
+from world32 import world_calls  # beside this script (its folder is sys.path[0])
 
 name, warm, passes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 
@@ -42,12 +40,7 @@ def close(self, now, timed):
 
 budget_mod.AutoBudget.report, budget_mod.AutoBudget._close = report, close
 
-world = load_world_models()
-target = world.target
-hf_specmm.enable(target)
-examples = [e for task in eval_examples(11).values() for e in task][:32]
-inputs = [encode_prompts(world.processor, examples[i:i + 8], "raw", target.device) for i in range(0, 32, 8)]
-gen = {"max_new_tokens": MAX_ANSWER_TOKENS, "do_sample": False}
+world, target, inputs, gen = world_calls(8)
 draft = world.drafts[name]
 auto = hf_specmm.Auto(draft, max_tokens=64)
 keys = set()
