@@ -56,7 +56,6 @@ class AutoBudget(WholeCalls, DraftBudget):
         self.devices = tuple(d for d in devices if d.type == "cuda")
         self.on_calibrated = on_calibrated
         self.open: dict[str, Any] | None = None  # the running round: shape, choice, start, draft end, tokens
-        self.previous: Shape | None = None  # the shape of the call's round before the running one
         self.log: list[dict[str, Any]] = []  # closed rounds
         self.ranked: list[Choice] = []
         self.ranked_by: CostTable | None = None
@@ -87,9 +86,8 @@ class AutoBudget(WholeCalls, DraftBudget):
         shape = fit(choice.shape, room)
         # the round starts after the choice: ranking the candidates is no shape's cost
         self.open = {"shape": shape, "choice": choice, "start": time.perf_counter(), "drafted": None, "tokens": 0,
-                     "rows": rows, "table": timed, "after": self.previous,
+                     "rows": rows, "table": timed,
                      "chooser": self.ranked_by if choice.curve_seconds > 0 else None}
-        self.previous = shape
         self.rounds += 1
         self.acceptance.clock += 1
         return RoundBudget(shape.gamma, shape.tree)
@@ -154,7 +152,8 @@ class AutoBudget(WholeCalls, DraftBudget):
     def _choose(self, timed: CostTable, costs: CostTable, room: int) -> Choice:
         if isinstance(self.policy, FixedPolicy):
             return Choice(self.policy.next(), None, 0.0)
-        calibrating = self.policy.calibrating(timed, room, self.previous) if costs is timed else None
+        previous = self.log[-1]["shape"] if self.log else None  # the call's last round's (closed before the choice)
+        calibrating = self.policy.calibrating(timed, room, previous) if costs is timed else None
         if calibrating is not None:
             self.calibration_rounds += 1
             return Choice(calibrating, None, 0.0, calibrating=True)
@@ -318,10 +317,10 @@ class AutoBudget(WholeCalls, DraftBudget):
         draft = (entry["drafted"] - entry["start"]) if entry["drafted"] is not None else 0.0
         choice = entry["choice"]
         # a calibration round is timed only at the call's start or after a round of its shape (its run:
-        # CostAwarePolicy.calibrating)
+        # CostAwarePolicy.calibrating); the log holds the call's closed rounds
         if timed and not isinstance(self.policy, FixedPolicy) and \
                 not entry["table"].first_round(shape.label, shape.kind, shape.width, shape.draft_label) and \
-                (not choice.calibrating or entry["after"] in (None, shape)):
+                (not choice.calibrating or not self.log or self.log[-1]["shape"] == shape.label):
             if choice.curve_seconds > 0 and shape == choice.shape and entry["chooser"] is entry["table"]:
                 # the speed index first: add() divides by it (a round chosen by another bucket's curves: no ratio)
                 entry["table"].observe_ratio(shape.kind, choice.curve_seconds, seconds)

@@ -127,20 +127,21 @@ class CostAwarePolicy:
         #: tables with every calibration timing (a table's samples never shrink: once calibrated, always)
         self._calibrated: weakref.WeakSet[CostTable] = weakref.WeakSet()
 
-    def calibrating(self, costs: CostTable, room: int, previous: Shape | None = None) -> Shape | None:
+    def calibrating(self, costs: CostTable, room: int, previous: str | None = None) -> Shape | None:
         """The next calibration shape that fits in ``room`` drafts (near max_length a cut shape would be timed as
-        another), or None once each has enough timings (or none fits): ``previous`` (the call's last round's shape)
-        again while it has too few, so each shape is timed in a run of rounds, else one whose run a call's end cut
-        short, else the one with the fewest. A round after a round of another shape is not timed
+        another), or None once each has enough timings (or none fits): ``previous`` (the label of the call's last
+        round's shape) again while it has too few, so each shape is timed in a run of rounds, else one whose run a
+        call's end cut short, else the one with the fewest. A round after a round of another shape is not timed
         (:class:`~hf_specmm.auto.budget.AutoBudget`; a call's first is): taken in turn, each round after another
         shape, the calibration timed the shortest shapes slow, and they were not timed again unless taken (on the
         world, medians over 6-8 fresh tables in four processes: a plain step 1.13-1.22x and chain 2's drafting
         1.04-1.17x the same shapes' rounds in calls of one shape; in runs 0.99-1.05x)."""
         if costs in self._calibrated:  # asked every round: a calibrated table stays so (see calibrated)
             return None
-        if previous is not None and previous in self.calibration and previous.gamma <= room and \
-                costs.samples(previous.kind, previous.width, previous.draft_label) < CALIBRATION_SAMPLES:
-            return previous
+        run = next((s for s in self.calibration if s.label == previous), None)
+        if run is not None and run.gamma <= room and costs.samples(run.kind, run.width, run.draft_label) < \
+                CALIBRATION_SAMPLES:
+            return run
         # a run a call's end cut short first (its next round, at the call's start, is timed), then the fewest
         counts = [(not 0 < n < CALIBRATION_SAMPLES, n, i) for i, s in enumerate(self.calibration) if s.gamma <= room
                   for n in (costs.samples(s.kind, s.width, s.draft_label),) if n < CALIBRATION_SAMPLES]
