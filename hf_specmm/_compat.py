@@ -26,7 +26,7 @@ from packaging.version import Version
 from transformers import GenerationMixin
 
 MIN_TRANSFORMERS = Version("5.17.0")
-MAX_TRANSFORMERS_EXCLUSIVE = Version("5.25.0")
+MAX_TRANSFORMERS_EXCLUSIVE = Version("5.26.0")
 TESTED_RANGE = f">={MIN_TRANSFORMERS},<{MAX_TRANSFORMERS_EXCLUSIVE}"
 
 _INSTALLED = Version(transformers.__version__)
