@@ -109,6 +109,16 @@ def test_no_import_cycle_in_the_package():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the check can fail
 
 
+def test_no_import_cycle_counting_type_checking_imports():
+    """Every import the source names, ``if TYPE_CHECKING:`` blocks included: a circle that only a type annotation
+    closes is still two modules that cannot be read, moved or tested one without the other."""
+    everything = {m: _imports(m, module_level_only=False, type_checking=True) for m in MODULES}
+    assert "hf_specmm.bench.step" in everything["hf_specmm.bench.methods"]  # an import the runtime graph sees too
+    checking = {m: i - RUNTIME[m] for m, i in everything.items() if i - RUNTIME[m]}
+    assert checking, "no import under TYPE_CHECKING was read: the reader misses them"
+    assert _cycles(everything) == []
+
+
 def test_no_import_cycle_between_folders():
     """Folders (and the top-level modules) import each other one way: no ``trees/`` <-> ``drafts/``,
     ``trees/`` <-> ``budget.py`` or ``drafts/`` <-> ``hub.py`` through any of their files."""

@@ -3,7 +3,7 @@ draft kind (a chain, a ``Tree`` or ``Auto``); each a callable returning the call
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -15,9 +15,7 @@ from ..trees import TreeShape
 from ..vocab import VocabMap
 from .controlled import set_reference
 from .presets import SMALL_LM
-
-if TYPE_CHECKING:
-    from .runner import BenchStep
+from .step import StepInputs
 
 
 def _prompt_positions(draft: Any, vocab: VocabMap, inputs: dict) -> torch.Tensor:
@@ -29,7 +27,7 @@ def _prompt_positions(draft: Any, vocab: VocabMap, inputs: dict) -> torch.Tensor
 class PlainMethod:
     """Plain ``generate`` on the step's inputs (``compiled``: stock's static cache + compiled forward)."""
 
-    def __init__(self, step: "BenchStep", compiled: bool = False):
+    def __init__(self, step: StepInputs, compiled: bool = False):
         self.step, self.compiled = step, compiled
 
     def __call__(self) -> torch.Tensor:
@@ -40,11 +38,11 @@ class ControlledMethod:
     """A method whose draft may run under controlled acceptance: the draft's reference (and the call's draws) are set
     before each call, for a timed call by :meth:`prepare` outside its time (:func:`~.timing.interleaved_medians` runs
     it before the clock starts). Timed with the call, that set-up was about 0.5 ms of a 72 ms call on the tiny preset
-    that plain's calls did not pay (docs/benchmarks.md, session 24)."""
+    that plain's calls did not pay."""
 
-    step: "BenchStep"
+    step: StepInputs
     prepared = False  # prepare() ran for the next call
-    turns = 0  # timed calls prepared so far: the k-th draws pattern k (BenchStep.draw_seed)
+    turns = 0  # timed calls prepared so far: the k-th draws pattern k (StepInputs.draw_seed)
     untimed = 0  # untimed calls made so far (warm-up, calibration): with per-call draws each draws its own pattern
 
     def prepare(self) -> None:
@@ -69,7 +67,7 @@ class StockMethod(ControlledMethod):
     users do (stock ignores it: default γ = 20); ``stock`` sets γ where stock reads it, the draft's
     generation_config, for the run only."""
 
-    def __init__(self, step: "BenchStep", name: str):
+    def __init__(self, step: StepInputs, name: str):
         self.step, self.name = step, name
         self.forwards: list[int] = []  # target forwards per call
 
@@ -102,7 +100,7 @@ class OursMethod(ControlledMethod):
     """hf_specmm with one draft kind (``compiled``: static caches + compiled forwards, stock's switch); keeps each
     call's statistics."""
 
-    def __init__(self, step: "BenchStep", kind: str, compiled: bool = False, tree: TreeShape | None = None,
+    def __init__(self, step: StepInputs, kind: str, compiled: bool = False, tree: TreeShape | None = None,
                  auto: bool = False):
         self.step, self.kind, self.compiled, self.tree = step, kind, compiled, tree
         self.stats: list[Any] = []

@@ -12,14 +12,13 @@ from .timing import target_step_costs
 
 if TYPE_CHECKING:
     from .methods import OursMethod
-    from .runner import BenchStep
+    from .step import StepInputs
 
 
-def tree_row(step: "BenchStep", name: str, timed: dict[str, Any], t1: float) -> dict[str, Any]:
-    """hf_specmm with ``hf_specmm.Tree`` around a kind's draft, against plain timed in the same turns. The
-    chain cost model (τ·T1/(Tv + γ·Td)) does not describe a tree round, so its columns are left out; Tv is
-    measured for the tree's width (N + 1 tokens in one target forward) beside T1."""
-    method = step.ours_tree[name]
+def tree_row(step: StepInputs, method: OursMethod, name: str, timed: dict[str, Any], t1: float) -> dict[str, Any]:
+    """hf_specmm with ``hf_specmm.Tree`` around a kind's draft (``method``, timed as ``ours_<name>``), against plain
+    timed in the same turns. The chain cost model (τ·T1/(Tv + γ·Td)) does not describe a tree round, so its columns
+    are left out; Tv is measured for the tree's width (N + 1 tokens in one target forward) beside T1."""
     stats, shape, new_tokens = method.stats, method.tree, step.batch * step.config.max_new_tokens
     tv = target_step_costs(step.target, step.inputs, shape.nodes)["Tv"]
     t_plain, (t_ours, ours) = timed["plain"][0], timed[f"ours_{name}"][:2]
@@ -41,7 +40,7 @@ def tree_row(step: "BenchStep", name: str, timed: dict[str, Any], t1: float) -> 
     }
 
 
-def calibrate_auto(step: "BenchStep", method: "OursMethod") -> int:
+def calibrate_auto(step: StepInputs, method: OursMethod) -> int:
     """Untimed calls of an Auto row until one runs without calibration rounds (its cost table is complete:
     Auto measures costs once per process and key); returns how many it took."""
     for calls in range(1, step.config.auto_calibration_calls + 1):
@@ -52,10 +51,11 @@ def calibrate_auto(step: "BenchStep", method: "OursMethod") -> int:
     return calls
 
 
-def auto_row(step: "BenchStep", name: str, timed: dict[str, Any], calibration_calls: int) -> dict[str, Any]:
-    """hf_specmm with ``hf_specmm.Auto`` around a kind's draft, against plain timed in the same turns; the
-    shapes its timed calls took (rounds per shape) and its predicted / measured tokens per second."""
-    method = step.ours_auto[name]
+def auto_row(step: StepInputs, method: OursMethod, name: str, timed: dict[str, Any],
+             calibration_calls: int) -> dict[str, Any]:
+    """hf_specmm with ``hf_specmm.Auto`` around a kind's draft (``method``, timed as ``ours_<name>``), against plain
+    timed in the same turns; the shapes its timed calls took (rounds per shape) and its predicted / measured tokens
+    per second."""
     stats, new_tokens = method.stats[-step.config.repeats:], step.batch * step.config.max_new_tokens
     t_plain, (t_ours, ours) = timed["plain"][0], timed[f"ours_{name}"][:2]
     acceptance = [st.acceptance_rate for st in stats if st.acceptance_rate is not None]

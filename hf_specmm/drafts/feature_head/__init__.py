@@ -10,7 +10,8 @@ import torch
 from ..registry import DraftKind, register_draft_kind
 from .configuration import FeatureHeadDraftConfig
 from .drafter import FeatureHeadDrafter
-from .eagle3 import Eagle3FeatureHead, Eagle3HeadConfig
+from .eagle3 import Eagle3FeatureHead
+from .eagle3_config import Eagle3HeadConfig
 from .eagle3_drafter import Eagle3Drafter
 from .formats import checkpoint_format, import_head
 from .losses import eagle3_loss, feature_head_loss

@@ -1,6 +1,7 @@
 """EAGLE-3 heads written in the serving engines' layouts (``speculators``, SGLang): see :mod:`.formats` for both
 layouts and their import. Export sits below :mod:`.eagle3` (whose ``save_pretrained`` calls it) and knows the head
-only through its config and state dict, so the head's module imports it, never the other way round."""
+only through its config (:mod:`.eagle3_config`) and state dict, so the head's module imports it, never the other way
+round."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from .configuration import default_aux_layers
 from .validation import NORM_FLAGS
 
 if TYPE_CHECKING:
-    from .eagle3 import Eagle3FeatureHead
+    from .eagle3_config import Eagle3HeadConfig
 
 FORMATS = ("speculators", "sglang")
 SGLANG_ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -39,17 +40,17 @@ def _sglang_name(name: str) -> str:
 
 
 # ---- export ---------------------------------------------------------------------------------------------
-def _mrope_section(head: "Eagle3FeatureHead") -> list[int] | None:
-    rope = getattr(head.config.text_config, "rope_parameters", None) or {}
+def _mrope_section(config: Eagle3HeadConfig) -> list[int] | None:
+    rope = getattr(config.text_config, "rope_parameters", None) or {}
     return list(rope["mrope_section"]) if isinstance(rope, dict) and "mrope_section" in rope else None
 
 
-def _layer_dict(head: "Eagle3FeatureHead") -> dict[str, Any]:
-    layer = copy.deepcopy(head.config.layer_config).to_dict()
+def _layer_dict(config: Eagle3HeadConfig) -> dict[str, Any]:
+    layer = copy.deepcopy(config.layer_config).to_dict()
     for key in ("_attn_implementation_autoset", "transformers_version", "architectures", "dtype", "torch_dtype"):
         layer.pop(key, None)
     rope = dict(layer.get("rope_parameters") or {})
-    section = _mrope_section(head)
+    section = _mrope_section(config)
     if section is not None:  # the engines read M-RoPE from the layer config's rope_scaling
         rope["mrope_section"] = section
     layer["rope_parameters"] = rope
@@ -59,15 +60,16 @@ def _layer_dict(head: "Eagle3FeatureHead") -> dict[str, Any]:
     return layer
 
 
-def export_head(head: "Eagle3FeatureHead", save_directory: str | Path, layout: str) -> Path:
-    """Write ``head`` in ``layout`` (``"speculators"`` or ``"sglang"``): config.json + model.safetensors."""
+def export_head(config: Eagle3HeadConfig, state_dict: dict[str, torch.Tensor], save_directory: str | Path,
+                layout: str) -> Path:
+    """Write the head of ``config`` and ``state_dict`` in ``layout`` (``"speculators"`` or ``"sglang"``):
+    config.json + model.safetensors."""
     if layout not in FORMATS:
         raise ValueError(f"format={layout!r}: choose from hf_specmm, {', '.join(FORMATS)}")
-    config = head.config
     folder = Path(save_directory)
     folder.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}
-    layer = _layer_dict(head)
+    state = {k: v.detach().contiguous().cpu() for k, v in state_dict.items()}
+    layer = _layer_dict(config)
     if layout == "speculators":
         tensors = _speculators_names(state)
         out: dict[str, Any] = {

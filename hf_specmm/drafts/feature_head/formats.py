@@ -37,7 +37,8 @@ from transformers import PreTrainedModel
 
 from ...errors import DraftLoadError, IncompatibleDraftError
 from ..checkpoints import read_config_json, weight_files
-from .eagle3 import Eagle3FeatureHead, Eagle3HeadConfig
+from .eagle3 import Eagle3FeatureHead
+from .eagle3_config import Eagle3HeadConfig
 from .export import FORMATS, SGLANG_ARCHITECTURE, export_head  # noqa: F401  (export_head: the layouts' writer)
 from .modeling import head_config_fields
 from .validation import NORM_FLAGS, check_engine_config, check_tensor_shapes, check_vocab_maps, too_few_aux_layers
