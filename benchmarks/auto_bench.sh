@@ -15,7 +15,7 @@ OUT=${OUT:-benchmarks/results/auto}
 PY=${PY:-python3}
 mkdir -p "$OUT"
 export PYTHONPATH=$(pwd)${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
-profile=$OUT/world_profile_text-only-distilled.json  # hf-specmm world-tau --profile --per-task 16 --gammas 5
+profile=benchmarks/results/world-acceptance-profiles/world_profile_text-only-distilled.json  # hf-specmm world-tau --profile
 # the best grid row is then re-timed beside Auto and plain (--auto-eval-repeats: the best of 12 noisy rows is biased high),
 # Auto after 24 untimed calls (--auto-warmup-calls: a process that has served them, as auto_world.py's evaluation comes
 # after its grid pass's calls; the grid pass's Auto row is its first calls)

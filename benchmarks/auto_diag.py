@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--auto-calls", type=int, default=4, help="Auto (choosing) calls before the turns")
     parser.add_argument("--turns", type=int, default=3)
-    parser.add_argument("--profile", default="benchmarks/results/auto/world_profile_text-only-distilled.json")
+    parser.add_argument("--profile",
+                        default="benchmarks/results/world-acceptance-profiles/world_profile_text-only-distilled.json")
     parser.add_argument("--slow-calibration", type=float, default=0.0, metavar="SECONDS",
                         help="add this to each phase of Auto's drafted calibration rounds (emulates the H200's)")
     args = parser.parse_args(argv)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# One call per section on a lent GPU machine (device tool): hf_specmm runs from the working tree, checks
-# that the speculative path is lossless on the GPU, then times the GPU presets. Results land in $OUT.
-#   device run: bash benchmarks/gpu_bench.sh [p0] [p1] [p3] [q1] [g1] [q5] [t1] [c1] [auto] [a1] [ad]  (none named: all but a1, ad)
+# The GPU benchmarks, one section per name: hf_specmm runs from the working tree, checks that the speculative
+# path is lossless on the GPU, then times the GPU presets. Results land in $OUT (default benchmarks/results/gpu).
+#   bash benchmarks/gpu_bench.sh [p0] [p1] [p3] [q1] [g1] [q5] [t1] [c1] [auto] [a1] [ad]  (none named: all but a1, ad)
+#   bash benchmarks/gpu_bench.sh --help
 #   p0  tiny LLaVA, the draft's own proposals (no controlled acceptance), batch 1/3: lossless smoke test
 #   p1  LLaVA-1.5-7B shape, batch 1, α 0.7, γ 3/5: plain vs stock vs ours, small LM vs feature head
 #   p3  LLaVA-1.5-7B shape, γ 5, batch 1/4/8 (stock refuses batch > 1): small LM vs feature head
@@ -17,21 +18,28 @@
 #       controlled acceptance, docs/auto.md): hf_specmm.Auto beside chains γ 1/3/5/8 and trees (2,4,8),
 #       (4,6,24), (8,6,48), (8,8,64), both drafts (the Qwen shape's 0.5B-shaped draft costs ~0.9 of a 7B step:
 #       Auto should fall back to plain steps or plain generate there)
-#   a1  the auto section cut to fit a 15-minute lease, each (preset, batch) its own bench so a cut-off call keeps
-#       what finished: Qwen2.5-VL-7B shape batch 1 (γ 1/3/5), LLaVA-1.5-7B shape batch 1 and 4 (γ 1/3/5/8, trees
+#   a1  the auto section in short parts, each (preset, batch) its own bench so an interrupted run keeps what
+#       finished: Qwen2.5-VL-7B shape batch 1 (γ 1/3/5), LLaVA-1.5-7B shape batch 1 and 4 (γ 1/3/5/8, trees
 #       (4,6,24) and (8,8,64)); 64 new tokens, Auto's best grid row re-timed in turns beside Auto and plain
 #   ad  LLaVA-1.5-7B shape, batch 1, both drafts: benchmarks/auto_diag.py (where Auto's rounds spend their time next
-#       to the same shapes run fixed; its cost table, shares and ranking): run it first on a GPU (docs/auto.md)
+#       to the same shapes run fixed; its cost table, shares and ranking; docs/auto.md)
 # The 7B presets time bf16 weights, as users run them (DTYPE=float32 for fp32): controlled acceptance
 # replays the plain greedy run's tokens, which needs every method to produce them; the presets' margin rule
 # (hf_specmm/bench/margins.py) keeps each greedy pick ahead of the runner-up by far more than bf16 rounding,
 # so a (γ+1)-token verification and a 1-token step agree (without it: lossless False and τ 1.1-1.2 instead
-# of 2.5-3.1 at α 0.7 on an H100, p1-bf16/). Each 7B section first prints the preset's greedy margins
+# of 2.5-3.1 at α 0.7 on an H100, benchmarks/results/gpu-h100/llava-1.5-7b-batch1-bf16-before-margin-rule/). Each 7B section first prints the preset's greedy margins
 # (margins.txt: min / median top-1 minus top-2 in bf16 spacings).
 # The machine has torch/transformers; carry extra wheels in .whl/ if its transformers is outside the
 # tested range (see README).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+SECTIONS="p0 p1 p3 q1 g1 q5 t1 c1 auto a1 ad"
+if [[ " $* " == *" --help "* || " $* " == *" -h "* ]]; then
+  sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0
+fi
+for s in "$@"; do  # every name checked before anything runs
+  [[ " $SECTIONS " == *" $s "* ]] || { echo "gpu_bench.sh: unknown section '$s' (choose from: $SECTIONS)" >&2; exit 2; }
+done
 OUT=${OUT:-benchmarks/results/gpu}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -47,41 +55,40 @@ PY
 bench() { local name=$1; shift; python3 -m hf_specmm.cli bench "$@" --out "$OUT/$name" 2>&1 | tee "$OUT/$name.txt"; }
 kinds=(--draft-kind text_only feature_head)
 big=(--dtype "${DTYPE:-bfloat16}" --acceptance 0.7 --max-new-tokens 128 --warmup 1 --repeats 3)
-profile=(--dtype "${DTYPE:-bfloat16}" --acceptance-profile benchmarks/results/auto/world_profile_text-only-distilled.json
+profile=(--dtype "${DTYPE:-bfloat16}" --acceptance-profile benchmarks/results/world-acceptance-profiles/world_profile_text-only-distilled.json
          --max-new-tokens 128 --warmup 1 --repeats 3 --no-stock --gammas 1 3 5 8 --tree 2,4,8 --tree 4,6,24
          --tree 8,6,48 --tree 8,8,64 --auto)
-lean=(--dtype "${DTYPE:-bfloat16}" --acceptance-profile benchmarks/results/auto/world_profile_text-only-distilled.json
+lean=(--dtype "${DTYPE:-bfloat16}" --acceptance-profile benchmarks/results/world-acceptance-profiles/world_profile_text-only-distilled.json
       --max-new-tokens 64 --warmup 1 --repeats 3 --no-stock --auto --auto-eval-repeats 3 "${kinds[@]}" --device cuda)
 margins() {  # the margin check on the preset about to be timed (same seed, dtype, inputs as the bench's batch 1)
   python3 -c 'import sys; from hf_specmm.bench.margins import main; sys.exit(main(sys.argv[1:]))' "$1" --device cuda \
     --dtype "${DTYPE:-bfloat16}" 2>&1 | tee -a "$OUT/margins.txt"; }
 for s in $sections; do
   case $s in
-    p0) bench p0 --preset tiny --device cuda "${kinds[@]}" --gammas 1 3 8 --batch-sizes 1 3 --max-new-tokens 32 \
+    p0) bench tiny-llava-lossless --preset tiny --device cuda "${kinds[@]}" --gammas 1 3 8 --batch-sizes 1 3 --max-new-tokens 32 \
           --warmup 1 --repeats 1 ;;
-    p1) margins llava-1.5-7b-shape; bench p1 --preset llava-1.5-7b-shape --device cuda "${kinds[@]}" --gammas 3 5 --batch-sizes 1 "${big[@]}" ;;
-    p3) margins llava-1.5-7b-shape; bench p3 --preset llava-1.5-7b-shape --device cuda "${kinds[@]}" --gammas 5 --batch-sizes 1 4 8 "${big[@]}" --no-stock ;;
-    q1) margins qwen2.5-vl-7b-shape; bench q1 --preset qwen2.5-vl-7b-shape --device cuda "${kinds[@]}" --gammas 5 --batch-sizes 1 4 "${big[@]}" ;;
-    g1) margins gemma4-e2b-shape; bench g1 --preset gemma4-e2b-shape --device cuda --draft-kind text_only --gammas 3 5 \
+    p1) margins llava-1.5-7b-shape; bench llava-1.5-7b-batch1 --preset llava-1.5-7b-shape --device cuda "${kinds[@]}" --gammas 3 5 --batch-sizes 1 "${big[@]}" ;;
+    p3) margins llava-1.5-7b-shape; bench llava-1.5-7b-batch-1-4-8 --preset llava-1.5-7b-shape --device cuda "${kinds[@]}" --gammas 5 --batch-sizes 1 4 8 "${big[@]}" --no-stock ;;
+    q1) margins qwen2.5-vl-7b-shape; bench qwen2.5-vl-7b-batch-1-4 --preset qwen2.5-vl-7b-shape --device cuda "${kinds[@]}" --gammas 5 --batch-sizes 1 4 "${big[@]}" ;;
+    g1) margins gemma4-e2b-shape; bench gemma4-e2b-batch-1-4 --preset gemma4-e2b-shape --device cuda --draft-kind text_only --gammas 3 5 \
           --batch-sizes 1 4 "${big[@]}" ;;
-    q5) margins qwen3.5-9b-shape; bench q5 --preset qwen3.5-9b-shape --device cuda "${kinds[@]}" --gammas 3 5 --batch-sizes 1 4 "${big[@]}" ;;
-    t1) margins llava-1.5-7b-shape; bench t1 --preset llava-1.5-7b-shape --device cuda "${kinds[@]}" --gammas 5 --batch-sizes 1 4 \
+    q5) margins qwen3.5-9b-shape; bench qwen3.5-9b-batch-1-4 --preset qwen3.5-9b-shape --device cuda "${kinds[@]}" --gammas 3 5 --batch-sizes 1 4 "${big[@]}" ;;
+    t1) margins llava-1.5-7b-shape; bench llava-1.5-7b-trees --preset llava-1.5-7b-shape --device cuda "${kinds[@]}" --gammas 5 --batch-sizes 1 4 \
           --tree 4,6,32 --tree 8,8,64 "${big[@]}" --no-stock ;;
-    c1) margins llava-1.5-7b-shape; bench c1 --preset llava-1.5-7b-shape --device cuda "${kinds[@]}" --gammas 5 --batch-sizes 1 4 8 \
+    c1) margins llava-1.5-7b-shape; bench llava-1.5-7b-compile --preset llava-1.5-7b-shape --device cuda "${kinds[@]}" --gammas 5 --batch-sizes 1 4 8 \
           --compile "${big[@]}" --no-stock ;;
-    auto) margins llava-1.5-7b-shape; bench auto-llava --preset llava-1.5-7b-shape --device cuda "${kinds[@]}" \
+    auto) margins llava-1.5-7b-shape; bench llava-1.5-7b-auto --preset llava-1.5-7b-shape --device cuda "${kinds[@]}" \
           --batch-sizes 1 4 "${profile[@]}"
-          margins qwen2.5-vl-7b-shape; bench auto-qwen --preset qwen2.5-vl-7b-shape --device cuda "${kinds[@]}" \
+          margins qwen2.5-vl-7b-shape; bench qwen2.5-vl-7b-auto --preset qwen2.5-vl-7b-shape --device cuda "${kinds[@]}" \
           --batch-sizes 1 4 "${profile[@]}" ;;
-    a1) bench a1-qwen-b1 --preset qwen2.5-vl-7b-shape --batch-sizes 1 --gammas 1 3 5 "${lean[@]}"
+    a1) bench qwen2.5-vl-7b-auto-batch1 --preset qwen2.5-vl-7b-shape --batch-sizes 1 --gammas 1 3 5 "${lean[@]}"
         for b in 1 4; do
-          bench a1-llava-b$b --preset llava-1.5-7b-shape --batch-sizes $b --gammas 1 3 5 8 --tree 4,6,24 --tree 8,8,64 \
+          bench llava-1.5-7b-auto-batch$b --preset llava-1.5-7b-shape --batch-sizes $b --gammas 1 3 5 8 --tree 4,6,24 --tree 8,8,64 \
             "${lean[@]}"
         done ;;
     ad) for kind in text_only feature_head; do
           python3 benchmarks/auto_diag.py --preset llava-1.5-7b-shape --device cuda --dtype "${DTYPE:-bfloat16}" \
             --draft-kind $kind 2>&1 | tee "$OUT/ad-$kind.txt"
         done ;;
-    *) echo "unknown section $s (p0 p1 p3 q1 g1 q5 t1 c1 auto a1 ad)"; exit 2 ;;
   esac
 done

@@ -121,14 +121,14 @@ def measure(model, batch: int, gamma: int, keep: int, repeats: int) -> dict[str,
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="tiny", choices=("tiny", "9b-4layers"))
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--gamma", type=int, default=5)
     parser.add_argument("--keep", type=int, default=3, help="tokens each row keeps of the γ + 1")
     parser.add_argument("--repeats", type=int, default=20)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.manual_seed(0)
     model = model_for(args.shape)
     print(f"shape {args.shape}, γ {args.gamma}, keep {args.keep}, threads {torch.get_num_threads()}, "

@@ -1,11 +1,11 @@
-"""Where a speculative generate call's time goes, per batch size (cpu-proxy, controlled acceptance).
+"""Where a speculative generate call's time goes, per batch size (a bench preset, controlled acceptance).
 
 Times every target and draft forward with forward hooks (the rest is our loop: processors, stopping
 criteria, rows, caches, host syncs) and counts rounds: the batch runs as many rounds as its slowest
 row needs, while the per-row τ of the cost model averages over rows. Each batch size runs twice in turns:
 finished rows leaving both caches (the loop's behaviour) and, for comparison, every row kept to the end.
 
-    PYTHONPATH=. python benchmarks/loop_split.py --batch-sizes 1 4 8 > benchmarks/results/<name>/loop_split.txt
+    PYTHONPATH=. python benchmarks/loop_split.py --batch-sizes 1 4 8 > benchmarks/results/cpu-proxy-batch-1-4-8/loop_split.txt
 """
 
 from __future__ import annotations
@@ -40,22 +40,23 @@ class Clock:
         self.calls += 1
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="cpu-proxy", help="bench preset (hf-specmm bench --help lists them)")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--gamma", type=int, default=5)
     parser.add_argument("--acceptance", type=float, default=0.8)
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=2)
-    args = parser.parse_args()
-    preset = build_preset("cpu-proxy")
+    args = parser.parse_args(argv)
+    preset = build_preset(args.preset)
     target, draft = preset.target, preset.draft
     vocab = VocabMap(target_spec(target), draft_vocab_size(draft), torch.device("cpu"))
     view = controlled_acceptance(draft, args.acceptance, seed=0, wrong_modulus=preset.text_vocab,
                                  proposable=vocab.proposable)
     target_clock, draft_clock = Clock(target), Clock(draft)
     gen = dict(max_new_tokens=args.max_new_tokens, do_sample=False)
-    print(f"cpu-proxy, α={args.acceptance}, γ={args.gamma}, {args.max_new_tokens} new tokens, "
+    print(f"{args.preset}, α={args.acceptance}, γ={args.gamma}, {args.max_new_tokens} new tokens, "
           f"{torch.get_num_threads()} threads; seconds per call (median of {args.repeats})")
     for batch in args.batch_sizes:
         inputs = synthetic_inputs(preset, batch, 32, 0)

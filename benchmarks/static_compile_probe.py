@@ -1,4 +1,4 @@
-"""Eager vs compiled target forwards over a static slotted cache (issue 20), one process, one machine.
+"""Eager vs compiled target forwards over a static slotted cache, one process, one machine.
 
 For the ``tiny`` bench preset's target (or another preset's), a prompt is prefilled eagerly into a
 :class:`~hf_specmm.caches.StaticSlottedCache`; then the time of one forward of a 1-token decoding

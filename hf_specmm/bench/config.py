@@ -125,7 +125,8 @@ def config_note(config: BenchConfig, target: Any) -> str | None:
         note += "; draws per call (the k-th timed call of every method draws pattern k)"
     if target.dtype in (torch.bfloat16, torch.float16):
         # a random head's near-tied argmaxes flip between a verification and a 1-token step in half precision (H100,
-        # benchmarks/results/gpu-h100/p1-bf16: τ 1.1 at α 0.7); the presets' margin rule (margins.py) rules them out
+        # benchmarks/results/gpu-h100/llava-1.5-7b-batch1-bf16-before-margin-rule: τ 1.1 at α 0.7); the presets'
+        # margin rule (margins.py) rules them out
         note += ("; half precision: the presets' greedy margins are far above rounding (margin rule); a target of "
                  "your own needs them too (hf_specmm.bench.margins.greedy_margins), or lossless False and τ collapse")
     return note
