@@ -56,10 +56,10 @@ def step(forward: Any, kv: StaticSlottedCache, block: torch.Tensor) -> torch.Ten
 
 
 def probe(preset_name: str, batches: list[int], widths: list[int], prompt_tokens: int, warmup: int, repeats: int,
-          device: str) -> list[dict]:
+          device: str, backend: str = "inductor") -> list[dict]:
     preset = build_preset(preset_name, device=device)
     target = preset.target
-    compiled = _compat.compiled_call(target, CompileConfig(dynamic=False))  # one graph per (batch, width)
+    compiled = _compat.compiled_call(target, CompileConfig(dynamic=False, backend=backend))  # a graph per (batch, width)
     rows = []
     for batch in batches:
         inputs = synthetic_inputs(preset, batch, prompt_tokens)
@@ -101,10 +101,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
+    parser.add_argument("--backend", default="inductor",
+                        help="torch.compile backend (stock's default inductor; 'eager' traces the graphs without codegen)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    rows = probe(args.preset, args.batch, args.widths, args.prompt_tokens, args.warmup, args.repeats, args.device)
+    rows = probe(args.preset, args.batch, args.widths, args.prompt_tokens, args.warmup, args.repeats, args.device,
+                 args.backend)
     if args.out:
         import transformers
 
