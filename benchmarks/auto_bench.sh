@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# hf_specmm.Auto's goals on this machine (issue 27; docs/auto.md, docs/benchmarks.md#auto): Auto beside the grid
+# hf_specmm.Auto's goals on this machine (docs/auto.md): Auto beside the grid
 # (chains γ 1..8, trees (2,4,8), (4,6,24), (8,6,48), (8,8,64)) and plain, under the shipped world's text-only
 # acceptance profile (rank-aware controlled acceptance), on tiny and cpu-proxy at batch 1 and 4; a useless draft
 # (acceptance 0); the shipped world's trained drafts at batch 1 and 8 (benchmarks/auto_world.py).
@@ -7,7 +7,7 @@
 # The profile's draws are made per timed call (hf-specmm bench --acceptance-draws per-call: every method's k-th timed
 # call sees pattern k), so the grid's rows realise the profile: under one fixed pattern per (row, position) a single
 # prompt's draws gave cpu-proxy's chains 7-8 a realised tau of 4.88 against the profile's 4.05, and the best row was the
-# pattern's luck (docs/benchmarks.md, session 25). DRAWS=fixed bash benchmarks/auto_bench.sh ... for that pattern;
+# pattern's luck. DRAWS=fixed bash benchmarks/auto_bench.sh ... for that pattern;
 # WARM=0 for the evaluation of Auto's first calls.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,13 +1,13 @@
 """Where hf_specmm.Auto's rounds spend their time on a bench preset, next to the same shapes run fixed.
 
-On an H200 (benchmarks/results/gpu-h200/, docs/benchmarks.md "Session 10") Auto's cost table put every drafted
+On an H200 (benchmarks/results/gpu-h200/) Auto's cost table put every drafted
 round 50 ms or more above what the same shapes took in fixed calls, and Auto ran plain generate where fixed
 chains and trees ran 1.8-2.8x plain. This times, in turns on one preset's inputs (controlled acceptance from
 the world's text-only profile), each of: plain generate, a fixed chain of 5, Auto with fixed shapes (its hooks,
 one shape: ``[5]``; plain steps between: ``[0, 5]``; a chain and a tree in turn: ``[5, tree 4,6,32]``) and Auto
 choosing, so the per-round cost of Auto's hooks, of plain steps between drafted rounds and of a changing shape
 are told apart; then Auto's cost table (medians per verification width and drafted shape), its realised shares
-and its ranking. ``--slow-calibration 0.3`` emulates the H200's calibration on any machine (Session 11).
+and its ranking. ``--slow-calibration 0.3`` emulates the H200's calibration on any machine.
 
     python benchmarks/auto_diag.py --preset llava-1.5-7b-shape --device cuda --dtype bfloat16 --draft-kind feature_head
 """
@@ -32,7 +32,7 @@ def _sync(device: str) -> None:
 def slow_calibration(seconds: float) -> Iterator[None]:
     """Every drafted calibration round of a choosing Auto takes ``seconds`` longer in each of its two phases
     (drafting, verification): the H200's calibration, which timed drafted rounds 3-7x what the same shapes took
-    in fixed calls (docs/benchmarks.md, Session 11), emulated on any machine."""
+    in fixed calls (benchmarks/results/gpu-h200/), emulated on any machine."""
     from hf_specmm.auto.budget import AutoBudget
     from hf_specmm.auto.policy import FixedPolicy
 

@@ -213,7 +213,7 @@ def hub_file(repo_id: str, filename: str, **hub_kwargs: Any) -> str | None:
     return cached_file(repo_id, filename, _raise_exceptions_for_missing_entries=False, **hub_kwargs)
 
 
-# ---- static caches and compilation (issue 20) --------------------------------------------------------
+# ---- static caches and compilation ---------------------------------------------------------------------
 # Read in transformers 5.17 and 5.24 (identical where used here): a ``StaticLayer`` preallocates
 # ``keys`` / ``values`` [B, H, max_cache_len, D] on its first update and writes every row's new states at
 # the same slots, ``arange(k) + layer.cumulative_length`` (a 0-d long tensor it advances in place); neither
@@ -330,7 +330,7 @@ def compiled_call(model: Any, compile_config: Any = None) -> Callable[..., Any]:
     return cached[1]
 
 
-# ---- custom 4-D masks: draft trees (issue 19), the static cache's windows ------------------------------------
+# ---- custom 4-D masks: draft trees, the static cache's windows ----------------------------------------------
 # Read in transformers 5.17 and 5.24 (masking_utils._preprocess_mask_arguments): an attention mask that is
 # already 4-D is returned as-is by create_causal_mask / create_sliding_window_causal_mask, so neither the
 # causal pattern nor a sliding window is applied to it. Models that mix layer types (Gemma 3) build one mask
@@ -358,7 +358,7 @@ def mask_argument(config: Any, make_mask: Callable[[int | None], torch.Tensor]) 
     return {"full_attention": make_mask(None), "sliding_attention": make_mask(window)}
 
 
-# ---- linear-attention layers (Qwen3.5's Gated DeltaNet, issue 25) ---------------------------------------
+# ---- linear-attention layers (Qwen3.5's Gated DeltaNet) ------------------------------------------------
 # Read in transformers 5.17 and 5.24 (the same storage; the module's cache keyword and where the key heads are
 # repeated differ, see below): a ``DynamicCache(config=...)`` / ``StaticCache`` of a hybrid model
 # holds a ``LinearAttentionLayer`` (no keys / values, no sequence length) for each "linear_attention" layer, with

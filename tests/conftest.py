@@ -61,7 +61,7 @@ def _seed():
     torch.manual_seed(0)
 
 
-# Families added after round 3 run the heaviest matrices on representative cells (CI time on 2 cores: batch 3
+# Families added later run the heaviest matrices on representative cells (CI time on 2 cores: batch 3
 # has left padding, a row without an image and two image sizes); every cell of these matrices still runs for
 # the ten original families. test -> the cell ids kept (substrings of the test id).
 LEAN_FAMILIES = ("qwen3_vl_moe", "muse_glimmer") + testing.families_of("gemma4")

@@ -1,4 +1,4 @@
-"""``hf_specmm.Auto`` (issue 27): each round's shape chosen from measured costs and learned acceptance.
+"""``hf_specmm.Auto``: each round's shape chosen from measured costs and learned acceptance.
 
 Rounds that switch between plain steps, chains and trees within one call keep every draft kind's caches and
 pending tokens right (greedy output equal to plain generate, exact copies accepted along every drafted

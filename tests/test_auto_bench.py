@@ -1,4 +1,4 @@
-"""``hf_specmm.Auto`` in the bench (issue 27): rank-aware controlled acceptance (``--acceptance-profile``) and
+"""``hf_specmm.Auto`` in the bench: rank-aware controlled acceptance (``--acceptance-profile``) and
 ``--auto`` rows; a call that plain generate's own loop wins runs as plain generate. Timing numbers are not
 asserted (speed is measured with the CLI)."""
 
@@ -143,7 +143,7 @@ def test_a_call_whose_rounds_would_all_be_plain_steps_runs_as_plain_generate():
 
 
 def test_auto_diag_script_runs_every_method_and_prints_the_cost_table(capsys):
-    """benchmarks/auto_diag.py is what a lent GPU runs first (gpu_bench.sh ad): it must not fail there."""
+    """benchmarks/auto_diag.py is what a GPU run starts with (gpu_bench.sh ad): it must not fail there."""
     module = benchmark_script("auto_diag")
     COSTS.clear()
     from hf_specmm.auto.budget import AutoBudget

@@ -1,4 +1,4 @@
-"""Issue 30, loading: ``trust_remote_code`` reaches every loader and nothing from a checkpoint runs or prompts
+"""Loading: ``trust_remote_code`` reaches every loader and nothing from a checkpoint runs or prompts
 unless the caller passed True; corrupt or stale checkpoints of every draft kind and format (native, speculators,
 SGLang) are a ``DraftLoadError`` / ``IncompatibleDraftError`` naming the file and field, before any forward."""
 

@@ -1,4 +1,4 @@
-"""Issue 30, items 5-8: options are honoured or refused (never ignored), refusals blame what the caller passed,
+"""Options are honoured or refused (never ignored), refusals blame what the caller passed,
 tree statistics say what was drafted and verified consistently, and CLI mistakes are one line, exit code 2."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Half precision and the bench presets' margin rule (issue 20).
+"""Half precision and the bench presets' margin rule.
 
 A random head's greedy argmax is often a near-tie that a (γ+1)-token verification and a 1-token step round
 differently in bf16/fp16, which breaks controlled acceptance's replayed reference (H100: τ 1.1 instead of

@@ -68,7 +68,7 @@ def _roll(draft, ids, mask, rounds, linear: bool):
 @torch.no_grad()
 def test_rollback_restores_each_rows_linear_states_as_single_steps_compute_them(model):
     """Rows keep different counts of each block (0 to all): each row's conv and recurrent states and its next
-    logits equal a fresh run of that row alone, token by token (issue 26: a hybrid Qwen3.5 text LM's cache)."""
+    logits equal a fresh run of that row alone, token by token (a hybrid Qwen3.5 text LM's cache)."""
     draft = testing.text_draft_from_target(model)
     inputs = inputs_for(3, images=False)
     ids, mask = inputs["input_ids"], inputs["attention_mask"]

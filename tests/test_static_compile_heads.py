@@ -1,4 +1,4 @@
-"""Issue 30, item 4: compiled static rounds with feature heads (EAGLE-1, EAGLE-3) compile their graphs in the
+"""Compiled static rounds with feature heads (EAGLE-1, EAGLE-3) compile their graphs in the
 first call and none after (fixed shapes for the head's inputs: the pending read is always
 γ + 1 wide, contiguous), outputs equal plain generate's; and when dynamo gives up (its recompile limit), the
 call's statistics say so instead of reading as "0 graphs compiled, all warm". The chain drafters (text, vlm,

@@ -52,7 +52,7 @@ def test_bench_tree_rows_beside_the_chain_rows_under_controlled_acceptance():
     for kind, chain in zip(("text_only", "feature_head"), chains):
         top1, wide = ([r for r in rows if r.get("tree") == shape and r["draft_kind"] == kind] for shape in ("1,3,3", "3,3,6"))
         assert top1[0]["tau"] == chain["tau"] and top1[0]["rounds"] == chain["rounds"]
-        # nodes drafted per row and round count only those within the row's room (issue 30): 6 but near the end
+        # nodes drafted per row and round count only those within the row's room: 6 but near the end
         assert wide[0]["tau"] >= chain["tau"] and 5 < wide[0]["tree_nodes"] <= 6 and wide[0]["gamma"] == 3
         assert wide[0]["Tv_ms"] > 0 and wide[0]["T1_ms"] == chain["T1_ms"]  # Tv measured for the tree's width
     assert all(r["lossless"] is True for r in rows)

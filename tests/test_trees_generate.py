@@ -1,4 +1,4 @@
-"""Draft trees in generate (issue 19): ``assistant_model=hf_specmm.Tree(draft, top_k, depth, nodes)``.
+"""Draft trees in generate: ``assistant_model=hf_specmm.Tree(draft, top_k, depth, nodes)``.
 
 Greedy outputs equal plain generate for every family and draft kind (batch 1 and 3, left padding, images,
 rows finishing at EOS at different steps); exact copies are accepted along the full depth of every round;

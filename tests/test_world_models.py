@@ -36,7 +36,7 @@ HEADS = ("feature-head (distilled)", "EAGLE-3 head (distilled)")  # a target-wid
 # head's 0.50 per drafted token)
 BLOCK_DRAFTERS = ("DFlash (distilled)",)
 LONG_GAMMA = 8  # the DFlash drafter drafts a whole round in one forward: compared where rounds are long
-# issue 26's goal: at γ = 8 the DFlash drafter is not below the EAGLE-3 head; measured on the 16 scenes: caption
+# the goal: at γ = 8 the DFlash drafter is not below the EAGLE-3 head; measured on the 16 scenes: caption
 # 6.589 both, reasoning 5.887 vs 5.726 (a float tie at greedy argmax could move one answer: 0.05 of slack)
 DFLASH_BELOW_EAGLE3 = 0.05
 

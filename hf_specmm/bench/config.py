@@ -53,7 +53,7 @@ class BenchConfig:
     auto_eval_repeats: int = 0
     #: untimed calls of each Auto row in its evaluation after its calibration, before the timed passes: the calls a
     #: process has served before the ones timed (Auto learns acceptance across calls). On cpu-proxy at batch 1 its
-    #: calls 1-20 ran 1.05-1.07x a fixed chain 5's time, calls 20-60 1.00-1.02x (docs/benchmarks.md, session 25)
+    #: calls 1-20 ran 1.05-1.07x a fixed chain 5's time, calls 20-60 1.00-1.02x
     auto_warmup_calls: int = 0
     #: controlled acceptance's draws: "fixed", one pattern per (row, position) for every call; "per-call", the
     #: k-th timed call of every method draws pattern k (seed + k + 1), so the rows average over patterns rather

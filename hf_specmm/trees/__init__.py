@@ -1,4 +1,4 @@
-"""Draft trees (EAGLE-2 dynamic trees, issue 19): trees as tensors, no loop knowledge.
+"""Draft trees (EAGLE-2 dynamic trees): trees as tensors, no loop knowledge.
 
 Data layout (static shapes: every row of a batch has N + 1 nodes every round, like vLLM's
 ``propose_tree`` and SGLang's EAGLE worker)::
