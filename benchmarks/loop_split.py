@@ -5,7 +5,8 @@ criteria, rows, caches, host syncs) and counts rounds: the batch runs as many ro
 row needs, while the per-row τ of the cost model averages over rows. Each batch size runs twice in turns:
 finished rows leaving both caches (the loop's behaviour) and, for comparison, every row kept to the end.
 
-    PYTHONPATH=. python benchmarks/loop_split.py --batch-sizes 1 4 8 > benchmarks/results/cpu-proxy-batch-1-4-8/loop_split.txt
+    PYTHONPATH=. python benchmarks/loop_split.py --batch-sizes 1 4 8 \\
+        > benchmarks/results/cpu-proxy-batch-1-4-8/loop_split.txt
 """
 
 from __future__ import annotations

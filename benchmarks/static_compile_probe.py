@@ -59,7 +59,8 @@ def probe(preset_name: str, batches: list[int], widths: list[int], prompt_tokens
           device: str, backend: str = "inductor") -> list[dict]:
     preset = build_preset(preset_name, device=device)
     target = preset.target
-    compiled = _compat.compiled_call(target, CompileConfig(dynamic=False, backend=backend))  # a graph per (batch, width)
+    # one graph per (batch, width)
+    compiled = _compat.compiled_call(target, CompileConfig(dynamic=False, backend=backend))
     rows = []
     for batch in batches:
         inputs = synthetic_inputs(preset, batch, prompt_tokens)
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
     parser.add_argument("--backend", default="inductor",
-                        help="torch.compile backend (stock's default inductor; 'eager' traces the graphs without codegen)")
+                        help="torch.compile backend (inductor: stock's; eager: dynamo's graphs without codegen)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -44,7 +44,8 @@ def offences(text: str) -> list[str]:
 
 
 @pytest.mark.parametrize("text, found", [
-    ("measured in session 12 (round 4, session 3)", 3), ("as this session found", 1), ("see issue #27 and issue 30", 2), ("fixes #58", 1),
+    ("measured in session 12 (round 4, session 3)", 3), ("as this session found", 1),
+    ("see issue #27 and issue 30", 2), ("fixes #58", 1),
     ("no GPU was lent to this task", 1), ("benchmarks/results/auto/session24/mix", 1),
     ("a speculative round drafts γ tokens; round 3 keeps 2; rows drawn at random", 0),
     ("vllm-project/vllm#33458; the pytest session fixture", 0),
@@ -55,7 +56,7 @@ def test_the_patterns_find_work_history_and_leave_the_technical_words(text, foun
 
 def test_no_work_history_in_tracked_files():
     """Every tracked file's name, and the text of every text file (binary files, e.g. weights, are skipped)."""
-    files = tracked_files()
+    files = [p for p in tracked_files() if p != Path(__file__).resolve()]  # this file's examples must match
     assert len(files) > 100
     found = {}
     for path in files:
