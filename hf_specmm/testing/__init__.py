@@ -44,6 +44,7 @@ if hasattr(transformers, "MuseGlimmerForConditionalGeneration"):  # registered o
     from . import muse_glimmer  # noqa: F401
 from . import gemma4  # noqa: F401  (registers nothing before transformers 5.24)
 from . import qwen3_5  # noqa: F401  (where transformers has Qwen3.5)
+from . import ovis_onevision  # noqa: F401  (registers nothing before transformers 5.25)
 # isort: on
 from .drafts import (
     causal_lm_config,
@@ -65,6 +66,7 @@ QWEN_FAMILIES = families_of("qwen_vl")
 MORE_FAMILIES = families_of("gemma3") + families_of("idefics3") + families_of("internvl")  # upstream id layouts
 MORE_FAMILIES += families_of("muse_glimmer")
 MORE_FAMILIES += families_of("gemma4")  # Gemma 4, Gemma 4 Unified (transformers >= 5.24)
+MORE_FAMILIES += families_of("llava_onevision1_5") + families_of("ovis2_5")  # transformers >= 5.25
 
 __all__ = [
     "BOS_ID",
