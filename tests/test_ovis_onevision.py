@@ -29,8 +29,6 @@ def test_registered_only_where_transformers_has_them():
         assert (cls in SUPPORTED_TARGETS) == present == (family in testing.FAMILIES) == (family in testing.FIXTURES)
 
 
-pytestmark = pytest.mark.skipif(not FAMILIES, reason="this transformers has neither LLaVA-OneVision-1.5 nor Ovis2.5")
-
 
 def _rows(family):
     """Row 0: two images of different sizes; row 1: a video; row 2: no image (left-padded)."""
