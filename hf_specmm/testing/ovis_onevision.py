@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import torch
 import transformers
-from PIL import Image
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import BatchFeature, PreTrainedModel, PreTrainedTokenizerFast, ProcessorMixin, Qwen3Config
 
 from .layouts import NoVideo
-from .qwen_vl import IDS, N_WORDS, QwenVLFixtures, reserved_ids
+from .qwen_vl import IDS, N_WORDS, QwenVLFixtures, chat_inputs, reserved_ids
 from .registry import register_fixture
 from .shaping import WORDS, finish, shape_lm
 
@@ -123,34 +122,13 @@ class _Qwen3VisionFixtures(QwenVLFixtures):
     def inputs(self, processor: ProcessorMixin, prompts: list[str], images: list, videos: list | None,
                padding_side: str) -> BatchFeature:
         """Row ``i``: ``images[i]`` (None, an image or a list) and ``videos[i]`` (None or ``(frames, (w, h), seed)``)
-        before the prompt in a one-turn chat; a prompt holding ``<|image_pad|>`` (or LLaVA's ``<image>``)
-        places its images itself."""
-        videos = videos or [None] * len(prompts)
-        texts, flat, pixel_videos, grids = [], [], [], []
-        for prompt, imgs, video in zip(prompts, images, videos):
-            imgs = [] if imgs is None else [imgs] if isinstance(imgs, Image.Image) else list(imgs)
-            flat.extend(imgs)
-            prompt = prompt.replace("<image>", self.image_span)
-            spans = self.image_span * len(imgs) if "<|image_pad|>" not in prompt else ""
-            if video is not None:  # written expanded: no video processor here
-                pixels, grid, count = _video(*video)
-                pixel_videos.append(pixels)
-                grids.append(grid)
-                spans += self.video_open + "<|video_pad|>" * count + self.video_close
-            texts.append(prompt if "<|im_start|>" in prompt else
-                         f"<|im_start|>user {spans}{prompt} <|im_end|> <|im_start|>assistant")
-        processor.tokenizer.padding_side = padding_side
-        if not pixel_videos:
-            return processor(images=flat or None, text=texts, padding=True, return_tensors="pt")
-        out = BatchFeature(dict(processor.image_processor(images=flat, return_tensors="pt"))) if flat else BatchFeature({})
-        counts = iter((out["image_grid_thw"].prod(-1) // MERGE ** 2).tolist() if flat else [])
-        texts = [text.replace("<|image_pad|>", "\0") for text in texts]  # each image's pads, expanded in order
-        texts = ["".join(part if i == 0 else self.expand(next(counts)) + part for i, part in enumerate(text.split("\0")))
-                 for text in texts]
-        out.update(processor.tokenizer(texts, padding=True, return_tensors="pt"))
-        out["pixel_values_videos"] = torch.cat(pixel_videos)
-        out["video_grid_thw"] = torch.cat(grids)
-        return out
+        before the prompt in a one-turn chat (see :func:`~hf_specmm.testing.qwen_vl.chat_inputs`)."""
+        return chat_inputs(processor, prompts, images, videos, padding_side, self.image_span, self.video, self.expand)
+
+    def video(self, spec: tuple) -> tuple[torch.Tensor, torch.Tensor, str]:
+        """One video's patches, ``video_grid_thw`` and text, written expanded (no video processor here)."""
+        pixels, grid, count = _video(*spec)
+        return pixels, grid, self.video_open + "<|video_pad|>" * count + self.video_close
 
     def expand(self, count: int) -> str:
         """The processor's text for one image of ``count`` placeholders (where the prompt had one pad)."""
