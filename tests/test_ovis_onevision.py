@@ -19,7 +19,8 @@ from hf_specmm.targets import COLUMNS, ROPE_1D, SUPPORTED_TARGETS, target_spec
 from conftest import PROMPTS, batch_inputs, processor, target
 from test_bad_inputs import count_forwards
 
-CLASSES = {"llava_onevision1_5": "LlavaOnevision15ForConditionalGeneration", "ovis2_5": "Ovis2_5ForConditionalGeneration"}
+CLASSES = {"llava_onevision1_5": "LlavaOnevision15ForConditionalGeneration",
+           "ovis2_5": "Ovis2_5ForConditionalGeneration"}
 FAMILIES = tuple(f for f, cls in CLASSES.items() if hasattr(transformers, cls))
 
 

@@ -104,7 +104,8 @@ class _Qwen3VisionFixtures(QwenVLFixtures):
                 weight[0] = 0.0
                 weight.mul_(IMAGE_SCALE)
         gen = torch.Generator().manual_seed(seed + 1000)
-        shape_lm(model.model.language_model, model.lm_head, VOCAB, reserved_ids(VOCAB) + list(self.extra_ids().values()),
+        reserved = reserved_ids(VOCAB) + list(self.extra_ids().values())
+        shape_lm(model.model.language_model, model.lm_head, VOCAB, reserved,
                  None if eos_bias is None else eos_bias + EOS_OFFSET, gen, eos_id=EOS_ID)
         if eos_bias is not None:  # EOS's logit is the bias alone, as for the Qwen-VL fixtures
             with torch.no_grad():

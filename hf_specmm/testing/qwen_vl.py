@@ -285,8 +285,8 @@ def chat_inputs(proc: ProcessorMixin, prompts: list[str], images: list, videos: 
         return proc(images=flat or None, text=texts, padding=True, return_tensors="pt")
     out = BatchFeature(dict(proc.image_processor(images=flat, return_tensors="pt"))) if flat else BatchFeature({})
     counts = iter((out["image_grid_thw"].prod(-1) // MERGE ** 2).tolist() if flat else [])
-    texts = ["".join(part if i == 0 else expand(next(counts)) + part for i, part in enumerate(text.split("<|image_pad|>")))
-             for text in texts]
+    texts = ["".join(part if i == 0 else expand(next(counts)) + part
+                     for i, part in enumerate(text.split("<|image_pad|>"))) for text in texts]
     out.update(proc.tokenizer(texts, padding=True, return_tensors="pt"))
     out["pixel_values_videos"] = torch.cat(pixel_videos)
     out["video_grid_thw"] = torch.cat(grids)
