@@ -1,7 +1,7 @@
 """LLaVA-OneVision-1.5 and Ovis2.5 specifics (transformers >= 5.25; nothing is registered before): Ovis2.5's
 positions by cache column (plain ``generate`` counts the pad tokens), rows with several images of different
-sizes, a video or none, what is refused before any work, χ² sampling, DFlash and ``Auto``. The shared
-matrices over ``testing.FAMILIES`` run their parity, trees, static caches, heads and draft kinds."""
+sizes, a video or none, what is refused before any work, χ² sampling, DFlash, ``Auto`` and the training views.
+The shared matrices over ``testing.FAMILIES`` run their parity, trees, static caches, heads and draft kinds."""
 
 from __future__ import annotations
 
@@ -144,3 +144,12 @@ def test_auto_alternating_shapes_every_draft_kind(family):
 
     with torch.no_grad():
         check(family, 3)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("kind,pool", [("image_adapter", 2), ("vlm", 1)])
+def test_training_view_equals_the_inference_path(family, kind, pool, tmp_path):
+    """What is trained is what runs (Ovis2.5: the teacher forward numbered by column, as plain generate)."""
+    from test_train import test_training_view_equals_the_inference_path as check
+
+    check(family, kind, pool, tmp_path)
