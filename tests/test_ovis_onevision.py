@@ -153,3 +153,17 @@ def test_training_view_equals_the_inference_path(family, kind, pool, tmp_path):
     from test_train import test_training_view_equals_the_inference_path as check
 
     check(family, kind, pool, tmp_path)
+
+
+def test_bench_heads_see_the_text_drafts_acceptance_pattern_on_ovis():
+    """Controlled acceptance on ``tiny-ovis2.5`` at batch 3: a feature head numbers its tokens by the target's
+    columns (pads counted), and still sees the pattern the text draft sees (equal τ, acceptance, rounds)."""
+    if "ovis2_5" not in FAMILIES:
+        pytest.skip("this transformers has no Ovis2.5")
+    from hf_specmm.bench import BenchConfig, run_benchmark
+
+    config = BenchConfig(preset="tiny-ovis2.5", gammas=[3], batch_sizes=[3], acceptance=0.7, max_new_tokens=24,
+                         repeats=1, warmup=0, draft_kinds=["text_only", "feature_head"])
+    text, head = run_benchmark(config, progress=False)["rows"]
+    assert 1.0 < text["tau"] < 4.0 and text["lossless"] is True and head["lossless"] is True
+    assert (head["tau"], head["acceptance"], head["rounds"]) == (text["tau"], text["acceptance"], text["rounds"])
