@@ -9,8 +9,10 @@ import torch
 
 from .. import api
 from ..auto import Auto
+from ..drafts.feature_head.drafter import FeatureHeadDrafter
 from ..drafts.registry import kind_of
 from ..drafts.wrapper import Tree
+from ..targets import target_family
 from ..trees import TreeShape
 from ..vocab import VocabMap
 from .controlled import set_reference
@@ -18,10 +20,18 @@ from .presets import SMALL_LM
 from .step import StepInputs
 
 
-def _prompt_positions(draft: Any, vocab: VocabMap, inputs: dict) -> torch.Tensor:
+def _prompt_positions(draft: Any, vocab: VocabMap, inputs: dict, target: Any) -> torch.Tensor:
     """Where each row's first generated token sits in the draft's own positions (the drafter's prompt length:
-    text tokens for a text-only draft, every prompt position for a feature head)."""
-    return kind_of(draft).drafter.prompt_lengths(draft, vocab, inputs["input_ids"], inputs["attention_mask"])
+    text tokens for a text-only draft, every prompt position for a feature head). A feature head numbers its
+    tokens by the target's position rule: where that rule starts new tokens past the valid count (Ovis2.5's
+    columns count the left pads), the offset is added."""
+    drafter = kind_of(draft).drafter
+    lengths = drafter.prompt_lengths(draft, vocab, inputs["input_ids"], inputs["attention_mask"])
+    if issubclass(drafter, FeatureHeadDrafter):
+        rule = target_family(target).positions.bind(target, inputs["input_ids"], inputs["attention_mask"], inputs)
+        if rule.offset is not None:
+            lengths = lengths + rule.offset.to(lengths.device)
+    return lengths
 
 
 class PlainMethod:
@@ -111,7 +121,7 @@ class OursMethod(ControlledMethod):
         step, run = self.step, self.step.run
         if step.controlled:
             set_reference(step.proposers[self.kind], step.reference,
-                          _prompt_positions(run.drafts[self.kind], run.vocabs[self.kind], step.inputs),
+                          _prompt_positions(run.drafts[self.kind], run.vocabs[self.kind], step.inputs, step.target),
                           seed=step.draw_seed(turn, self.untimed))
 
     def __call__(self) -> torch.Tensor:

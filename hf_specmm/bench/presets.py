@@ -19,6 +19,9 @@ stays on ``device``.
   draft, and its tiny test version (``presets_gemma4.py``).
 - ``qwen3.5-9b-shape`` / ``tiny-qwen3.5``: the hybrid Qwen3.5-9B with a Qwen3.5-0.8B-text-LM-shaped draft, and
   its tiny test version (``presets_qwen3_5.py``; where transformers has Qwen3.5).
+- ``llava-onevision-1.5-8b-shape`` / ``ovis2.5-9b-shape`` / ``tiny-llava-onevision-1.5`` / ``tiny-ovis2.5``
+  (transformers 5.25): LLaVA-OneVision-1.5-8B and Ovis2.5-9B with a Qwen3-0.6B-shaped draft, and their tiny
+  test versions (``presets_ovis_onevision.py``).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from transformers import CLIPVisionConfig, LlamaConfig, LlamaForCausalLM, LlavaC
 from ..devices import execution_device
 from .margin_rule import apply_margin_rule
 from .presets_gemma4 import GEMMA4_PRESETS, build_gemma4_preset
+from .presets_ovis_onevision import ONEVISION_OVIS_PRESETS, build_onevision_ovis_preset
 from .presets_qwen import QWEN_PRESETS, build_qwen_preset
 from .presets_qwen3_5 import QWEN3_5_PRESETS, build_qwen3_5_preset
 from .shapes import left_padded, random_weights
@@ -129,10 +133,13 @@ def _build(name: str, device: str, dtype: str | None, seed: int) -> Preset:
         return build_gemma4_preset(name, device, dtype, seed, Preset)
     if name in QWEN3_5_PRESETS:
         return build_qwen3_5_preset(name, device, dtype, seed, Preset)
+    if name in ONEVISION_OVIS_PRESETS:
+        return build_onevision_ovis_preset(name, device, dtype, seed, Preset)
     raise ValueError(f"unknown preset {name!r}; choose one of {PRESETS}")
 
 
 PRESETS = ("cpu-proxy", "llava-1.5-7b-shape", "tiny") + QWEN_PRESETS + GEMMA4_PRESETS + QWEN3_5_PRESETS
+PRESETS += ONEVISION_OVIS_PRESETS
 
 
 def synthetic_inputs(preset: Preset, batch: int, prompt_tokens: int, seed: int = 0, with_image: bool = True) -> dict:

@@ -140,3 +140,32 @@ class BoundMRope(PositionRule):
 
 
 MROPE = MRope()
+
+
+class ColumnPositions(PositionRule):
+    """1-D RoPE numbered by cache column (Ovis2.5): the model's ``prepare_inputs_for_generation`` sets
+    ``position_ids = None``, so plain ``generate``'s forwards number every column, left padding included
+    (a row with ``p`` pads starts its prompt at position ``p``). New tokens follow their row's last column:
+    the valid slots before them plus the row's pads (holes left by a rollback do not count, as plain
+    ``generate`` has none)."""
+
+    name = "columns"
+
+    def bind(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+             inputs: dict[str, Any] | None = None) -> "ColumnPositions":
+        bound = ColumnPositions()
+        bound.offset = input_ids.new_zeros(input_ids.shape[0]) if attention_mask is None else \
+            input_ids.shape[1] - attention_mask.long().sum(-1)
+        return bound
+
+    def prompt_positions(self, mask: torch.Tensor) -> torch.Tensor:
+        """Every column's index (the prompt's, then a training row's answer: columns too)."""
+        return torch.arange(mask.shape[1], device=mask.device).expand(mask.shape[0], -1)
+
+    def select(self, keep: torch.Tensor) -> "ColumnPositions":
+        bound = ColumnPositions()
+        bound.offset = None if self.offset is None else self.offset[keep.to(self.offset.device)]
+        return bound
+
+
+COLUMNS = ColumnPositions()

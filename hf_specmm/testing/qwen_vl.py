@@ -24,6 +24,8 @@ them.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from PIL import Image
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -248,16 +250,31 @@ def make_inputs(family: str, proc: ProcessorMixin, prompts: list[str], images: l
     """Row ``i``: ``images[i]`` (None, an image or a list of images) and ``videos[i]`` (None or
     ``(frames, (w, h), seed)``) before the prompt, in a one-turn chat (unless the prompt is one already;
     a prompt that places its images itself, with ``<|image_pad|>`` or LLaVA's ``<image>``, keeps them there)."""
+    out = chat_inputs(proc, prompts, images, videos, padding_side, "<|vision_start|><|image_pad|><|vision_end|>",
+                      lambda video: video_inputs(family, *video), lambda count: "<|image_pad|>" * count)
+    if "pixel_values_videos" in out:  # tokenized here, not by the processor: mark the token types
+        ids = out["input_ids"]
+        out["mm_token_type_ids"] = (ids == IMAGE_ID).long() + 2 * (ids == VIDEO_ID).long()
+    return out
+
+
+def chat_inputs(proc: ProcessorMixin, prompts: list[str], images: list, videos: list | None, padding_side: str,
+                image_span: str, video: Callable[[tuple], tuple[torch.Tensor, torch.Tensor, str]],
+                expand: Callable[[int], str]) -> BatchFeature:
+    """One-turn chats over the Qwen chat layout (shared with :mod:`~hf_specmm.testing.ovis_onevision`): each
+    image written as ``image_span`` (holding one ``<|image_pad|>``), each video as ``video(spec)`` builds it
+    (patches, grid, its text already expanded). With videos (no video processor) each image's pad becomes
+    ``expand(placeholders)``, as the processor would write it, and the text is tokenized here."""
     videos = videos or [None] * len(prompts)
     texts, flat, pixel_videos, grids = [], [], [], []
-    for prompt, imgs, video in zip(prompts, images, videos):
+    for prompt, imgs, clip in zip(prompts, images, videos):
         imgs = [] if imgs is None else [imgs] if isinstance(imgs, Image.Image) else list(imgs)
         flat.extend(imgs)
         # a LLaVA-style "<image>" in the prompt is where that image's vision span goes
-        prompt = prompt.replace("<image>", "<|vision_start|><|image_pad|><|vision_end|>")
-        spans = "<|vision_start|><|image_pad|><|vision_end|>" * len(imgs) if "<|image_pad|>" not in prompt else ""
-        if video is not None:
-            pixels, grid, span = video_inputs(family, video[0], video[1], video[2])
+        prompt = prompt.replace("<image>", image_span)
+        spans = image_span * len(imgs) if "<|image_pad|>" not in prompt else ""
+        if clip is not None:
+            pixels, grid, span = video(clip)
             pixel_videos.append(pixels)
             grids.append(grid)
             spans += span
@@ -266,14 +283,11 @@ def make_inputs(family: str, proc: ProcessorMixin, prompts: list[str], images: l
     proc.tokenizer.padding_side = padding_side
     if not pixel_videos:
         return proc(images=flat or None, text=texts, padding=True, return_tensors="pt")
-    # with videos (no video processor): expand the image spans as the processor does, tokenize, mark types
     out = BatchFeature(dict(proc.image_processor(images=flat, return_tensors="pt"))) if flat else BatchFeature({})
     counts = iter((out["image_grid_thw"].prod(-1) // MERGE ** 2).tolist() if flat else [])
-    texts = ["".join(part + ("<|image_pad|>" * next(counts) if i < text.count("<|image_pad|>") else "")
+    texts = ["".join(part if i == 0 else expand(next(counts)) + part
                      for i, part in enumerate(text.split("<|image_pad|>"))) for text in texts]
     out.update(proc.tokenizer(texts, padding=True, return_tensors="pt"))
-    ids = out["input_ids"]
-    out["mm_token_type_ids"] = (ids == IMAGE_ID).long() + 2 * (ids == VIDEO_ID).long()
     out["pixel_values_videos"] = torch.cat(pixel_videos)
     out["video_grid_thw"] = torch.cat(grids)
     return out
