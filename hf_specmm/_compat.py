@@ -103,10 +103,23 @@ def eos_token_tensor(generation_config: Any) -> torch.Tensor | None:
 
 def crop_cache(cache: Any, new_length: int) -> None:
     """Shrink a cache to ``new_length`` physical slots (no copy for dynamic layers)."""
-    excess = cache.get_seq_length() - new_length
+    layers = kv_layers(cache)  # linear-attention states are rolled back by caches/linear.py
+    # the attention layers' length: from 5.25 ``cache.get_seq_length()`` reads layer 0, a linear layer's count
+    excess = (layers[0].get_seq_length() if layers else 0) - new_length
     if excess > 0:
-        for layer in kv_layers(cache):  # linear-attention states are rolled back by caches/linear.py
+        for layer in layers:
             layer.crop(-excess)
+    set_linear_length(cache, new_length)
+
+
+def set_linear_length(cache: Any, length: int) -> None:
+    """Set the token count of every linear-attention layer of ``cache`` to ``length`` (in place). From 5.25 such a
+    layer counts the tokens it read (``cumulative_length_linear``, what ``get_seq_length`` returns for a cache
+    whose layer 0 is one, e.g. for M-RoPE positions); a rollback that rewrites its states must move it too."""
+    for layer in cache.layers:
+        count = getattr(layer, "cumulative_length_linear", None) if is_linear_cache_layer(layer) else None
+        if isinstance(count, torch.Tensor):
+            count.fill_(length)
 
 
 def new_dynamic_cache(model: Any = None) -> Any:
@@ -202,6 +215,7 @@ def compact_cache(cache: Any, mask: torch.Tensor | None, prompt_len: int, length
         keys = keys.gather(2, idx.expand(-1, keys.shape[1], -1, keys.shape[-1])).masked_fill(zero, 0)
         values = values.gather(2, idx.expand(-1, values.shape[1], -1, values.shape[-1])).masked_fill(zero, 0)
         out.update(keys, values, index)
+    set_linear_length(out, length)
     return out
 
 
@@ -270,6 +284,7 @@ def set_static_length(cache: Any, length: int) -> None:
     for layer in kv_layers(cache):
         if layer.is_initialized:
             layer.cumulative_length.fill_(length)
+    set_linear_length(cache, length)
 
 
 def select_static_rows(cache: Any, keep: torch.Tensor) -> None:
