@@ -1,9 +1,11 @@
 """The one module that touches private transformers internals.
 
-Everything hf_specmm needs from transformers beyond its public API goes through here, behind a
-version check, so that a transformers upgrade breaks in one place with a clear message.
+Everything hf_specmm needs from transformers beyond its public API goes through here, so that a transformers
+upgrade breaks in one place with a clear message. Tested with transformers 5.17 to 5.25; :data:`INTERNALS` lists
+what is read, probed at import: an older transformers is refused there, a newer one imports with one warning, and
+``enable()`` refuses where an internal is missing or changed (docs/transformers-versions.md).
 
-Private things used (all read in the installed transformers source, 5.17 – 5.24):
+Private things used (all read in the installed transformers source, 5.17 to 5.25):
 - ``GenerationMixin.generate(custom_generate=<callable>)`` hands the callable fully prepared inputs
   (generation config, logits processors, stopping criteria, cache, multimodal kwargs).
 - ``GenerationMixin._prefill`` runs the first forward exactly as plain ``generate`` does.
@@ -11,13 +13,18 @@ Private things used (all read in the installed transformers source, 5.17 – 5.2
 - ``Cache.crop(-n)`` with a negative count (positive counts were removed in 5.18).
 - ``DynamicCache.layers[i].keys`` / ``.values`` (per-row compaction of sliding-window models' caches, and
   dropping finished rows from a batch).
+- Linear-attention cache layers' states and, from 5.25, their token count (``cumulative_length_linear``).
 - The name of the KV cache in forward kwargs, model outputs and ``generate``'s ``model_kwargs``:
   ``past_key_values`` up to 5.23, ``cache`` from 5.24 (the old name still works there, with a warning).
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import sys
+import warnings
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -26,20 +33,165 @@ from packaging.version import Version
 from transformers import GenerationMixin
 
 MIN_TRANSFORMERS = Version("5.17.0")
-MAX_TRANSFORMERS_EXCLUSIVE = Version("5.26.0")
-TESTED_RANGE = f">={MIN_TRANSFORMERS},<{MAX_TRANSFORMERS_EXCLUSIVE}"
+NEWEST_TESTED = Version("5.25")  # the newest minor release the test suite runs on (CI: the lowest and this one)
+TESTED_RANGE = f">={MIN_TRANSFORMERS},<{NEWEST_TESTED.major}.{NEWEST_TESTED.minor + 1}"
+TESTED_WINDOW = f"{MIN_TRANSFORMERS.major}.{MIN_TRANSFORMERS.minor} to {NEWEST_TESTED}"
 
 _INSTALLED = Version(transformers.__version__)
 
 
-def check_transformers_version() -> None:
-    """Raise if the installed transformers is outside the range whose internals we read."""
-    base = Version(_INSTALLED.base_version)
-    if not (MIN_TRANSFORMERS <= base < MAX_TRANSFORMERS_EXCLUSIVE):
+class UntestedTransformersWarning(UserWarning):
+    """The installed transformers is newer than the versions hf_specmm is tested with."""
+
+
+@dataclass(frozen=True)
+class Internal:
+    """A private transformers internal this module relies on, and the shape it must have.
+
+    ``name``: its dotted path under ``transformers``; ``params``: parameters its signature must take (a callable,
+    or an ``nn.Module`` wrapping a kernel: its ``forward``); ``attrs``: attributes it must have, read on
+    ``sample(obj)`` where given (attributes set in ``__init__`` or on first use) else on the object itself;
+    ``since``: checked only from that version on (absent before it, and not read there)."""
+
+    name: str
+    params: tuple[str, ...] = ()
+    attrs: tuple[str, ...] = ()
+    sample: Callable[[Any], Any] | None = None
+    since: str | None = None
+
+
+def _written_layer(cls: Any) -> Any:
+    layer = cls()
+    layer.update(torch.zeros(1, 1, 1, 1), torch.zeros(1, 1, 1, 1))
+    return layer
+
+
+_QWEN3_5 = "models.qwen3_5.modeling_qwen3_5"
+_GEMMA4_ASSISTANT = "models.gemma4_assistant.modeling_gemma4_assistant"
+
+#: every private internal read below, as the tested versions have it (probed at import: :func:`probe_internals`)
+INTERNALS = (
+    Internal("generation.utils.GenerationMixin.generate", params=("custom_generate",)),
+    Internal("generation.utils.GenerationMixin._prefill",
+             params=("input_ids", "generation_config", "model_kwargs", "is_first_iteration")),
+    Internal("generation.utils.GenerationMixin._prepare_generation_config", params=("generation_config",)),
+    Internal("generation.utils.GenerationMixin._prepare_special_tokens", params=("generation_config",)),
+    Internal("generation.utils.GenerationMixin._valid_auto_compile_criteria",
+             params=("model_kwargs", "generation_config")),
+    Internal("modeling_utils.PreTrainedModel.get_compiled_call", params=("compile_config",)),
+    Internal("utils.cached_file", params=("path_or_repo_id", "filename")),
+    Internal("masking_utils._preprocess_mask_arguments", params=("attention_mask",)),
+    Internal("cache_utils.CacheLayerMixin"),
+    Internal("cache_utils.LinearAttentionCacheLayerMixin"),
+    Internal("cache_utils.DynamicCache", params=("config",), attrs=("layers",), sample=lambda cls: cls()),
+    Internal("cache_utils.DynamicLayer", attrs=("keys", "values", "crop"), sample=_written_layer),
+    Internal("cache_utils.StaticCache", params=("config", "max_cache_len")),
+    Internal("cache_utils.StaticLayer", params=("max_cache_len",),
+             attrs=("max_cache_len", "cumulative_length", "is_initialized"), sample=lambda cls: cls(max_cache_len=1)),
+    Internal("cache_utils.LinearAttentionLayer", attrs=("conv_states", "recurrent_states", "has_previous_state"),
+             sample=lambda cls: cls()),
+    # from 5.25 a linear layer counts its tokens, and a cache whose layer 0 is one reports that count as its length
+    Internal("cache_utils.LinearAttentionLayer", attrs=("cumulative_length_linear",), sample=lambda cls: cls(),
+             since="5.25"),
+    Internal(f"{_QWEN3_5}.causal_conv1d_fn", params=("hidden_states", "weight", "bias", "activation")),
+    Internal(f"{_QWEN3_5}.torch_recurrent_gated_delta_rule",
+             params=("query", "key", "value", "g", "beta", "initial_state", "output_final_state",
+                     "use_qk_l2norm_in_kernel")),
+    Internal(f"{_QWEN3_5}.Qwen3_5GatedDeltaNet.forward", params=("cache",), since="5.24"),
+    Internal("cache_utils.DummyLayer", since="5.24"),
+    Internal("models.gemma4.Gemma4TextConfig", attrs=("kv_sharing_modes", "num_kv_shared_layers", "layer_types"),
+             sample=lambda cls: cls(), since="5.24"),
+    Internal(f"{_GEMMA4_ASSISTANT}.Gemma4AssistantForCausalLM", since="5.24"),
+)
+
+
+def _resolve(name: str) -> Any:
+    """The object at ``transformers.<name>`` (modules imported on the way)."""
+    parts = name.split(".")
+    for split in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(["transformers", *parts[:split]]))
+        except ImportError:
+            continue
+        for part in parts[split:]:
+            obj = getattr(obj, part)
+        return obj
+    return importlib.import_module("transformers")
+
+
+def _missing(internal: Internal) -> str | None:
+    """What ``internal`` lacks in the installed transformers (None: it is as expected)."""
+    try:
+        obj = _resolve(internal.name)
+    except AttributeError:
+        return "is missing"
+    if internal.params:
+        target = obj.forward if isinstance(obj, torch.nn.Module) else obj
+        try:
+            takes = inspect.signature(target).parameters
+        except (TypeError, ValueError):
+            return "has no readable signature"
+        absent = [p for p in internal.params if p not in takes]
+        if absent:
+            return f"takes no parameter {', '.join(absent)}"
+    if internal.attrs:
+        try:
+            holder = internal.sample(obj) if internal.sample is not None else obj
+        except Exception as err:  # noqa: BLE001 - any failure to build one means its shape changed
+            return f"cannot be built as expected ({type(err).__name__}: {err})"
+        absent = [a for a in internal.attrs if not hasattr(holder, a)]
+        if absent:
+            return f"has no attribute {', '.join(absent)}"
+    return None
+
+
+def _applies(internal: Internal, installed: Version) -> bool:
+    return internal.since is None or installed >= Version(internal.since + ".0.dev0")
+
+
+def probe_internals(installed: Version = _INSTALLED) -> list[str]:
+    """``"transformers.<name> <what is wrong>"`` for each internal that is not as the tested versions have it."""
+    problems = []
+    for internal in INTERNALS:
+        if not _applies(internal, installed):
+            continue
+        why = _missing(internal)
+        if why is not None:
+            problems.append(f"transformers.{internal.name} {why}")
+    return problems
+
+
+#: the internals :func:`check_transformers_version` found missing or changed (``enable()`` refuses while any is)
+MISSING_INTERNALS: list[str] = []
+
+
+def check_transformers_version(installed: Version = _INSTALLED) -> None:
+    """At import: refuse a transformers older than the tested window; probe the private internals (see
+    :data:`INTERNALS`); warn once if the version is newer than the tested window."""
+    global MISSING_INTERNALS
+    if Version(installed.base_version) < MIN_TRANSFORMERS:
         raise ImportError(
-            f"hf_specmm supports transformers {TESTED_RANGE} (it hooks generate internals), but "
-            f"transformers {transformers.__version__} is installed. Install a tested version, e.g. "
+            f"hf_specmm needs transformers >= {MIN_TRANSFORMERS} (it hooks generate internals; tested with "
+            f"{TESTED_WINDOW}), but transformers {installed} is installed. Install a tested version, e.g. "
             f"`pip install 'transformers{TESTED_RANGE}'`."
+        )
+    MISSING_INTERNALS = probe_internals(installed)
+    if Version(installed.base_version) >= Version(f"{NEWEST_TESTED.major}.{NEWEST_TESTED.minor + 1}"):
+        found = ("every private internal it reads is present as expected" if not MISSING_INTERNALS else
+                 "hf_specmm.enable() will refuse: " + "; ".join(MISSING_INTERNALS))
+        warnings.warn(f"hf_specmm is tested with transformers {TESTED_WINDOW}, not {installed}: {found}.",
+                      UntestedTransformersWarning, stacklevel=2)
+
+
+def require_internals() -> None:
+    """Raise (``enable()``) if a private internal hf_specmm reads is missing or changed in this transformers."""
+    if MISSING_INTERNALS:
+        from .errors import UnsupportedTransformersError
+
+        raise UnsupportedTransformersError(
+            f"hf_specmm cannot run on transformers {_INSTALLED} (tested with {TESTED_WINDOW}): "
+            + "; ".join(MISSING_INTERNALS)
+            + f". Install a tested version, e.g. `pip install 'transformers{TESTED_RANGE}'`."
         )
 
 
