@@ -20,11 +20,7 @@ Private things used (all read in the installed transformers source, 5.17 to 5.25
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import sys
-import warnings
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -32,32 +28,11 @@ import transformers
 from packaging.version import Version
 from transformers import GenerationMixin
 
-MIN_TRANSFORMERS = Version("5.17.0")
-NEWEST_TESTED = Version("5.25")  # the newest minor release the test suite runs on (CI: the lowest and this one)
-TESTED_RANGE = f">={MIN_TRANSFORMERS},<{NEWEST_TESTED.major}.{NEWEST_TESTED.minor + 1}"
-TESTED_WINDOW = f"{MIN_TRANSFORMERS.major}.{MIN_TRANSFORMERS.minor} to {NEWEST_TESTED}"
+from . import versions
+from .versions import MIN_TRANSFORMERS, NEWEST_TESTED, TESTED_RANGE, TESTED_WINDOW, Internal  # noqa: F401
 
-_INSTALLED = Version(transformers.__version__)
-
-
-class UntestedTransformersWarning(UserWarning):
-    """The installed transformers is newer than the versions hf_specmm is tested with."""
-
-
-@dataclass(frozen=True)
-class Internal:
-    """A private transformers internal this module relies on, and the shape it must have.
-
-    ``name``: its dotted path under ``transformers``; ``params``: parameters its signature must take (a callable,
-    or an ``nn.Module`` wrapping a kernel: its ``forward``); ``attrs``: attributes it must have, read on
-    ``sample(obj)`` where given (attributes set in ``__init__`` or on first use) else on the object itself;
-    ``since``: checked only from that version on (absent before it, and not read there)."""
-
-    name: str
-    params: tuple[str, ...] = ()
-    attrs: tuple[str, ...] = ()
-    sample: Callable[[Any], Any] | None = None
-    since: str | None = None
+_INSTALLED = versions.INSTALLED
+versions.refuse_older(_INSTALLED)  # before reading anything below
 
 
 def _written_layer(cls: Any) -> Any:
@@ -105,82 +80,20 @@ INTERNALS = (
 )
 
 
-def _resolve(name: str) -> Any:
-    """The object at ``transformers.<name>`` (modules imported on the way)."""
-    parts = name.split(".")
-    for split in range(len(parts), 0, -1):
-        try:
-            obj = importlib.import_module(".".join(["transformers", *parts[:split]]))
-        except ImportError:
-            continue
-        for part in parts[split:]:
-            obj = getattr(obj, part)
-        return obj
-    return importlib.import_module("transformers")
-
-
-def _missing(internal: Internal) -> str | None:
-    """What ``internal`` lacks in the installed transformers (None: it is as expected)."""
-    try:
-        obj = _resolve(internal.name)
-    except AttributeError:
-        return "is missing"
-    if internal.params:
-        target = obj.forward if isinstance(obj, torch.nn.Module) else obj
-        try:
-            takes = inspect.signature(target).parameters
-        except (TypeError, ValueError):
-            return "has no readable signature"
-        absent = [p for p in internal.params if p not in takes]
-        if absent:
-            return f"takes no parameter {', '.join(absent)}"
-    if internal.attrs:
-        try:
-            holder = internal.sample(obj) if internal.sample is not None else obj
-        except Exception as err:  # noqa: BLE001 - any failure to build one means its shape changed
-            return f"cannot be built as expected ({type(err).__name__}: {err})"
-        absent = [a for a in internal.attrs if not hasattr(holder, a)]
-        if absent:
-            return f"has no attribute {', '.join(absent)}"
-    return None
-
-
-def _applies(internal: Internal, installed: Version) -> bool:
-    return internal.since is None or installed >= Version(internal.since + ".0.dev0")
-
-
-def probe_internals(installed: Version = _INSTALLED) -> list[str]:
-    """``"transformers.<name> <what is wrong>"`` for each internal that is not as the tested versions have it."""
-    problems = []
-    for internal in INTERNALS:
-        if not _applies(internal, installed):
-            continue
-        why = _missing(internal)
-        if why is not None:
-            problems.append(f"transformers.{internal.name} {why}")
-    return problems
-
-
 #: the internals :func:`check_transformers_version` found missing or changed (``enable()`` refuses while any is)
 MISSING_INTERNALS: list[str] = []
 
 
+def probe_internals(installed: Version = _INSTALLED) -> list[str]:
+    """What is missing or changed in this transformers among :data:`INTERNALS` (see :func:`versions.probe`)."""
+    return versions.probe(INTERNALS, installed)
+
+
 def check_transformers_version(installed: Version = _INSTALLED) -> None:
-    """At import: refuse a transformers older than the tested window; probe the private internals (see
-    :data:`INTERNALS`); warn once if the version is newer than the tested window."""
+    """At import: refuse a transformers older than the tested window, probe :data:`INTERNALS`, and warn once if
+    the version is newer than the tested window."""
     global MISSING_INTERNALS
-    if Version(installed.base_version) < MIN_TRANSFORMERS:
-        raise ImportError(
-            f"hf_specmm needs transformers >= {MIN_TRANSFORMERS} (it hooks generate internals; tested with "
-            f"{TESTED_WINDOW}), but transformers {installed} is installed. Install a tested version, e.g. "
-            f"`pip install 'transformers{TESTED_RANGE}'`."
-        )
-    MISSING_INTERNALS = probe_internals(installed)
-    if Version(installed.base_version) >= Version(f"{NEWEST_TESTED.major}.{NEWEST_TESTED.minor + 1}"):
-        found = ("every private internal it reads is present as expected" if not MISSING_INTERNALS else
-                 "hf_specmm.enable() will refuse: " + "; ".join(MISSING_INTERNALS))
-        warnings.warn(f"hf_specmm is tested with transformers {TESTED_WINDOW}, not {installed}: {found}.",
-                      UntestedTransformersWarning, stacklevel=2)
+    MISSING_INTERNALS = versions.check(INTERNALS, installed)
 
 
 def require_internals() -> None:
@@ -344,29 +257,19 @@ def resolve_generation_config(model: Any, generation_config: Any, kwargs: dict) 
     return config
 
 
-def compact_cache(cache: Any, mask: torch.Tensor | None, prompt_len: int, length: int) -> Any:
-    """The loop's holed cache as plain generate returns it: per row the prompt's slots and its valid
-    generated slots, ``length`` slots in all (rows that finished early are zero-padded). Reads the
-    per-layer ``keys`` / ``values`` tensors of a DynamicCache."""
-    if mask is None or cache is None:
-        return cache
+def rebuild_dynamic_cache(cache: Any, kv: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+                          length: int) -> Any:
+    """A new ``DynamicCache``: each attention layer of ``cache`` holds ``kv(keys, values)`` of the old one's
+    (per-layer ``keys`` / ``values`` [B, H, L, D]); each linear-attention layer is carried over as it is (its
+    states are each row's own), its token count set to ``length``."""
     from transformers import DynamicCache
 
-    slots = torch.arange(mask.shape[1], device=mask.device)
-    keep = (slots[None] < prompt_len) | mask.bool()
-    order = torch.sort((~keep).long(), dim=1, stable=True).indices[:, :length]  # kept slots first, in order
-    valid = keep.gather(1, order)
     out = DynamicCache()
     for index, layer in enumerate(cache.layers):
-        if is_linear_cache_layer(layer):  # no slots: its states are each row's own
+        if is_linear_cache_layer(layer):
             out.layers.append(layer)
-            continue
-        keys, values = layer.keys, layer.values  # [B, H, L, D]
-        idx = order.to(keys.device)[:, None, :, None]
-        zero = ~valid.to(keys.device)[:, None, :, None]
-        keys = keys.gather(2, idx.expand(-1, keys.shape[1], -1, keys.shape[-1])).masked_fill(zero, 0)
-        values = values.gather(2, idx.expand(-1, values.shape[1], -1, values.shape[-1])).masked_fill(zero, 0)
-        out.update(keys, values, index)
+        else:
+            out.update(*kv(layer.keys, layer.values), index)
     set_linear_length(out, length)
     return out
 
@@ -379,7 +282,7 @@ def hub_file(repo_id: str, filename: str, **hub_kwargs: Any) -> str | None:
     return cached_file(repo_id, filename, _raise_exceptions_for_missing_entries=False, **hub_kwargs)
 
 
-# ---- static caches and compilation (issue 20) --------------------------------------------------------
+# ---- static caches and compilation --------------------------------------------------------------------
 # Read in transformers 5.17 and 5.24 (identical where used here): a ``StaticLayer`` preallocates
 # ``keys`` / ``values`` [B, H, max_cache_len, D] on its first update and writes every row's new states at
 # the same slots, ``arange(k) + layer.cumulative_length`` (a 0-d long tensor it advances in place); neither
@@ -497,7 +400,7 @@ def compiled_call(model: Any, compile_config: Any = None) -> Callable[..., Any]:
     return cached[1]
 
 
-# ---- custom 4-D masks: draft trees (issue 19), the static cache's windows ------------------------------------
+# ---- custom 4-D masks: draft trees, the static cache's windows ----------------------------------------------
 # Read in transformers 5.17 and 5.24 (masking_utils._preprocess_mask_arguments): an attention mask that is
 # already 4-D is returned as-is by create_causal_mask / create_sliding_window_causal_mask, so neither the
 # causal pattern nor a sliding window is applied to it. Models that mix layer types (Gemma 3) build one mask
@@ -525,17 +428,20 @@ def mask_argument(config: Any, make_mask: Callable[[int | None], torch.Tensor]) 
     return {"full_attention": make_mask(None), "sliding_attention": make_mask(window)}
 
 
-# ---- linear-attention layers (Qwen3.5's Gated DeltaNet, issue 25) ---------------------------------------
-# Read in transformers 5.17 and 5.24 (the same storage; the module's cache keyword and where the key heads are
-# repeated differ, see below): a ``DynamicCache(config=...)`` / ``StaticCache`` of a hybrid model
-# holds a ``LinearAttentionLayer`` (no keys / values, no sequence length) for each "linear_attention" layer, with
+# ---- linear-attention layers (Qwen3.5's Gated DeltaNet) -------------------------------------------------------
+# Read in transformers 5.17, 5.24 and 5.25 (the same storage; the module's cache keyword and where the key heads
+# are repeated differ, see below): a ``DynamicCache(config=...)`` / ``StaticCache`` of a hybrid model
+# holds a ``LinearAttentionLayer`` (no keys / values) for each "linear_attention" layer, with
 # ``conv_states[0]`` [B, conv_dim, K] (the last K inputs of the causal conv) and ``recurrent_states[0]``
 # [B, H_v, D_k, D_v] (float32), both written in place (``copy_``: static addresses). ``crop`` raises unless
-# past recording is on, and then only trims the conv state: the recurrent state cannot be cropped. A layer's
-# ``*GatedDeltaNet`` module reads its input through ``in_proj_qkv`` (-> the conv), ``in_proj_a`` (-> the decay g)
-# and ``in_proj_b`` (-> beta); a single-token step updates the states with the modeling module's
-# ``causal_conv1d_update`` and ``torch_recurrent_gated_delta_rule``, a longer block with the chunked kernel.
+# past recording is on (5.25: it then also restores recorded recurrent states). From 5.25 the layer counts the
+# tokens it read (``cumulative_length_linear``), and ``Cache.get_seq_length()`` reports layer 0's count when
+# layer 0 is a linear layer (Qwen3.5's is). A layer's ``*GatedDeltaNet`` module reads its input through
+# ``in_proj_qkv`` (-> the conv), ``in_proj_a`` (-> the decay g) and ``in_proj_b`` (-> beta); a single-token step
+# updates the states with the modeling module's ``causal_conv1d_update`` and ``torch_recurrent_gated_delta_rule``,
+# a longer block with the chunked kernel (5.25: both kernels wrapped as kernel-hub modules, same arguments).
 # A 2-D attention mask zeroes padded tokens' inputs, which is a no-op on a zero state (left padding) only.
+# The replay maths: caches/gated_delta.py.
 
 STATEFUL_LAYER_TYPES = ("linear_attention", "conv", "hybrid", "hybrid_sliding", "mamba")
 _GATED_DELTA_PARTS = ("in_proj_qkv", "in_proj_a", "in_proj_b", "conv1d", "A_log", "dt_bias", "layer_idx")
@@ -601,70 +507,17 @@ def select_linear_rows(cache: Any, keep: torch.Tensor) -> None:
             layer.recurrent_states[0] = layer.recurrent_states[0][index].contiguous()
 
 
-def gated_delta_replay(modules: list[Any], states: list[tuple[torch.Tensor, torch.Tensor]],
-                       inputs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
-                       keep: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The states of Gated DeltaNet layers after each row's kept tokens, as single decode steps compute them.
-
-    Per layer: ``states`` (conv [B, C, K], recurrent [B, H, Dk, Dv]) before the tokens; ``inputs`` the tokens'
-    ``in_proj_qkv`` [B, W, C] / ``in_proj_a`` / ``in_proj_b`` [B, W, H] outputs from the forward that read them;
-    ``keep`` [B, W] bool: the tokens each row keeps (in order; the others never happened for that row). Each
-    kept token is one call of the modeling module's own recurrent step (``torch_recurrent_gated_delta_rule``,
-    the kernel of plain generate's decode steps) on its conv output (``causal_conv1d_fn`` over the row's last
-    K kept inputs); layers of one shape take their steps together (one kernel call per step for all of them)."""
-    modeling = sys.modules[type(modules[0]).__module__]
-    batch = keep.shape[0]
-    counts = keep.sum(-1)
-    steps = int(counts.max()) if counts.numel() else 0
-    # each row's kept tokens first, in order (a stable sort): their conv windows are contiguous
-    order = torch.sort((~keep).long(), dim=1, stable=True).indices
-    convs, per_step = [], []
-    for module, (conv, _), (qkv, a, b) in zip(modules, states, inputs):
-        qkv, a, b = (x.gather(1, order.to(x.device)[..., None].expand_as(x)) for x in (qkv, a, b))
-        kernel = conv.shape[-1]
-        stream = torch.cat([conv, qkv.transpose(1, 2).to(conv.dtype)], dim=-1)  # [B, C, K + W]
-        window = counts.to(conv.device)[:, None, None] + torch.arange(kernel, device=conv.device)
-        convs.append(stream.gather(2, window.expand(batch, stream.shape[1], kernel)))
-        if steps == 0:
-            continue
-        mixed = modeling.causal_conv1d_fn(stream, module.conv1d.weight.squeeze(1), module.conv1d.bias,
-                                          activation=module.activation)[:, :, kernel : kernel + steps]
-        mixed = mixed.transpose(1, 2).to(qkv.dtype)
-        query, key, value = torch.split(mixed, [module.key_dim, module.key_dim, module.value_dim], dim=-1)
-        query = query.reshape(batch, steps, -1, module.head_k_dim)
-        key = key.reshape(batch, steps, -1, module.head_k_dim)
-        value = value.reshape(batch, steps, -1, module.head_v_dim)
-        if not _KERNEL_REPEATS_KEY_HEADS and module.num_v_heads != module.num_k_heads:
-            query = query.repeat_interleave(module.num_v_heads // module.num_k_heads, dim=2)
-            key = key.repeat_interleave(module.num_v_heads // module.num_k_heads, dim=2)
-        g = -module.A_log.float().exp() * torch.nn.functional.softplus(a[:, :steps].float() + module.dt_bias)
-        per_step.append((query, key, value, g, b[:, :steps].sigmoid()))
-    if steps == 0:
-        return [(conv, recurrent.clone()) for conv, (_, recurrent) in zip(convs, states)]
-    recurrents = [recurrent for _, recurrent in states]
-    same = len({(m.num_k_heads, m.num_v_heads, m.head_k_dim, m.head_v_dim, r.dtype, r.device)
-                for m, r in zip(modules, recurrents)}) == 1
-    groups = [list(range(len(modules)))] if same else [[i] for i in range(len(modules))]
-    out: list[Any] = [None] * len(modules)
-    for group in groups:  # one batch of B x layers rows per step
-        query, key, value, g, beta = (torch.cat([per_step[i][n] for i in group]) for n in range(5))
-        state = torch.cat([recurrents[i] for i in group])
-        live = counts.to(state.device).repeat(len(group))
-        for j in range(steps):
-            one = slice(j, j + 1)
-            _, stepped = modeling.torch_recurrent_gated_delta_rule(
-                query[:, one], key[:, one], value[:, one], g=g[:, one], beta=beta[:, one], initial_state=state,
-                output_final_state=True, use_qk_l2norm_in_kernel=True)
-            state = torch.where((live > j)[:, None, None, None], stepped.to(state.dtype), state)
-        for n, i in enumerate(group):
-            out[i] = (convs[i], state[n * batch : (n + 1) * batch])
-    return out
+def gated_delta_kernels(module: Any) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """``(causal_conv1d_fn, torch_recurrent_gated_delta_rule)`` of a Gated DeltaNet ``module``'s own modeling file:
+    its conv over a window and the single-step state update plain ``generate``'s decode steps run."""
+    modeling = sys.modules[type(module).__module__]
+    return modeling.causal_conv1d_fn, modeling.torch_recurrent_gated_delta_rule
 
 
 #: the keyword a Gated DeltaNet module's forward takes its cache under (5.24 renamed it, as CACHE_KWARG)
 LINEAR_CACHE_KWARG = "cache" if _INSTALLED >= Version("5.24.0.dev0") else "cache_params"
 #: 5.24's gated delta kernels repeat the key heads over the value heads themselves; 5.17's module does it first
-_KERNEL_REPEATS_KEY_HEADS = _INSTALLED >= Version("5.24.0.dev0")
+KERNEL_REPEATS_KEY_HEADS = _INSTALLED >= Version("5.24.0.dev0")
 
 
 # ---- Gemma 4 assistants (transformers >= 5.24, see drafts/gemma4_assistant) -----------------------------------
@@ -672,7 +525,8 @@ _KERNEL_REPEATS_KEY_HEADS = _INSTALLED >= Version("5.24.0.dev0")
 # before the KV-sharing ones: its K/V is what the shared layers reuse), "reuse" or None. A target's cache holds a
 # "store" layer's K/V at that layer's index (``cache.layers[i].keys`` / ``.values``, [B, kv heads, slots, D]).
 # ``Gemma4AssistantForCausalLM.forward`` (the Unified one is the same) builds its own masks from a 2-D padding
-# mask; :func:`gemma4_assistant_step` runs its parts with per-row 4-D masks instead (per-row lengths, holes).
+# mask; :func:`gemma4_assistant_backbone` runs its decoder with per-row 4-D masks instead (per-row lengths,
+# holes); the projections around it: drafts/gemma4_assistant/modeling.py.
 
 def gemma4_assistant_classes() -> tuple[type, ...]:
     """Stock's Gemma 4 assistant classes (none before 5.24, where the kind is not registered)."""
@@ -704,20 +558,15 @@ def cache_layer_states(cache: Any, layer_idx: int, length: int) -> tuple[torch.T
     return layer.keys[:, :, :length], layer.values[:, :, :length]
 
 
-def gemma4_assistant_step(assistant: Any, inputs_embeds: torch.Tensor, position_ids: torch.Tensor,
-                          shared_kv: dict[str, tuple[torch.Tensor, torch.Tensor]],
-                          masks: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``Gemma4AssistantForCausalLM.forward`` with ``masks`` (per layer type, additive [B, 1, Q, S]) in place of the
-    ones it builds: (logits [B, Q, V], projected last hidden state [B, Q, backbone hidden])."""
-    hidden = assistant.pre_projection(inputs_embeds)
+def gemma4_assistant_backbone(assistant: Any, hidden: torch.Tensor, position_ids: torch.Tensor,
+                              shared_kv: dict[str, tuple[torch.Tensor, torch.Tensor]],
+                              masks: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The last hidden state [B, Q, H] of a Gemma 4 assistant's decoder (``assistant.model``) over ``hidden`` (the
+    pre-projected inputs), attending to the target's ``shared_kv`` (per layer type) through ``masks`` (per layer
+    type, additive [B, 1, Q, S]) in place of the ones ``Gemma4AssistantForCausalLM.forward`` builds."""
     out = assistant.model(input_ids=None, inputs_embeds=hidden, attention_mask=masks, position_ids=position_ids,
                           shared_kv_states=shared_kv, use_cache=False,
                           # not an int: no slicing before the KV-shared layers, which 5.24 cannot do without
                           # per-layer inputs (an assistant has none) once Q > 1 (a tree level's nodes)
                           logits_to_keep=None)
-    last = out.last_hidden_state
-    if assistant.config.use_ordered_embeddings:
-        logits = assistant.masked_embedding(last, assistant.lm_head.weight)
-    else:
-        logits = assistant.lm_head(last)
-    return logits, assistant.post_projection(last)
+    return out.last_hidden_state

@@ -14,7 +14,7 @@ import pytest
 from packaging.version import Version
 
 import hf_specmm
-from hf_specmm import _compat, testing
+from hf_specmm import _compat, testing, versions
 from hf_specmm.errors import SpecMMError, UnsupportedTransformersError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,7 +31,7 @@ def _check(installed: Version) -> list[warnings.WarningMessage]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         _compat.check_transformers_version(installed)
-    return [w for w in caught if issubclass(w.category, _compat.UntestedTransformersWarning)]
+    return [w for w in caught if issubclass(w.category, versions.UntestedTransformersWarning)]
 
 
 def test_every_internal_is_present_on_the_installed_version():
@@ -46,7 +46,7 @@ def test_the_tested_window_takes_no_warning(restore_probes):
 
 def test_a_newer_version_with_every_internal_warns_once_and_enables(restore_probes, monkeypatch):
     # the internals the installed version has (those added later are absent on an older leg of the suite)
-    present = tuple(i for i in _compat.INTERNALS if _compat._applies(i, _compat._INSTALLED))
+    present = tuple(i for i in _compat.INTERNALS if i.applies(versions.INSTALLED))
     monkeypatch.setattr(_compat, "INTERNALS", present)
     caught = _check(NEWER)
     assert len(caught) == 1
