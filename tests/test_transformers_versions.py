@@ -15,7 +15,7 @@ from packaging.version import Version
 
 import hf_specmm
 from hf_specmm import _compat, testing, versions
-from hf_specmm.errors import SpecMMError, UnsupportedTransformersError
+from hf_specmm.errors import SpecMMError
 
 ROOT = Path(__file__).resolve().parents[1]
 NEWER = Version("5.31.0")
@@ -63,7 +63,7 @@ def test_a_newer_version_without_an_internal_warns_and_enable_refuses(restore_pr
     caught = _check(NEWER)
     assert len(caught) == 1 and "GenerationMixin._prefill is missing" in str(caught[0].message)
     model = testing.tiny_target("llava")
-    with pytest.raises(UnsupportedTransformersError) as err:
+    with pytest.raises(hf_specmm.UnsupportedTransformersError) as err:
         hf_specmm.enable(model)
     message = str(err.value)
     assert "transformers.generation.utils.GenerationMixin._prefill is missing" in message
