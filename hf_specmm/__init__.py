@@ -12,7 +12,8 @@ from .checks import DEFAULT_GAMMA
 from .drafter import Drafter, Prompt, Proposal
 from .drafts import (DraftKind, FeatureHeadDraft, FeatureHeadDraftConfig, ImageAdapterDraft, ImageAdapterDraftConfig, TextOnly, draft_kinds, get_kind, kind_of,
                      register_draft_kind)
-from .errors import IncompatibleDraftError, SpecMMError, UnsupportedGenerationError, UnsupportedTargetError
+from .errors import (IncompatibleDraftError, SpecMMError, UnsupportedGenerationError, UnsupportedTargetError,
+                     UnsupportedTransformersError)
 from .hub import annotate_draft, draft_metadata, load_draft, push_draft_to_hub, render_model_card, save_draft
 from .stats import SpecStats
 from .drafts.wrapper import Tree
@@ -58,6 +59,7 @@ __all__ = [
     "SpecStats",
     "UnsupportedGenerationError",
     "UnsupportedTargetError",
+    "UnsupportedTransformersError",
     "annotate_draft",
     "disable",
     "draft_kinds",

@@ -1,9 +1,11 @@
 """The one module that touches private transformers internals.
 
-Everything hf_specmm needs from transformers beyond its public API goes through here, behind a
-version check, so that a transformers upgrade breaks in one place with a clear message.
+Everything hf_specmm needs from transformers beyond its public API goes through here, so that a transformers
+upgrade breaks in one place with a clear message. Tested with transformers 5.17 to 5.25; :data:`INTERNALS` lists
+what is read, probed at import: an older transformers is refused there, a newer one imports with one warning, and
+``enable()`` refuses where an internal is missing or changed (docs/transformers-versions.md).
 
-Private things used (all read in the installed transformers source, 5.17 – 5.24):
+Private things used (all read in the installed transformers source, 5.17 to 5.25):
 - ``GenerationMixin.generate(custom_generate=<callable>)`` hands the callable fully prepared inputs
   (generation config, logits processors, stopping criteria, cache, multimodal kwargs).
 - ``GenerationMixin._prefill`` runs the first forward exactly as plain ``generate`` does.
@@ -11,6 +13,7 @@ Private things used (all read in the installed transformers source, 5.17 – 5.2
 - ``Cache.crop(-n)`` with a negative count (positive counts were removed in 5.18).
 - ``DynamicCache.layers[i].keys`` / ``.values`` (per-row compaction of sliding-window models' caches, and
   dropping finished rows from a batch).
+- Linear-attention cache layers' states and, from 5.25, their token count (``cumulative_length_linear``).
 - The name of the KV cache in forward kwargs, model outputs and ``generate``'s ``model_kwargs``:
   ``past_key_values`` up to 5.23, ``cache`` from 5.24 (the old name still works there, with a warning).
 """
@@ -25,21 +28,83 @@ import transformers
 from packaging.version import Version
 from transformers import GenerationMixin
 
-MIN_TRANSFORMERS = Version("5.17.0")
-MAX_TRANSFORMERS_EXCLUSIVE = Version("5.26.0")
-TESTED_RANGE = f">={MIN_TRANSFORMERS},<{MAX_TRANSFORMERS_EXCLUSIVE}"
+from . import versions
+from .versions import MIN_TRANSFORMERS, NEWEST_TESTED, TESTED_RANGE, TESTED_WINDOW, Internal  # noqa: F401
 
-_INSTALLED = Version(transformers.__version__)
+_INSTALLED = versions.INSTALLED
+versions.refuse_older(_INSTALLED)  # before reading anything below
 
 
-def check_transformers_version() -> None:
-    """Raise if the installed transformers is outside the range whose internals we read."""
-    base = Version(_INSTALLED.base_version)
-    if not (MIN_TRANSFORMERS <= base < MAX_TRANSFORMERS_EXCLUSIVE):
-        raise ImportError(
-            f"hf_specmm supports transformers {TESTED_RANGE} (it hooks generate internals), but "
-            f"transformers {transformers.__version__} is installed. Install a tested version, e.g. "
-            f"`pip install 'transformers{TESTED_RANGE}'`."
+def _written_layer(cls: Any) -> Any:
+    layer = cls()
+    layer.update(torch.zeros(1, 1, 1, 1), torch.zeros(1, 1, 1, 1))
+    return layer
+
+
+_QWEN3_5 = "models.qwen3_5.modeling_qwen3_5"
+_GEMMA4_ASSISTANT = "models.gemma4_assistant.modeling_gemma4_assistant"
+
+#: every private internal read below, as the tested versions have it (probed at import: :func:`probe_internals`)
+INTERNALS = (
+    Internal("generation.utils.GenerationMixin.generate", params=("custom_generate",)),
+    Internal("generation.utils.GenerationMixin._prefill",
+             params=("input_ids", "generation_config", "model_kwargs", "is_first_iteration")),
+    Internal("generation.utils.GenerationMixin._prepare_generation_config", params=("generation_config",)),
+    Internal("generation.utils.GenerationMixin._prepare_special_tokens", params=("generation_config",)),
+    Internal("generation.utils.GenerationMixin._valid_auto_compile_criteria",
+             params=("model_kwargs", "generation_config")),
+    Internal("modeling_utils.PreTrainedModel.get_compiled_call", params=("compile_config",)),
+    Internal("utils.cached_file", params=("path_or_repo_id", "filename")),
+    Internal("masking_utils._preprocess_mask_arguments", params=("attention_mask",)),
+    Internal("cache_utils.CacheLayerMixin"),
+    Internal("cache_utils.LinearAttentionCacheLayerMixin"),
+    Internal("cache_utils.DynamicCache", params=("config",), attrs=("layers",), sample=lambda cls: cls()),
+    Internal("cache_utils.DynamicLayer", attrs=("keys", "values", "crop"), sample=_written_layer),
+    Internal("cache_utils.StaticCache", params=("config", "max_cache_len")),
+    Internal("cache_utils.StaticLayer", params=("max_cache_len",),
+             attrs=("max_cache_len", "cumulative_length", "is_initialized"), sample=lambda cls: cls(max_cache_len=1)),
+    Internal("cache_utils.LinearAttentionLayer", attrs=("conv_states", "recurrent_states", "has_previous_state"),
+             sample=lambda cls: cls()),
+    # from 5.25 a linear layer counts its tokens, and a cache whose layer 0 is one reports that count as its length
+    Internal("cache_utils.LinearAttentionLayer", attrs=("cumulative_length_linear",), sample=lambda cls: cls(),
+             since="5.25"),
+    Internal(f"{_QWEN3_5}.causal_conv1d_fn", params=("hidden_states", "weight", "bias", "activation")),
+    Internal(f"{_QWEN3_5}.torch_recurrent_gated_delta_rule",
+             params=("query", "key", "value", "g", "beta", "initial_state", "output_final_state",
+                     "use_qk_l2norm_in_kernel")),
+    Internal(f"{_QWEN3_5}.Qwen3_5GatedDeltaNet.forward", params=("cache",), since="5.24"),
+    Internal("cache_utils.DummyLayer", since="5.24"),
+    Internal("models.gemma4.Gemma4TextConfig", attrs=("kv_sharing_modes", "num_kv_shared_layers", "layer_types"),
+             sample=lambda cls: cls(), since="5.24"),
+    Internal(f"{_GEMMA4_ASSISTANT}.Gemma4AssistantForCausalLM", since="5.24"),
+)
+
+
+#: the internals :func:`check_transformers_version` found missing or changed (``enable()`` refuses while any is)
+MISSING_INTERNALS: list[str] = []
+
+
+def probe_internals(installed: Version = _INSTALLED) -> list[str]:
+    """What is missing or changed in this transformers among :data:`INTERNALS` (see :func:`versions.probe`)."""
+    return versions.probe(INTERNALS, installed)
+
+
+def check_transformers_version(installed: Version = _INSTALLED) -> None:
+    """At import: refuse a transformers older than the tested window, probe :data:`INTERNALS`, and warn once if
+    the version is newer than the tested window."""
+    global MISSING_INTERNALS
+    MISSING_INTERNALS = versions.check(INTERNALS, installed)
+
+
+def require_internals() -> None:
+    """Raise (``enable()``) if a private internal hf_specmm reads is missing or changed in this transformers."""
+    if MISSING_INTERNALS:
+        from .errors import UnsupportedTransformersError
+
+        raise UnsupportedTransformersError(
+            f"hf_specmm cannot run on transformers {_INSTALLED} (tested with {TESTED_WINDOW}): "
+            + "; ".join(MISSING_INTERNALS)
+            + f". Install a tested version, e.g. `pip install 'transformers{TESTED_RANGE}'`."
         )
 
 
@@ -103,10 +168,23 @@ def eos_token_tensor(generation_config: Any) -> torch.Tensor | None:
 
 def crop_cache(cache: Any, new_length: int) -> None:
     """Shrink a cache to ``new_length`` physical slots (no copy for dynamic layers)."""
-    excess = cache.get_seq_length() - new_length
+    layers = kv_layers(cache)  # linear-attention states are rolled back by caches/linear.py
+    # the attention layers' length: from 5.25 ``cache.get_seq_length()`` reads layer 0, a linear layer's count
+    excess = (layers[0].get_seq_length() if layers else 0) - new_length
     if excess > 0:
-        for layer in kv_layers(cache):  # linear-attention states are rolled back by caches/linear.py
+        for layer in layers:
             layer.crop(-excess)
+    set_linear_length(cache, new_length)
+
+
+def set_linear_length(cache: Any, length: int) -> None:
+    """Set the token count of every linear-attention layer of ``cache`` to ``length`` (in place). From 5.25 such a
+    layer counts the tokens it read (``cumulative_length_linear``, what ``get_seq_length`` returns for a cache
+    whose layer 0 is one, e.g. for M-RoPE positions); a rollback that rewrites its states must move it too."""
+    for layer in cache.layers:
+        count = getattr(layer, "cumulative_length_linear", None) if is_linear_cache_layer(layer) else None
+        if isinstance(count, torch.Tensor):
+            count.fill_(length)
 
 
 def new_dynamic_cache(model: Any = None) -> Any:
@@ -179,29 +257,20 @@ def resolve_generation_config(model: Any, generation_config: Any, kwargs: dict) 
     return config
 
 
-def compact_cache(cache: Any, mask: torch.Tensor | None, prompt_len: int, length: int) -> Any:
-    """The loop's holed cache as plain generate returns it: per row the prompt's slots and its valid
-    generated slots, ``length`` slots in all (rows that finished early are zero-padded). Reads the
-    per-layer ``keys`` / ``values`` tensors of a DynamicCache."""
-    if mask is None or cache is None:
-        return cache
+def rebuild_dynamic_cache(cache: Any, kv: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+                          length: int) -> Any:
+    """A new ``DynamicCache``: each attention layer of ``cache`` holds ``kv(keys, values)`` of the old one's
+    (per-layer ``keys`` / ``values`` [B, H, L, D]); each linear-attention layer is carried over as it is (its
+    states are each row's own), its token count set to ``length``."""
     from transformers import DynamicCache
 
-    slots = torch.arange(mask.shape[1], device=mask.device)
-    keep = (slots[None] < prompt_len) | mask.bool()
-    order = torch.sort((~keep).long(), dim=1, stable=True).indices[:, :length]  # kept slots first, in order
-    valid = keep.gather(1, order)
     out = DynamicCache()
     for index, layer in enumerate(cache.layers):
-        if is_linear_cache_layer(layer):  # no slots: its states are each row's own
+        if is_linear_cache_layer(layer):
             out.layers.append(layer)
-            continue
-        keys, values = layer.keys, layer.values  # [B, H, L, D]
-        idx = order.to(keys.device)[:, None, :, None]
-        zero = ~valid.to(keys.device)[:, None, :, None]
-        keys = keys.gather(2, idx.expand(-1, keys.shape[1], -1, keys.shape[-1])).masked_fill(zero, 0)
-        values = values.gather(2, idx.expand(-1, values.shape[1], -1, values.shape[-1])).masked_fill(zero, 0)
-        out.update(keys, values, index)
+        else:
+            out.update(*kv(layer.keys, layer.values), index)
+    set_linear_length(out, length)
     return out
 
 
@@ -213,7 +282,7 @@ def hub_file(repo_id: str, filename: str, **hub_kwargs: Any) -> str | None:
     return cached_file(repo_id, filename, _raise_exceptions_for_missing_entries=False, **hub_kwargs)
 
 
-# ---- static caches and compilation ---------------------------------------------------------------------
+# ---- static caches and compilation --------------------------------------------------------------------
 # Read in transformers 5.17 and 5.24 (identical where used here): a ``StaticLayer`` preallocates
 # ``keys`` / ``values`` [B, H, max_cache_len, D] on its first update and writes every row's new states at
 # the same slots, ``arange(k) + layer.cumulative_length`` (a 0-d long tensor it advances in place); neither
@@ -270,6 +339,7 @@ def set_static_length(cache: Any, length: int) -> None:
     for layer in kv_layers(cache):
         if layer.is_initialized:
             layer.cumulative_length.fill_(length)
+    set_linear_length(cache, length)
 
 
 def select_static_rows(cache: Any, keep: torch.Tensor) -> None:
@@ -358,17 +428,20 @@ def mask_argument(config: Any, make_mask: Callable[[int | None], torch.Tensor]) 
     return {"full_attention": make_mask(None), "sliding_attention": make_mask(window)}
 
 
-# ---- linear-attention layers (Qwen3.5's Gated DeltaNet) ------------------------------------------------
-# Read in transformers 5.17 and 5.24 (the same storage; the module's cache keyword and where the key heads are
-# repeated differ, see below): a ``DynamicCache(config=...)`` / ``StaticCache`` of a hybrid model
-# holds a ``LinearAttentionLayer`` (no keys / values, no sequence length) for each "linear_attention" layer, with
+# ---- linear-attention layers (Qwen3.5's Gated DeltaNet) -------------------------------------------------------
+# Read in transformers 5.17, 5.24 and 5.25 (the same storage; the module's cache keyword and where the key heads
+# are repeated differ, see below): a ``DynamicCache(config=...)`` / ``StaticCache`` of a hybrid model
+# holds a ``LinearAttentionLayer`` (no keys / values) for each "linear_attention" layer, with
 # ``conv_states[0]`` [B, conv_dim, K] (the last K inputs of the causal conv) and ``recurrent_states[0]``
 # [B, H_v, D_k, D_v] (float32), both written in place (``copy_``: static addresses). ``crop`` raises unless
-# past recording is on, and then only trims the conv state: the recurrent state cannot be cropped. A layer's
-# ``*GatedDeltaNet`` module reads its input through ``in_proj_qkv`` (-> the conv), ``in_proj_a`` (-> the decay g)
-# and ``in_proj_b`` (-> beta); a single-token step updates the states with the modeling module's
-# ``causal_conv1d_update`` and ``torch_recurrent_gated_delta_rule``, a longer block with the chunked kernel.
+# past recording is on (5.25: it then also restores recorded recurrent states). From 5.25 the layer counts the
+# tokens it read (``cumulative_length_linear``), and ``Cache.get_seq_length()`` reports layer 0's count when
+# layer 0 is a linear layer (Qwen3.5's is). A layer's ``*GatedDeltaNet`` module reads its input through
+# ``in_proj_qkv`` (-> the conv), ``in_proj_a`` (-> the decay g) and ``in_proj_b`` (-> beta); a single-token step
+# updates the states with the modeling module's ``causal_conv1d_update`` and ``torch_recurrent_gated_delta_rule``,
+# a longer block with the chunked kernel (5.25: both kernels wrapped as kernel-hub modules, same arguments).
 # A 2-D attention mask zeroes padded tokens' inputs, which is a no-op on a zero state (left padding) only.
+# The replay maths: caches/gated_delta.py.
 
 STATEFUL_LAYER_TYPES = ("linear_attention", "conv", "hybrid", "hybrid_sliding", "mamba")
 _GATED_DELTA_PARTS = ("in_proj_qkv", "in_proj_a", "in_proj_b", "conv1d", "A_log", "dt_bias", "layer_idx")
@@ -434,70 +507,17 @@ def select_linear_rows(cache: Any, keep: torch.Tensor) -> None:
             layer.recurrent_states[0] = layer.recurrent_states[0][index].contiguous()
 
 
-def gated_delta_replay(modules: list[Any], states: list[tuple[torch.Tensor, torch.Tensor]],
-                       inputs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
-                       keep: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The states of Gated DeltaNet layers after each row's kept tokens, as single decode steps compute them.
-
-    Per layer: ``states`` (conv [B, C, K], recurrent [B, H, Dk, Dv]) before the tokens; ``inputs`` the tokens'
-    ``in_proj_qkv`` [B, W, C] / ``in_proj_a`` / ``in_proj_b`` [B, W, H] outputs from the forward that read them;
-    ``keep`` [B, W] bool: the tokens each row keeps (in order; the others never happened for that row). Each
-    kept token is one call of the modeling module's own recurrent step (``torch_recurrent_gated_delta_rule``,
-    the kernel of plain generate's decode steps) on its conv output (``causal_conv1d_fn`` over the row's last
-    K kept inputs); layers of one shape take their steps together (one kernel call per step for all of them)."""
-    modeling = sys.modules[type(modules[0]).__module__]
-    batch = keep.shape[0]
-    counts = keep.sum(-1)
-    steps = int(counts.max()) if counts.numel() else 0
-    # each row's kept tokens first, in order (a stable sort): their conv windows are contiguous
-    order = torch.sort((~keep).long(), dim=1, stable=True).indices
-    convs, per_step = [], []
-    for module, (conv, _), (qkv, a, b) in zip(modules, states, inputs):
-        qkv, a, b = (x.gather(1, order.to(x.device)[..., None].expand_as(x)) for x in (qkv, a, b))
-        kernel = conv.shape[-1]
-        stream = torch.cat([conv, qkv.transpose(1, 2).to(conv.dtype)], dim=-1)  # [B, C, K + W]
-        window = counts.to(conv.device)[:, None, None] + torch.arange(kernel, device=conv.device)
-        convs.append(stream.gather(2, window.expand(batch, stream.shape[1], kernel)))
-        if steps == 0:
-            continue
-        mixed = modeling.causal_conv1d_fn(stream, module.conv1d.weight.squeeze(1), module.conv1d.bias,
-                                          activation=module.activation)[:, :, kernel : kernel + steps]
-        mixed = mixed.transpose(1, 2).to(qkv.dtype)
-        query, key, value = torch.split(mixed, [module.key_dim, module.key_dim, module.value_dim], dim=-1)
-        query = query.reshape(batch, steps, -1, module.head_k_dim)
-        key = key.reshape(batch, steps, -1, module.head_k_dim)
-        value = value.reshape(batch, steps, -1, module.head_v_dim)
-        if not _KERNEL_REPEATS_KEY_HEADS and module.num_v_heads != module.num_k_heads:
-            query = query.repeat_interleave(module.num_v_heads // module.num_k_heads, dim=2)
-            key = key.repeat_interleave(module.num_v_heads // module.num_k_heads, dim=2)
-        g = -module.A_log.float().exp() * torch.nn.functional.softplus(a[:, :steps].float() + module.dt_bias)
-        per_step.append((query, key, value, g, b[:, :steps].sigmoid()))
-    if steps == 0:
-        return [(conv, recurrent.clone()) for conv, (_, recurrent) in zip(convs, states)]
-    recurrents = [recurrent for _, recurrent in states]
-    same = len({(m.num_k_heads, m.num_v_heads, m.head_k_dim, m.head_v_dim, r.dtype, r.device)
-                for m, r in zip(modules, recurrents)}) == 1
-    groups = [list(range(len(modules)))] if same else [[i] for i in range(len(modules))]
-    out: list[Any] = [None] * len(modules)
-    for group in groups:  # one batch of B x layers rows per step
-        query, key, value, g, beta = (torch.cat([per_step[i][n] for i in group]) for n in range(5))
-        state = torch.cat([recurrents[i] for i in group])
-        live = counts.to(state.device).repeat(len(group))
-        for j in range(steps):
-            one = slice(j, j + 1)
-            _, stepped = modeling.torch_recurrent_gated_delta_rule(
-                query[:, one], key[:, one], value[:, one], g=g[:, one], beta=beta[:, one], initial_state=state,
-                output_final_state=True, use_qk_l2norm_in_kernel=True)
-            state = torch.where((live > j)[:, None, None, None], stepped.to(state.dtype), state)
-        for n, i in enumerate(group):
-            out[i] = (convs[i], state[n * batch : (n + 1) * batch])
-    return out
+def gated_delta_kernels(module: Any) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """``(causal_conv1d_fn, torch_recurrent_gated_delta_rule)`` of a Gated DeltaNet ``module``'s own modeling file:
+    its conv over a window and the single-step state update plain ``generate``'s decode steps run."""
+    modeling = sys.modules[type(module).__module__]
+    return modeling.causal_conv1d_fn, modeling.torch_recurrent_gated_delta_rule
 
 
 #: the keyword a Gated DeltaNet module's forward takes its cache under (5.24 renamed it, as CACHE_KWARG)
 LINEAR_CACHE_KWARG = "cache" if _INSTALLED >= Version("5.24.0.dev0") else "cache_params"
 #: 5.24's gated delta kernels repeat the key heads over the value heads themselves; 5.17's module does it first
-_KERNEL_REPEATS_KEY_HEADS = _INSTALLED >= Version("5.24.0.dev0")
+KERNEL_REPEATS_KEY_HEADS = _INSTALLED >= Version("5.24.0.dev0")
 
 
 # ---- Gemma 4 assistants (transformers >= 5.24, see drafts/gemma4_assistant) -----------------------------------
@@ -505,7 +525,8 @@ _KERNEL_REPEATS_KEY_HEADS = _INSTALLED >= Version("5.24.0.dev0")
 # before the KV-sharing ones: its K/V is what the shared layers reuse), "reuse" or None. A target's cache holds a
 # "store" layer's K/V at that layer's index (``cache.layers[i].keys`` / ``.values``, [B, kv heads, slots, D]).
 # ``Gemma4AssistantForCausalLM.forward`` (the Unified one is the same) builds its own masks from a 2-D padding
-# mask; :func:`gemma4_assistant_step` runs its parts with per-row 4-D masks instead (per-row lengths, holes).
+# mask; :func:`gemma4_assistant_backbone` runs its decoder with per-row 4-D masks instead (per-row lengths,
+# holes); the projections around it: drafts/gemma4_assistant/modeling.py.
 
 def gemma4_assistant_classes() -> tuple[type, ...]:
     """Stock's Gemma 4 assistant classes (none before 5.24, where the kind is not registered)."""
@@ -537,20 +558,15 @@ def cache_layer_states(cache: Any, layer_idx: int, length: int) -> tuple[torch.T
     return layer.keys[:, :, :length], layer.values[:, :, :length]
 
 
-def gemma4_assistant_step(assistant: Any, inputs_embeds: torch.Tensor, position_ids: torch.Tensor,
-                          shared_kv: dict[str, tuple[torch.Tensor, torch.Tensor]],
-                          masks: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``Gemma4AssistantForCausalLM.forward`` with ``masks`` (per layer type, additive [B, 1, Q, S]) in place of the
-    ones it builds: (logits [B, Q, V], projected last hidden state [B, Q, backbone hidden])."""
-    hidden = assistant.pre_projection(inputs_embeds)
+def gemma4_assistant_backbone(assistant: Any, hidden: torch.Tensor, position_ids: torch.Tensor,
+                              shared_kv: dict[str, tuple[torch.Tensor, torch.Tensor]],
+                              masks: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The last hidden state [B, Q, H] of a Gemma 4 assistant's decoder (``assistant.model``) over ``hidden`` (the
+    pre-projected inputs), attending to the target's ``shared_kv`` (per layer type) through ``masks`` (per layer
+    type, additive [B, 1, Q, S]) in place of the ones ``Gemma4AssistantForCausalLM.forward`` builds."""
     out = assistant.model(input_ids=None, inputs_embeds=hidden, attention_mask=masks, position_ids=position_ids,
                           shared_kv_states=shared_kv, use_cache=False,
                           # not an int: no slicing before the KV-shared layers, which 5.24 cannot do without
                           # per-layer inputs (an assistant has none) once Q > 1 (a tree level's nodes)
                           logits_to_keep=None)
-    last = out.last_hidden_state
-    if assistant.config.use_ordered_embeddings:
-        logits = assistant.masked_embedding(last, assistant.lm_head.weight)
-    else:
-        logits = assistant.lm_head(last)
-    return logits, assistant.post_projection(last)
+    return out.last_hidden_state

@@ -41,6 +41,7 @@ def enable(model: Any) -> Any:
         >>> hf_specmm.enable(model)  # doctest: +SKIP
         >>> out = model.generate(**inputs, assistant_model=draft, max_new_tokens=64)  # doctest: +SKIP
     """
+    _compat.require_internals()  # a newer transformers that changed what hf_specmm reads: refused here
     target_family(model)  # unsupported targets fail here, not at generate time
     if getattr(model, _STATE, None) is None:
         setattr(model, _STATE, _State())

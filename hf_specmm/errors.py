@@ -21,6 +21,10 @@ class UnsupportedGenerationError(SpecMMError):
     """A generate() option that speculative decoding with a draft cannot honour."""
 
 
+class UnsupportedTransformersError(SpecMMError):
+    """The installed transformers lacks (or changed) a private internal hf_specmm reads."""
+
+
 class DraftLoadError(SpecMMError):
     """A draft checkpoint that cannot be loaded: missing, corrupt, or not in safetensors."""
 

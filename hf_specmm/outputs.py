@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from . import _compat
+from .caches.dynamic import compact_cache
 
 if TYPE_CHECKING:
     from .caches import SlottedCache
@@ -104,7 +105,7 @@ class GenerateOutputs:
             attentions = () if self.prefill_attentions is None else by_layer("attentions", self.prefill_attentions)
         if self.hidden_on and self.prefill_hidden is not None:
             hidden = by_layer("hidden", self.prefill_hidden)
-        past = None if self.compacted else _compat.compact_cache(cache.cache, cache.mask, self.prompt_len,
-                                                                  sequences.shape[1] - 1)
+        past = None if self.compacted else compact_cache(cache.cache, cache.mask, self.prompt_len,
+                                                          sequences.shape[1] - 1)
         return GenerateDecoderOnlyOutput(sequences=sequences, scores=scores, logits=logits, attentions=attentions,
                                          hidden_states=hidden, **_compat.cache_kwargs(past))

@@ -17,8 +17,9 @@ if [[ "${HF_SPECMM_TRANSFORMERS:-}" == "transformers==5.17"* ]]; then
     httpx2==2.16.2 sniffio==1.3.1 datasets==5.2.0 multiprocess==0.70.19 dill==0.4.1 xxhash==4.1.0 \
     pandas==3.1.1 pyarrow==26.0.1
 fi
-if [[ "${HF_SPECMM_TRANSFORMERS:-}" == "transformers==5.24"* ]]; then
-  # lmms-eval for tests/test_lmms_eval.py (the [lmms] extra, elsewhere that test skips), without its dependency
+if [[ "${HF_SPECMM_TRANSFORMERS:-}" == "transformers==5.25"* ]]; then
+  # lmms-eval for tests/test_lmms_eval.py on the newest tested transformers (lmms-eval 0.7.3 imports and runs
+  # with 5.25; the [lmms] extra, elsewhere that test skips), without its dependency
   # set: `pip install lmms-eval` pulls torchvision, whose index wheel needs CUDA torch (with it torch 2.14.1+cu130
   # and the CUDA libraries). Only what lmms-eval's CLI, evaluator, metrics and huggingface model import;
   # nothing there imports torchvision. filelock < 4: lmms-eval's evaluator imports filelock._api.

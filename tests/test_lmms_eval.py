@@ -1,5 +1,5 @@
-"""lmms-eval integration: the world task folder (always), and where lmms-eval is installed (CI: the transformers
-5.24 leg, scripts/test.sh) lmms-eval run end to end on it, plain vs drafts: the same per-sample outputs and
+"""lmms-eval integration: the world task folder (always), and where lmms-eval is installed (CI: the newest
+transformers leg, scripts/test.sh) lmms-eval run end to end on it, plain vs drafts: the same per-sample outputs and
 the same scores; a copy of the target as its own draft is accepted 100 %; bad model_args refused before loading;
 the lmms-eval CLI with a draft named as a Hub repo (offline, from the Hub cache)."""
 
@@ -21,8 +21,8 @@ try:
     from hf_specmm.integrations.lmms_eval.model import HFSpecMM, ModelArgsError
 except Exception as err:  # noqa: BLE001 - any import failure means: not installed here
     simple_evaluate = None
-    MISSING = (f"lmms-eval is not importable here ({type(err).__name__}: {err}); CI installs it in the transformers "
-               "5.24 leg (scripts/test.sh)")
+    MISSING = (f"lmms-eval is not importable here ({type(err).__name__}: {err}); CI installs it in the newest "
+               "transformers leg (scripts/test.sh)")
 needs_lmms = pytest.mark.skipif(simple_evaluate is None, reason=MISSING if simple_evaluate is None else "")
 TARGET = CHECKPOINTS / "world-target"
 

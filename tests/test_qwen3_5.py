@@ -1,4 +1,4 @@
-"""Qwen3.5 (a hybrid: Gated DeltaNet linear-attention layers + full attention; transformers 5.17 and 5.24): the lean
+"""Qwen3.5 (a hybrid: Gated DeltaNet linear-attention layers + full attention; transformers 5.17 to 5.25): the lean
 suite of a family too slow on a CPU for every shared suite. Rollback of the linear states row by row (target and
 hybrid drafts), greedy parity for every draft kind at batch 1 and 3 (left padding, images, rows finishing at
 their own steps), static caches, returned outputs, pipelines, sampling (χ²) and what is refused."""
@@ -75,6 +75,8 @@ def test_rollback_restores_each_rows_linear_states_as_single_steps_compute_them(
     rounds = _rounds(3)
     logits, kv = _roll(draft, ids, mask, rounds, linear=True)
     cropped, _ = _roll(draft, ids, mask, rounds, linear=False)
+    # the cache's length is its kept slots' (from 5.25 layer 0, a linear layer, reports its own token count)
+    assert int(kv.cache.get_seq_length()) == kv.length
     for b in range(3):
         row = ids[b][mask[b].bool()][None]
         cache = _compat.new_dynamic_cache(draft)

@@ -63,3 +63,20 @@ class DynamicBackend(Backend):
         return self._opened(DynamicSlottedCache(cache, batch_size, device, positions, compact=self.compacts(model),
                                                 linear=linear_states(model, cache, batch_size)))
 
+
+
+def compact_cache(cache: Any, mask: torch.Tensor | None, prompt_len: int, length: int) -> Any:
+    """The loop's holed cache as plain generate returns it: per row the prompt's slots and its valid
+    generated slots, ``length`` slots in all (rows that finished early are zero-padded)."""
+    if mask is None or cache is None:
+        return cache
+    slots = torch.arange(mask.shape[1], device=mask.device)
+    keep = (slots[None] < prompt_len) | mask.bool()
+    order = torch.sort((~keep).long(), dim=1, stable=True).indices[:, :length]  # kept slots first, in order
+    valid = keep.gather(1, order)
+
+    def gather(states: torch.Tensor) -> torch.Tensor:  # [B, H, L, D] -> [B, H, length, D]
+        index = order.to(states.device)[:, None, :, None].expand(-1, states.shape[1], -1, states.shape[-1])
+        return states.gather(2, index).masked_fill(~valid.to(states.device)[:, None, :, None], 0)
+
+    return _compat.rebuild_dynamic_cache(cache, lambda keys, values: (gather(keys), gather(values)), length)

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from .. import _compat
+from . import gated_delta
 
 _PROJECTIONS = ("in_proj_qkv", "in_proj_a", "in_proj_b")
 
@@ -113,8 +114,7 @@ class LinearStates:
             return
         inputs = [tuple(torch.cat(self.captured[i][name], dim=1) for name in _PROJECTIONS) for i in ready]
         keep = kept[:, -inputs[0][0].shape[1]:].to(inputs[0][0].device)
-        states = _compat.gated_delta_replay([self.modules[i] for i in ready], [self.snapshot[i] for i in ready],
-                                            inputs, keep)
+        states = gated_delta.replay([self.modules[i] for i in ready], [self.snapshot[i] for i in ready], inputs, keep)
         for index, (conv, recurrent) in zip(ready, states):
             _compat.write_linear_states(self.cache, index, conv, recurrent)
         return dict(zip(ready, states))

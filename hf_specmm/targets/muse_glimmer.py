@@ -1,4 +1,4 @@
-"""Muse Glimmer (``MuseGlimmerForConditionalGeneration``, Muse-Glimmer-30B; in transformers 5.17 and 5.24).
+"""Muse Glimmer (``MuseGlimmerForConditionalGeneration``, Muse-Glimmer-30B; in transformers 5.17 to 5.25).
 
 - Positions: 1-D RoPE (:data:`~hf_specmm.targets.positions.ROPE_1D`). Images add no position axes: stock
   ``generate`` numbers a left-padded prompt ``cumsum(mask) - 1`` and the text decoder reads those ids on its

@@ -1,4 +1,4 @@
-"""Qwen3.5 (``Qwen3_5ForConditionalGeneration``; in transformers 5.17 and 5.24): a hybrid decoder, Gated DeltaNet
+"""Qwen3.5 (``Qwen3_5ForConditionalGeneration``; in transformers 5.17 to 5.25): a hybrid decoder, Gated DeltaNet
 linear-attention layers (three in four) between full-attention layers, and Qwen3-VL's vision side.
 
 - Token layout and positions as Qwen3-VL: ``<|vision_start|> <|image_pad|>×n <|vision_end|>`` per image, 3-D

@@ -1,4 +1,4 @@
-"""Tiny offline Qwen3.5 fixtures (transformers 5.17 and 5.24): the real ``Qwen3_5ForConditionalGeneration`` class, its
+"""Tiny offline Qwen3.5 fixtures (transformers 5.17 to 5.25): the real ``Qwen3_5ForConditionalGeneration`` class, its
 hybrid decoder scaled down (``linear_attention`` ×3 then ``full_attention``, the real 1-in-4 pattern; Gated
 DeltaNet with 2 key heads and 4 value heads, the real 1:2 ratio; gated attention, partial rotary, interleaved
 M-RoPE) and the Qwen-VL fixtures' token layout (:mod:`hf_specmm.testing.qwen_vl`).

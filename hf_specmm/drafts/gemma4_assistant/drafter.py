@@ -40,7 +40,7 @@ from ...errors import IncompatibleDraftError
 from ...trees import TreeShape
 from ...vocab import VocabMap
 from ..cached import CachedDrafter, LevelReader
-from .modeling import check_target, is_gemma4_assistant
+from .modeling import assistant_step, check_target, is_gemma4_assistant
 
 
 class Gemma4AssistantDrafter(CachedDrafter):
@@ -152,8 +152,8 @@ class Gemma4AssistantDrafter(CachedDrafter):
         shared, masks, position = context
         embed = self.target.get_input_embeddings()
         embeds = torch.cat([embed(tokens.to(embed.weight.device)).to(hidden.device), hidden], -1)
-        logits, projected = _compat.gemma4_assistant_step(self.model, embeds.to(self.device, self.model.dtype),
-                                                          position, shared, masks)
+        logits, projected = assistant_step(self.model, embeds.to(self.device, self.model.dtype), position, shared,
+                                           masks)
         logits = self.vocab.to_target(logits.to(device=tokens.device, dtype=torch.float32))
         override = getattr(self.model, "override_step_logits", None)  # the bench's controlled acceptance
         if callable(override):  # the tokens read sit at the root's position + depth (the assistant's is the root's)

@@ -19,6 +19,20 @@ def is_gemma4_assistant(draft: Any) -> bool:
     return bool(ASSISTANT_CLASSES) and isinstance(draft, ASSISTANT_CLASSES)
 
 
+def assistant_step(assistant: Any, inputs_embeds: torch.Tensor, position_ids: torch.Tensor,
+                   shared_kv: dict[str, tuple[torch.Tensor, torch.Tensor]],
+                   masks: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``Gemma4AssistantForCausalLM.forward`` with ``masks`` (per layer type, additive [B, 1, Q, S]) in place of the
+    ones it builds: (logits [B, Q, V], projected last hidden state [B, Q, backbone hidden])."""
+    hidden = assistant.pre_projection(inputs_embeds)
+    last = _compat.gemma4_assistant_backbone(assistant, hidden, position_ids, shared_kv, masks)
+    if assistant.config.use_ordered_embeddings:
+        logits = assistant.masked_embedding(last, assistant.lm_head.weight)
+    else:
+        logits = assistant.lm_head(last)
+    return logits, assistant.post_projection(last)
+
+
 def _head_shape(config: Any, layer: int) -> tuple[int, int]:
     """(head_dim, key / value heads) of ``layer`` of a Gemma 4 text config (full layers have their own)."""
     per_layer = config.per_layer_config[layer]
