@@ -7,6 +7,7 @@ from typing import Any
 
 from ..registry import DraftKind, register_draft_kind
 from .drafter import DFlashDrafter
+from .extended import SpeculatorsDFlashModel, needs_extension
 from .losses import dflash_loss
 from .formats import is_speculators_dflash, load_speculators_dflash, save_speculators_dflash
 from .modeling import DFLASH_CLASSES, dflash_config_for, dflash_draft_for, is_dflash_draft, target_vocab_size
@@ -28,8 +29,10 @@ def _build(target: Any, language_model: Any, cfg: Any, target_name: str | None) 
 
 
 def _no_loader(config: Any) -> "type | None":
-    """Stock's classes load through their own ``AutoModel`` mapping."""
-    return next((cls for cls in DFLASH_CLASSES if isinstance(config, cls.config_class)), None)
+    """Stock's classes load through their own ``AutoModel`` mapping; one with speculators' biases or reduced
+    vocabulary through :class:`~.extended.SpeculatorsDFlashModel`."""
+    cls = next((cls for cls in DFLASH_CLASSES if isinstance(config, cls.config_class)), None)
+    return SpeculatorsDFlashModel if cls is not None and needs_extension(config) else cls
 
 
 def _card_rows(draft: Any) -> str:
@@ -57,5 +60,5 @@ DFLASH = register_draft_kind(DraftKind(
     imports=lambda raw: load_speculators_dflash if DFLASH_CLASSES and is_speculators_dflash(raw) else None,
 ))
 
-__all__ = ["DFLASH", "DFLASH_CLASSES", "DFlashDrafter", "dflash_config_for", "dflash_draft_for", "is_dflash_draft",
+__all__ = ["DFLASH", "DFLASH_CLASSES", "DFlashDrafter", "SpeculatorsDFlashModel", "dflash_config_for", "dflash_draft_for", "is_dflash_draft",
            "is_speculators_dflash", "load_speculators_dflash", "save_speculators_dflash"]
