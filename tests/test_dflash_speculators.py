@@ -189,3 +189,23 @@ def test_saved_natively_and_loaded_back(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), back.state_dict().values()))
     inputs = batch_inputs(FAMILY, 1, with_images=False)
     assert torch.equal(first_block(model, back, inputs)[1]["block"], first_block(model, ours, inputs)[1]["block"])
+
+
+def test_training_refuses_what_its_loss_does_not_reproduce(tmp_path):
+    """hf-specmm train's DFlash loss uses transformers' masks and the target's LM head: a drafter with speculators'
+    window, causal sliding layers or a reduced vocabulary is refused by the kind's training view (before any
+    forward); one with only biases and the embedding output as a layer trains."""
+    from hf_specmm.drafts.registry import get_kind
+    from hf_specmm.errors import IncompatibleDraftError
+
+    model = target(FAMILY)
+    kind = get_kind("dflash")
+    for case, match in (("embeddings-bias-vocab", "draft_vocab_size=48"), ("sliding-causal", "window_from_anchor")):
+        theirs = speculators_draft(model, *CASES[case])
+        theirs.save_pretrained(tmp_path / case)
+        with pytest.raises(IncompatibleDraftError, match=match):
+            kind.training_view(hf_specmm.load_draft(tmp_path / case, target=model), None, 1)
+    aux, bias, _, _, _ = CASES["embeddings-bias-vocab"]
+    theirs = speculators_draft(model, aux, bias, ["full_attention"], False, None)
+    theirs.save_pretrained(tmp_path / "trainable")
+    assert kind.training_view(hf_specmm.load_draft(tmp_path / "trainable", target=model), None, 1) is not None

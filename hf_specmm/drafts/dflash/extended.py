@@ -21,6 +21,19 @@ from .modeling import DFLASH_CLASSES
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
+def untrainable_flags(config: Any) -> list[str]:
+    """The speculators flags of a DFlash config that this package's DFlash loss does not reproduce (its masks are
+    transformers', its logits the target's LM head)."""
+    flags = []
+    if getattr(config, "draft_vocab_size", None) is not None:
+        flags.append(f"draft_vocab_size={config.draft_vocab_size}")
+    if getattr(config, "window_from_anchor", False):
+        flags.append("window_from_anchor=True (speculators' sliding window)")
+    if not getattr(config, "sliding_window_non_causal", True):
+        flags.append("sliding_window_non_causal=False")
+    return flags
+
+
 def needs_extension(config: Any) -> bool:
     """Whether a DFlash config has biased projections or a reduced draft vocabulary (this module's class)."""
     return bool(getattr(config, "attention_bias", False)) or getattr(config, "draft_vocab_size", None) is not None

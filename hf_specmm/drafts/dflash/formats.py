@@ -95,8 +95,8 @@ def load_speculators_dflash(path: str | Path, target: Any = None, name: str | No
     if reduced:  # its own head and maps: speculators writes them for a reduced vocabulary (they may be left out)
         absent = [k for k in _DRAFT_VOCAB if k not in weights]
         if absent:
-            _refuse(where, f"proposes from a reduced draft vocabulary (draft_vocab_size={draft_config.draft_vocab_size})"
-                           f" but holds no {', '.join(absent)}: without its draft-to-target map (d2t) its draft ids "
+            _refuse(where, "proposes from a reduced draft vocabulary "
+                           f"(draft_vocab_size={draft_config.draft_vocab_size}) but holds no {', '.join(absent)}: without its draft-to-target map (d2t) its draft ids "
                            "cannot be served; save it with its vocabulary maps.")
     own = _DRAFT_VOCAB if reduced else ()
     state = {_RENAMES.get(k, k): v for k, v in weights.items() if k not in _FROM_TARGET or k in own}
@@ -112,7 +112,8 @@ def load_speculators_dflash(path: str | Path, target: Any = None, name: str | No
         raise DraftLoadError(f"speculators dflash checkpoint {where}: missing weights {missing}, unexpected {unexpected}")
     model.load_state_dict(state, strict=True)
     if reduced:
-        check_vocab_maps(model.d2t, model.t2d, f"speculators dflash checkpoint {where}", vocab=int(draft_config.vocab_size))
+        check_vocab_maps(model.d2t, model.t2d, f"speculators dflash checkpoint {where}",
+                         vocab=int(draft_config.vocab_size))
     head = None if reduced else weights.get("lm_head.weight")
     if target is not None:
         check_target(target, model)
@@ -154,7 +155,8 @@ def save_speculators_dflash(draft: Any, path: str | Path, target: Any, verifier:
         "transformer_layer_config": layer, "draft_vocab_size": int(state["lm_head.weight"].shape[0]),
         "block_size": config.block_size, "target_hidden_size": text.hidden_size,
         "aux_hidden_state_layer_ids": [i + 1 for i in config.target_layer_ids], "mask_token_id": config.mask_token_id,
-        "sliding_window_non_causal": bool(getattr(config, "sliding_window_non_causal", True)), "sample_from_anchor": False,
+        "sliding_window_non_causal": bool(getattr(config, "sliding_window_non_causal", True)),
+        "sample_from_anchor": False,
         "speculators_config": {
             "algorithm": "dflash", "default_proposal_method": "greedy",
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": config.block_size - 1}],
