@@ -8,15 +8,14 @@ import copy
 
 import pytest
 import torch
-import transformers
 
 import hf_specmm
-from hf_specmm import testing
+from hf_specmm import _compat, testing
 from hf_specmm.errors import UnsupportedGenerationError
 from hf_specmm.targets import SUPPORTED_TARGETS, target_spec
 
 FAMILY = "step3p7"
-AVAILABLE = hasattr(transformers, "Step3p7ForConditionalGeneration")
+AVAILABLE = _compat.STEP3P7_SUPPORTED
 
 
 def test_registered_only_where_transformers_has_it():

@@ -1,4 +1,5 @@
-"""Step3.7 (``Step3p7ForConditionalGeneration``, Step-3.7-Flash; transformers >= 5.25: nothing is registered before).
+"""Step3.7 (``Step3p7ForConditionalGeneration``, Step-3.7-Flash; transformers >= 5.25: nothing is registered before,
+see ``_compat.STEP3P7_SUPPORTED``).
 
 - Positions: 1-D RoPE (:data:`~hf_specmm.targets.positions.ROPE_1D`), per layer type; sliding-window and full
   attention layers (kept exact by the caches' compaction, as for Gemma 3), per-head attention gates, MoE MLPs.
@@ -16,12 +17,13 @@ from __future__ import annotations
 
 import transformers
 
+from .. import _compat
 from .registry import TargetFamily, register_target_family
 
 MARKERS = ("<im_start>", "<im_end>", "<patch_start>", "<patch_end>", "<patch_newline>")
 
 STEP3P7 = None
-if hasattr(transformers, "Step3p7ForConditionalGeneration"):  # absent from transformers releases before 5.25
+if _compat.STEP3P7_SUPPORTED and hasattr(transformers, "Step3p7ForConditionalGeneration"):
     STEP3P7 = register_target_family(TargetFamily(
         "step3p7", "Step3p7ForConditionalGeneration", (("image_token_id",),),
         per_call_inputs=("pixel_values", "pixel_values_local", "num_local_patches"),

@@ -23,11 +23,12 @@ import torch
 import transformers
 from transformers import BatchFeature, PretrainedConfig, PreTrainedModel, ProcessorMixin
 
+from .. import _compat
 from .layouts import Layout, LayoutFixtures
 from .registry import register_fixture
 from .shaping import BIAS_DIM, INIT_RANGE, language_model
 
-AVAILABLE = hasattr(transformers, "Step3p7ForConditionalGeneration")  # transformers >= 5.25
+AVAILABLE = _compat.STEP3P7_SUPPORTED and hasattr(transformers, "Step3p7ForConditionalGeneration")
 
 STEP3P7_LAYOUT = Layout(
     vocab_size=128, text_end=120, head=["</s>", "<unk>", "<pad>", "<s>"], reserved_head=3, tail_start=120,
