@@ -116,6 +116,9 @@ from transformers.cache_utils import CacheLayerMixin, LinearAttentionCacheLayerM
 #: Gemma 4 / Gemma 4 Unified targets are supported from 5.24 on: 5.17 has the model classes, but its Gemma 4
 #: processors import torchvision, so the offline fixtures (and the families) are not verified there
 GEMMA4_SUPPORTED = _INSTALLED >= Version("5.24.0.dev0")
+#: Step3.7 targets from 5.25 on: 5.17's Step3p7ForConditionalGeneration takes neither ``pixel_values`` nor
+#: ``num_local_patches`` (text only), so the family is neither registered nor verified before
+STEP3P7_SUPPORTED = _INSTALLED >= Version("5.25.0.dev0")
 
 #: the KV cache's keyword in a model's forward, its outputs and generate's model_kwargs (renamed in 5.24)
 CACHE_KWARG = "cache" if _INSTALLED >= Version("5.24.0.dev0") else "past_key_values"
@@ -522,7 +525,8 @@ KERNEL_REPEATS_KEY_HEADS = _INSTALLED >= Version("5.24.0.dev0")
 
 # ---- Gemma 4 assistants (transformers >= 5.24, see drafts/gemma4_assistant) -----------------------------------
 # Read in 5.24: a Gemma 4 text config's ``kv_sharing_modes`` marks, per layer, "store" (the last layer of its type
-# before the KV-sharing ones: its K/V is what the shared layers reuse), "reuse" or None. A target's cache holds a
+# before the KV-sharing ones, or the last of its type where none shares: its K/V is what the shared layers and
+# assistants read), "reuse" or None. A target's cache holds a
 # "store" layer's K/V at that layer's index (``cache.layers[i].keys`` / ``.values``, [B, kv heads, slots, D]).
 # ``Gemma4AssistantForCausalLM.forward`` (the Unified one is the same) builds its own masks from a 2-D padding
 # mask; :func:`gemma4_assistant_backbone` runs its decoder with per-row 4-D masks instead (per-row lengths,
@@ -544,9 +548,10 @@ def gemma4_assistant_class_for(target: Any) -> tuple[type, type]:
 
 
 def shared_kv_producers(text_config: Any) -> dict[str, int]:
-    """Layer type -> index of the target layer whose K/V the KV-sharing layers of that type reuse (empty: the
-    model shares none)."""
-    if not GEMMA4_SUPPORTED or not getattr(text_config, "num_kv_shared_layers", 0):
+    """Layer type -> index of the target layer whose K/V the KV-sharing layers of that type reuse, or that
+    stores it for an assistant where no layer shares (``num_kv_shared_layers`` 0: 5.24 marks the last layer of
+    each type "store" all the same); empty for a config without ``kv_sharing_modes``."""
+    if not GEMMA4_SUPPORTED:
         return {}
     modes = getattr(text_config, "kv_sharing_modes", None) or ()
     return {text_config.layer_types[i]: i for i, mode in enumerate(modes) if mode == "store"}

@@ -64,7 +64,7 @@ def _seed():
 # Families added later run the heaviest matrices on representative cells (CI time on 2 cores: batch 3
 # has left padding, a row without an image and two image sizes); every cell of these matrices still runs for
 # the ten original families. test -> the cell ids kept (substrings of the test id).
-LEAN_FAMILIES = ("qwen3_vl_moe", "muse_glimmer") + testing.families_of("gemma4")
+LEAN_FAMILIES = ("qwen3_vl_moe", "muse_glimmer") + testing.families_of("gemma4") + testing.families_of("step3p7")
 LEAN_CELLS = {
     "test_self_draft.py::test_self_draft_accepts_everything": ("-3-",),
     "test_parity.py::test_greedy_parity": ("random-3", "self-3"),

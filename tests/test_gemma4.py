@@ -5,9 +5,7 @@ static parity, χ² sampling and training. The shared matrices over ``testing.FA
 
 from __future__ import annotations
 
-import copy
 import math
-import re
 
 import pytest
 import torch
@@ -295,18 +293,9 @@ def test_a_copy_of_a_target_without_kv_sharing_is_accepted_whole():
     (the tiny Unified target with its shared layers given their producers' K/V weights): the copy is accepted
     100 % on text rows (sliding windows, keys = values, the target's positions), batch 3 with left padding;
     with images lossless (the prefill attends both ways inside an image, a causal head cannot)."""
-    base = target("gemma4_unified")
-    config = copy.deepcopy(base.config)
-    config.text_config.num_kv_shared_layers = 0
-    model = type(base)._from_config(config, attn_implementation="sdpa").eval()
-    state, text = base.state_dict(), base.config.get_text_config()
-    for key in model.state_dict().keys() - state.keys():  # a formerly shared layer: its producer's K/V weights
-        head, index, rest = re.match(r"(.*\.layers\.)(\d+)\.(.*)", key).groups()
-        producer = max(j for j in range(int(index)) if text.kv_sharing_modes[j] == "store"
-                       and text.layer_types[j] == text.layer_types[int(index)])
-        state[key] = state[f"{head}{producer}.{rest}"]
-    model.load_state_dict(state, strict=True)
-    model.generation_config = copy.deepcopy(base.generation_config)
+    from hf_specmm.testing.gemma4 import without_kv_sharing
+
+    model = without_kv_sharing(target("gemma4_unified"))
     assert testing.feature_head_is_exact(model)
     head = testing.feature_head_from_target(model)
     for with_images in (False, True):

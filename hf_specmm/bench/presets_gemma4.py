@@ -10,10 +10,9 @@
 - ``tiny-gemma4``: the test fixtures' tiny Gemma 4 with its natural-vocabulary random text draft.
 
 Draft kind ``gemma4_assistant`` (:func:`assistant_for`): a random stock Gemma 4 assistant fitted to the preset's
-target (its attention shapes, window and vocabulary). ``tiny-gemma4`` only: ``gemma4-e2b-shape``'s target (5.24's
-``Gemma4TextConfig`` defaults) shares no K/V (``num_kv_shared_layers=0``), which is all an assistant reads, and
-``Gemma4AssistantConfig``'s one shape default, ``backbone_hidden_size=1536``, does not match its hidden size 2304
-either: the defaults describe no E2B target/assistant pair, so none is made up here.
+target (its attention shapes, window and vocabulary). ``tiny-gemma4`` only: ``Gemma4AssistantConfig``'s one shape
+default, ``backbone_hidden_size=1536``, does not match ``gemma4-e2b-shape``'s hidden size 2304 (5.24's
+``Gemma4TextConfig`` defaults): the defaults describe no E2B target/assistant pair, so none is made up here.
 
 Synthetic prompts: ``<bos> <|image> <|image|>×n <image|>`` then random text ids, left-padded, with the
 ``mm_token_type_ids``, ``pixel_values`` and ``image_position_ids`` the processor would give.
@@ -33,8 +32,8 @@ _MAX_SOFT_TOKENS = 280  # Gemma4ImageProcessor's default budget
 #: presets whose target an assistant can read (see the module docstring for gemma4-e2b-shape)
 ASSISTANT_PRESETS = ("tiny-gemma4",) if _compat.GEMMA4_SUPPORTED else ()
 #: why a Gemma 4 preset is not among them
-NO_ASSISTANT = {"gemma4-e2b-shape": "its target (Gemma4TextConfig defaults) shares no K/V (num_kv_shared_layers=0), "
-                                    "which is all a Gemma 4 assistant reads"}
+NO_ASSISTANT = {"gemma4-e2b-shape": "Gemma4AssistantConfig's default backbone_hidden_size (1536) does not match its "
+                                    "target's hidden size (2304): the defaults describe no E2B target/assistant pair"}
 
 
 def target_e2b(dtype: torch.dtype, device: str) -> Any:

@@ -1,13 +1,14 @@
 """Tiny, fast, deterministic offline fixtures for tests, examples, benchmarks and doctests (no Hub access).
 
 Shipped as ``torch.testing`` is, and kept out of the core: nothing outside ``hf_specmm.testing``,
-``hf_specmm.bench`` and the world demo imports it. Up to seventeen target families are covered, each registered by a
+``hf_specmm.bench`` and the world demo imports it. Up to eighteen target families are covered, each registered by a
 module of this package (:mod:`~hf_specmm.testing.registry`): LLaVA-1.5 / NeXT / OneVision
 (:mod:`~hf_specmm.testing.llava`), Qwen2-VL / Qwen2.5-VL / Qwen3-VL (:mod:`~hf_specmm.testing.qwen_vl`),
 Gemma 3 (:mod:`~hf_specmm.testing.gemma3`), Idefics3 / SmolVLM (:mod:`~hf_specmm.testing.idefics3`) and
 InternVL (:mod:`~hf_specmm.testing.internvl`), Qwen3-VL-MoE, Muse Glimmer (:mod:`~hf_specmm.testing.muse_glimmer`);
 on transformers >= 5.24 also Gemma 4 and Gemma 4 Unified (:mod:`~hf_specmm.testing.gemma4`), on >= 5.25
-LLaVA-OneVision-1.5 and Ovis2.5 (:mod:`~hf_specmm.testing.ovis_onevision`); Qwen3.5
+LLaVA-OneVision-1.5 and Ovis2.5 (:mod:`~hf_specmm.testing.ovis_onevision`), Step3.7
+(:mod:`~hf_specmm.testing.step3p7`); Qwen3.5
 (:mod:`~hf_specmm.testing.qwen3_5`, a hybrid with linear-attention layers, outside :data:`FAMILIES`: its own
 suite). Every model is built from configs with random weights and shaped LM heads
 (:mod:`~hf_specmm.testing.shaping`); every processor is the family's real transformers processor over an
@@ -46,6 +47,7 @@ if hasattr(transformers, "MuseGlimmerForConditionalGeneration"):  # registered o
 from . import gemma4  # noqa: F401  (registers nothing before transformers 5.24)
 from . import qwen3_5  # noqa: F401  (where transformers has Qwen3.5)
 from . import ovis_onevision  # noqa: F401  (registers nothing before transformers 5.25)
+from . import step3p7  # noqa: F401  (registers nothing before transformers 5.25)
 # isort: on
 from .drafts import (
     causal_lm_config,
@@ -68,6 +70,7 @@ MORE_FAMILIES = families_of("gemma3") + families_of("idefics3") + families_of("i
 MORE_FAMILIES += families_of("muse_glimmer")
 MORE_FAMILIES += families_of("gemma4")  # Gemma 4, Gemma 4 Unified (transformers >= 5.24)
 MORE_FAMILIES += families_of("llava_onevision1_5") + families_of("ovis2_5")  # transformers >= 5.25
+MORE_FAMILIES += families_of("step3p7")  # Step3.7 (transformers >= 5.25)
 
 __all__ = [
     "BOS_ID",

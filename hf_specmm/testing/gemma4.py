@@ -28,6 +28,9 @@ the same merged-patch layout, row-major, padded to the budget.)
 
 from __future__ import annotations
 
+import copy
+import re
+
 import torch
 from transformers import PreTrainedModel, ProcessorMixin
 
@@ -68,6 +71,24 @@ def _mm_ids() -> dict[str, int]:
     return dict(boi_token_id=vocab["<|image>"], eoi_token_id=vocab["<image|>"], image_token_id=vocab["<|image|>"],
                 video_token_id=vocab["<|video|>"], boa_token_id=vocab["<|audio>"], eoa_token_index=vocab["<audio|>"],
                 audio_token_id=vocab["<|audio|>"])
+
+
+def without_kv_sharing(model: PreTrainedModel) -> PreTrainedModel:
+    """A copy of a tiny Gemma 4 / Unified target with ``num_kv_shared_layers=0`` that computes what it computes:
+    each formerly KV-sharing layer gets its producer's K/V weights (the producer: the last earlier layer of its
+    type that its config marks "store"). Its config still marks the last layer of each type "store"."""
+    config = copy.deepcopy(model.config)
+    config.text_config.num_kv_shared_layers = 0
+    twin = type(model)._from_config(config, attn_implementation=model.config._attn_implementation).eval()
+    state, text = model.state_dict(), model.config.get_text_config()
+    for key in twin.state_dict().keys() - state.keys():
+        head, index, rest = re.match(r"(.*\.layers\.)(\d+)\.(.*)", key).groups()  # type: ignore[union-attr]
+        producer = max(j for j in range(int(index)) if text.kv_sharing_modes[j] == "store"
+                       and text.layer_types[j] == text.layer_types[int(index)])
+        state[key] = state[f"{head}{producer}.{rest}"]
+    twin.load_state_dict(state, strict=True)
+    twin.generation_config = copy.deepcopy(model.generation_config)
+    return twin.to(model.device, model.dtype)
 
 
 class _Gemma4Shaping(LayoutFixtures):

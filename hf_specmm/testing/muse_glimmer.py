@@ -86,9 +86,12 @@ class MuseGlimmerTextLM(PreTrainedModel, GenerationMixin):
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          inputs_embeds=inputs_embeds, use_cache=use_cache, **_compat.cache_kwargs(cache), **kwargs)
         hidden = out.last_hidden_state[:, -logits_to_keep:] if logits_to_keep else out.last_hidden_state
+        return CausalLMOutputWithPast(logits=self.logits(hidden), **_compat.cache_kwargs(_compat.output_cache(out)))
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The target's logits of the decoder's output (Step3.7's text copy subclasses this with its own)."""
         cap = self.config.final_logit_softcapping
-        logits = cap * torch.tanh(self.lm_head(hidden) * self.config.output_multiplier / cap)
-        return CausalLMOutputWithPast(logits=logits, **_compat.cache_kwargs(_compat.output_cache(out)))
+        return cap * torch.tanh(self.lm_head(hidden) * self.config.output_multiplier / cap)
 
 
 class MuseGlimmerImageProcessorPil(PilBackend):

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...errors import IncompatibleDraftError
 from ..registry import DraftKind, register_draft_kind
 from .drafter import DFlashDrafter
+from .extended import SpeculatorsDFlashModel, needs_extension, untrainable_flags
 from .losses import dflash_loss
 from .formats import is_speculators_dflash, load_speculators_dflash, save_speculators_dflash
 from .modeling import DFLASH_CLASSES, dflash_config_for, dflash_draft_for, is_dflash_draft, target_vocab_size
@@ -27,9 +29,21 @@ def _build(target: Any, language_model: Any, cfg: Any, target_name: str | None) 
     return draft
 
 
+def _training_view(draft: Any, vocab: Any, stage: int) -> DFlashDrafter:
+    """The drafter itself; one imported with speculators flags the loss does not reproduce is refused."""
+    flags = untrainable_flags(draft.config)
+    if flags:
+        raise IncompatibleDraftError(f"this DFlash drafter has {', '.join(flags)} (read from speculators' layout), "
+                                     "which hf-specmm train's DFlash loss does not reproduce: fine-tune it with "
+                                     "speculators, or train a fresh drafter here.")
+    return DFlashDrafter(draft, vocab)
+
+
 def _no_loader(config: Any) -> "type | None":
-    """Stock's classes load through their own ``AutoModel`` mapping."""
-    return next((cls for cls in DFLASH_CLASSES if isinstance(config, cls.config_class)), None)
+    """Stock's classes load through their own ``AutoModel`` mapping; one with speculators' biases or reduced
+    vocabulary through :class:`~.extended.SpeculatorsDFlashModel`."""
+    cls = next((cls for cls in DFLASH_CLASSES if isinstance(config, cls.config_class)), None)
+    return SpeculatorsDFlashModel if cls is not None and needs_extension(config) else cls
 
 
 def _card_rows(draft: Any) -> str:
@@ -46,7 +60,7 @@ DFLASH = register_draft_kind(DraftKind(
     claims=is_dflash_draft,
     priority=27,
     loads=_no_loader,
-    training_view=lambda draft, vocab, stage: DFlashDrafter(draft, vocab),
+    training_view=_training_view,
     param_groups=_param_groups,
     build=_build,
     loss=dflash_loss,
@@ -57,5 +71,6 @@ DFLASH = register_draft_kind(DraftKind(
     imports=lambda raw: load_speculators_dflash if DFLASH_CLASSES and is_speculators_dflash(raw) else None,
 ))
 
-__all__ = ["DFLASH", "DFLASH_CLASSES", "DFlashDrafter", "dflash_config_for", "dflash_draft_for", "is_dflash_draft",
+__all__ = ["DFLASH", "DFLASH_CLASSES", "DFlashDrafter", "SpeculatorsDFlashModel", "dflash_config_for", "dflash_draft_for",
+           "is_dflash_draft",
            "is_speculators_dflash", "load_speculators_dflash", "save_speculators_dflash"]

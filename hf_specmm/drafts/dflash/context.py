@@ -85,14 +85,23 @@ class ContextCache:
 
 
 def block_masks(context_valid: torch.Tensor, context_positions: torch.Tensor, block_positions: torch.Tensor,
-                window: int | None, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+                window: int | None, dtype: torch.dtype, from_anchor: bool = False,
+                causal_sliding: bool = False) -> dict[str, torch.Tensor]:
     """Additive 4-D masks [B, 1, block, context + block] of the block's queries: every valid context slot
-    and the whole block (bidirectional), for full layers; within ``window`` positions for sliding ones."""
+    and the whole block (bidirectional), for full layers; within ``window`` positions of each query for sliding
+    ones (transformers' window), or of the block's anchor (``from_anchor``: the context positions
+    ``[anchor - window, anchor)`` and the whole block, speculators' window); ``causal_sliding``: sliding layers
+    see the block causally (speculators' ``sliding_window_non_causal=False``)."""
     block = block_positions.shape[1]
     valid = torch.cat([context_valid, context_valid.new_ones(context_valid.shape[0], block)], 1)
     keys = torch.cat([context_positions, block_positions], 1)
     seen = valid[:, None, :].expand(-1, block, -1)
-    near = (block_positions[:, :, None] - keys[:, None, :]).abs() < (window or 0)
+    if from_anchor:  # block keys sit at the anchor's position or after it: always inside
+        near = keys[:, None, :] >= block_positions[:, :1, None] - (window or 0)
+    else:
+        near = (block_positions[:, :, None] - keys[:, None, :]).abs() < (window or 0)
+    if causal_sliding:  # every context key precedes the block: only the block's later keys drop out
+        near = near & (keys[:, None, :] <= block_positions[:, :, None])
     low = torch.finfo(dtype).min
 
     def additive(allowed: torch.Tensor) -> torch.Tensor:

@@ -66,6 +66,9 @@ class DFlashDrafter(CachedDrafter):
         self.layer_ids = list(config.target_layer_ids)
         sliding = "sliding_attention" in (getattr(config, "layer_types", None) or ())
         self.window = getattr(config, "sliding_window", None) if sliding else None
+        # speculators' layout's mask flags (extended.py): its window, and causal sliding layers inside the block
+        self.from_anchor = bool(getattr(config, "window_from_anchor", False))
+        self.causal_sliding = not getattr(config, "sliding_window_non_causal", True)
         self.target: Any = None
         self.captured: torch.Tensor | None = None  # [B, L, len(layer_ids) * H] of the last target forward
         self.prompt_features: torch.Tensor | None = None
@@ -90,7 +93,8 @@ class DFlashDrafter(CachedDrafter):
     @contextlib.contextmanager
     def watch(self, target: Any) -> Iterator[None]:
         """Capture the outputs of the target's decoder layers ``target_layer_ids`` (the last one: the decoder's
-        normed output, as stock's ``hidden_states``) during the forward, concatenated in that order."""
+        normed output, as stock's ``hidden_states``; -1: the first layer's input, stock's ``hidden_states[0]``)
+        during the forward, concatenated in that order."""
         self.target = target
         decoder = target.get_decoder()
         layers = decoder.layers
@@ -108,8 +112,13 @@ class DFlashDrafter(CachedDrafter):
             self.captured = torch.cat([seen[i].to(first.device) for i in self.layer_ids], -1)
             seen.clear()
 
+        def on_embeds(module: Any, args: tuple, kwargs: dict) -> None:
+            seen[-1] = (args[0] if args else kwargs["hidden_states"]).detach()
+
         handles = [layers[i].register_forward_hook(on_layer(i)) for i in sorted(set(self.layer_ids))
-                   if i < len(layers) - 1]
+                   if 0 <= i < len(layers) - 1]
+        if -1 in self.layer_ids:
+            handles.append(layers[0].register_forward_pre_hook(on_embeds, with_kwargs=True))
         handles.append(decoder.register_forward_hook(on_done))
         try:
             yield
@@ -152,7 +161,8 @@ class DFlashDrafter(CachedDrafter):
         block_positions = self.anchor_positions[:, None] + torch.arange(self.block_size, device=device)
         self.state.begin(valid, positions)
         dtype = self.model.dtype
-        masks = block_masks(self.state.valid, self.state.positions, block_positions.to(self.device), self.window, dtype)
+        masks = block_masks(self.state.valid, self.state.positions, block_positions.to(self.device), self.window, dtype,
+                            self.from_anchor, self.causal_sliding)
         out = self.model(
             noise_embeds=embed_block(self.target, ids).to(self.device, dtype),
             context_hidden_states=features.to(self.device, dtype),
@@ -162,8 +172,11 @@ class DFlashDrafter(CachedDrafter):
             **_compat.cache_kwargs(self.state),
         )
         self.pending = tuple(t[:, :0] for t in self.pending)  # read: the context cache holds them now
-        head = self.target.get_output_embeddings()
-        logits = head(out.last_hidden_state[:, 1:].to(head.weight.device))
+        if getattr(self.model, "d2t", None) is not None:  # a reduced draft vocabulary: its own head, mapped by d2t
+            logits = self.model.target_logits(out.last_hidden_state[:, 1:])
+        else:
+            head = self.target.get_output_embeddings()
+            logits = head(out.last_hidden_state[:, 1:].to(head.weight.device))
         override = getattr(self.model, "override_block_logits", None)  # the bench's controlled acceptance
         if callable(override):
             logits = override(logits, block_positions[:, :-1])

@@ -5,7 +5,7 @@ embedding and LM head the way stock's ``DFlashTokenCandidateGenerator`` does, an
 
 A DFlash drafter has no embedding and no LM head of its own (no ``vocab_size`` in its config): it embeds the
 anchor token and its ``mask_token_id`` block with the target's embedding table, reads the target's hidden
-states after layers ``target_layer_ids`` (``hidden_states[i + 1]``: index 0 is the embedding output) as the
+states after layers ``target_layer_ids`` (``hidden_states[i + 1]``: -1 reads index 0, the embedding output) as the
 context its keys and values are computed from, and scores its block with the target's LM head.
 """
 
@@ -42,7 +42,7 @@ def check_target(target: Any, draft: Any) -> None:
         raise IncompatibleDraftError(f"{type(draft).__name__}'s config has no {', '.join(missing)}: a DFlash drafter "
                                      "needs block_size, mask_token_id and target_layer_ids.")
     layers = text.num_hidden_layers
-    bad = [i for i in config.target_layer_ids if not 0 <= i < layers]
+    bad = [i for i in config.target_layer_ids if not -1 <= i < layers]  # -1: the embedding output (hidden_states[0])
     if bad:
         raise IncompatibleDraftError(f"The DFlash drafter reads target layers {list(config.target_layer_ids)}, but "
                                      f"{type(target).__name__} has {layers} decoder layers ({bad} out of range): it was "
@@ -57,6 +57,12 @@ def check_target(target: Any, draft: Any) -> None:
     if not 0 <= config.mask_token_id < rows:
         raise IncompatibleDraftError(f"The DFlash drafter's mask_token_id ({config.mask_token_id}) is outside the "
                                      f"target's embedding table ({rows} rows): it was made for another tokenizer.")
+    d2t = getattr(draft, "d2t", None)
+    if d2t is not None:  # a reduced draft vocabulary (extended.SpeculatorsDFlashModel)
+        from ..feature_head.validation import check_vocab_maps
+
+        check_vocab_maps(d2t, draft.t2d, "The DFlash drafter's draft vocabulary", vocab=target_vocab_size(draft, target),
+                         error=IncompatibleDraftError)
     if config.block_size < 2:
         raise IncompatibleDraftError(f"The DFlash drafter's block_size is {config.block_size}: it proposes "
                                      "block_size - 1 tokens per round, so it needs at least 2.")

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import transformers
 from torch import nn
 from transformers import AutoModel, PreTrainedModel
 from transformers.utils import ModelOutput
@@ -71,9 +72,15 @@ def family_body(text: Any) -> nn.Module:
     """The decoder stack of ``text``'s family (its layers, rotary embedding, masks and position rule) without
     its token table (1 row at build time, then dropped)."""
     body_config = copy.deepcopy(text)
-    body_config.vocab_size, body_config.pad_token_id = 1, None
+    body_config.vocab_size, body_config.pad_token_id = 1, 0  # 0: the one row (strict configs take no None)
     body_config._attn_implementation = text._attn_implementation
-    body = AutoModel.from_config(body_config)
+    try:
+        body = AutoModel.from_config(body_config)
+    except ValueError:  # a text config no AutoModel maps (Step3.7's): its ``<Name>Model`` by transformers' naming
+        model_class = getattr(transformers, type(text).__name__.removesuffix("Config") + "Model", None)
+        if model_class is None:
+            raise
+        body = model_class._from_config(body_config)
     body.set_input_embeddings(None)
     return body
 
@@ -231,6 +238,10 @@ class FeatureHeadDraft(DraftCheckpointMixin, PreTrainedModel):
         return self.to(device=param.device, dtype=param.dtype).attach(target, check=False).eval()
 
 
+#: per-layer lists that follow ``layer_types`` (Step3.7's MLP kinds and SwiGLU limits)
+_LAST_LAYER_LISTS = ("mlp_layer_types", "swiglu_limits", "swiglu_limits_shared")
+
+
 def head_config_fields(target: PreTrainedModel, num_layers: int, target_name: str | None,
                        kind: str = "feature_head") -> dict[str, Any]:
     """The config fields every feature head records: the target's text config with ``num_layers`` layers (the
@@ -248,8 +259,8 @@ def head_config_fields(target: PreTrainedModel, num_layers: int, target_name: st
     for name, off in TARGET_ONLY_FEATURES.items():
         if getattr(text, name, None):
             setattr(text, name, off)
-    # per-layer lists sized for the target's depth (Muse Glimmer: layer_rope_theta)
-    for name in ("layer_types", "max_window_layers", "layer_rope_theta"):
+    # per-layer lists sized for the target's depth (Muse Glimmer: layer_rope_theta; Step3.7: its MLP types, limits)
+    for name in ("layer_types", "max_window_layers", "layer_rope_theta") + _LAST_LAYER_LISTS:
         if isinstance(getattr(text, name, None), list):
             setattr(text, name, getattr(text, name)[:num_layers])
     text_dict = text.to_dict()
@@ -260,6 +271,9 @@ def head_config_fields(target: PreTrainedModel, num_layers: int, target_name: st
         depth = len(target.config.get_text_config().layer_types)
         first = depth - num_layers
         text_dict["layer_types"] = list(target.config.get_text_config().layer_types)[first:]
+        for name in _LAST_LAYER_LISTS:
+            if isinstance(getattr(target.config.get_text_config(), name, None), list):
+                text_dict[name] = list(getattr(target.config.get_text_config(), name))[first:]
         text_dict["per_layer_config"] = {str(int(i) - first): v for i, v in per_layer.items() if int(i) >= first}
     return dict(text_config=text_dict, target=target_name or getattr(target.config, "_name_or_path", None) or None,
                 target_class=type(target).__name__, target_fingerprint=target_fingerprint(target))

@@ -2,7 +2,8 @@
 speculative loop, at any batch size, as chains or trees, on dynamic and static caches.
 
 The assistant has no cache and no prompt of its own: every one of its layers attends to the K/V of the
-target's producer layer of its type (the K/V the target's own KV-sharing layers reuse). Each draft step reads
+target's producer layer of its type (the layer its config marks "store": the K/V the target's own KV-sharing
+layers reuse, or, with none, the last layer of that type's). Each draft step reads
 ``[target embedding of the last token ; a hidden state]`` at ONE fixed position, the last token's, as stock's
 ``SinglePositionMultiTokenCandidateGenerator`` does:
 

@@ -40,17 +40,18 @@ def _head_shape(config: Any, layer: int) -> tuple[int, int]:
 
 
 def check_target(target: Any, draft: Any) -> None:
-    """Refuse, before any work, a target whose forwards do not hold the K/V the assistant reads: one without
-    KV-sharing layers (``num_kv_shared_layers``), without a producer layer of each of the assistant's layer
-    types, with other head shapes, or another hidden size than the assistant's ``backbone_hidden_size``."""
+    """Refuse, before any work, a target whose forwards do not hold the K/V the assistant reads: one whose config
+    marks no layer to store K/V (``kv_sharing_modes``: a Gemma 4 text config marks the last layer of each type,
+    with or without KV-sharing layers), without a producer layer of each of the assistant's layer types, with
+    other head shapes, or another hidden size than the assistant's ``backbone_hidden_size``."""
     name = type(target).__name__
     text = target.config.get_text_config()
     producers = _compat.shared_kv_producers(text)
     if not producers:
         raise IncompatibleDraftError(
-            f"a Gemma 4 assistant ({type(draft).__name__}) reads its target's shared K/V (the K/V that a Gemma 4 "
-            f"target's KV-sharing layers reuse, num_kv_shared_layers > 0), and {name} has none: use it with a "
-            "Gemma 4 / Gemma 4 Unified target whose config has num_kv_shared_layers > 0, or use another draft kind.")
+            f"a Gemma 4 assistant ({type(draft).__name__}) reads the K/V its target stores for it (the layers a "
+            f"Gemma 4 text config marks 'store' in kv_sharing_modes), and {name} has none: use it with a Gemma 4 / "
+            "Gemma 4 Unified target, or use another draft kind.")
     own = draft.config.get_text_config()
     if int(draft.config.backbone_hidden_size) != int(text.hidden_size):
         raise IncompatibleDraftError(
