@@ -40,28 +40,23 @@ the loop), and ``pending``, the slots it has not read yet. Every round has the s
     follow(next_tokens)                                     # a plain target step: queue, read next round
     select_rows(keep)                                       # finished rows leave: state, pending
 
-A subclass supplies only what it reads (the abstract methods):
-
-- :meth:`prefill`: build ``state``, read the prompt, set ``pending``;
-- :meth:`read_pending` (the pending slots → the root's logits [A, V]) and :meth:`read_draft` (one drafted token
-  → the next logits [A, V]);
-- :meth:`queue`: after the rollback, the next round's ``pending`` (an LM queues ``next_tokens``; a feature head
-  or a block drafter the verification's true features of every kept token; an assistant the target's hidden
-  state at the last kept one), and :meth:`follow`, the same after a plain target step;
-- for trees, :meth:`read_level` (a level of K nodes in one forward with the 4-D mask and positions it is given
-  → logits [A, K, V]), or, for a drafter whose levels need no mask of this class's making, its own
-  :meth:`tree_levels` (a block drafter reads level d from the block it already computed).
+A subclass supplies only what it reads: the abstract :meth:`prefill` (build ``state``, read the prompt, set
+``pending``), :meth:`read_pending` (the pending slots → the root's logits [A, V]), :meth:`read_draft` (one drafted
+token → the next logits), :meth:`queue` and :meth:`follow` (the next round's ``pending``: an LM queues the target's
+tokens; a feature head or a block drafter the verification's true features of every kept token; an assistant the
+target's hidden state at the last kept one); for trees :meth:`read_level` (a level of K nodes in one forward with
+the 4-D mask and positions it is given), or its own :meth:`tree_levels` (a block drafter reads level d from its
+block).
 
 ``pending`` is not a second copy of ``cur``: it is what the draft's context still lacks, in the draft's own terms
-(an LM: target ids mapped to the ids it can read, several after a plain step, a kept draft it never read before
-the new token; a feature head: (feature, token) pairs; a block drafter: target features; an assistant: the
-target's hidden state), a tuple of per-row tensors, each [A, k, ...] with the slots along dimension 1 and
-``valid`` [A, k] bool last (left-padded rows hold masked holes); :meth:`select_rows` selects every one of them.
-``keeps_read_drafts``: whether the drafts it read stay in its cache when accepted (an LM's do: they are what it
-would read again; a feature head's were computed from its own predicted features, and are re-read from the
-target's true ones; a block drafter never keeps its block). ``reads_last_draft``: whether d_γ is read in its
-own round (a draft with linear-attention layers: a hole would advance its recurrent state) rather than next
-round, only if accepted. ``max_depth``: the deepest round it drafts (a block drafter: its block).
+(an LM: target ids mapped to ids it can read, several after a plain step, a kept draft it never read before the new
+token; a feature head: (feature, token) pairs; a block drafter: target features; an assistant: the target's hidden
+state): per-row tensors [A, k, ...], ``valid`` [A, k] bool last (left-padded rows hold masked holes).
+``keeps_read_drafts``: whether the drafts it read stay in its cache when accepted (an LM's do; a feature head's
+were computed from its own predicted features and are re-read from the target's true ones; a block drafter never
+keeps its block). ``reads_last_draft``: whether d_γ is read in its own round (a draft with linear-attention layers:
+a hole would advance its recurrent state) rather than next round, only if accepted. ``max_depth``: the deepest
+round it drafts (a block drafter: its block).
 
 Training runs a kind's *training view* (``DraftKind.training_view``), a drafter used only through
 :meth:`Drafter.draft_inputs`, :attr:`Drafter.model`, :attr:`Drafter.positions` and :meth:`Drafter.watch`:
