@@ -19,7 +19,7 @@ import torch
 
 import hf_specmm
 from hf_specmm.bench import build_preset, controlled_acceptance, set_reference, synthetic_inputs
-from hf_specmm.drafts.chain import LMDrafter
+from hf_specmm.caches import DynamicBackend
 from hf_specmm.drafts.registry import kind_of
 from hf_specmm.targets import target_spec
 from hf_specmm.vocab import VocabMap, draft_vocab_size
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
         samples: dict[bool, list[tuple[float, float, float]]] = {True: [], False: []}
         for i in range(args.repeats + 1):  # the first call warms up
             for drops in (True, False):  # in turns: finished rows leave both caches, or stay to the end
-                LMDrafter.selects_rows = drops
+                DynamicBackend.drops_rows = drops
                 hf_specmm.enable(target)
                 set_reference(view, plain[:, width:], lengths)
                 target_clock.total = draft_clock.total = 0.0
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
                 total = time.perf_counter() - start
                 stats = hf_specmm.last_stats(target)
                 hf_specmm.disable(target)
-                LMDrafter.selects_rows = True
+                DynamicBackend.drops_rows = True
                 assert torch.equal(out, plain)
                 if i:
                     samples[drops].append((total, target_clock.total, draft_clock.total))

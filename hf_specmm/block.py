@@ -4,9 +4,9 @@ A block is the tokens the target scores in one forward, plus their shape. :class
 loop reads; its two shapes are siblings: a :class:`ChainBlock` ``[cur, d_1..d_γ]`` (each token attends to the
 ones before it) and a :class:`TreeBlock` (each node attends to its root path, ``hf_specmm.Tree``). A block
 writes itself into a cache (:meth:`Block.append_to`: its validity, attention mask and positions through the
-cache's position rule), picks its verification rule from the call's verifier, and tells the drafter what was
-kept. What a verifier keeps of it is an :class:`~hf_specmm.trees.Acceptance`. :func:`block_of` is the one
-place a round's shape is read off its proposal.
+cache's position rule) and verifies itself with its shape's rule, greedy or sampling (plain functions:
+:mod:`hf_specmm.verifier` for a chain, :mod:`hf_specmm.trees` for a tree). What a rule keeps of it is an
+:class:`~hf_specmm.trees.Acceptance`. :func:`block_of` is the one place a round's shape is read off its proposal.
 """
 
 from __future__ import annotations
@@ -16,18 +16,17 @@ from typing import Any, Protocol
 
 import torch
 
-from . import _compat
+from . import _compat, verifier
 from .caches import SlottedCache
-from .drafter import Drafter, Proposal
+from .drafter import Proposal
 from .history import RowHistory, apply_processors, apply_processors_along_paths
-from .trees import Acceptance, DraftTree
-from .verifier import Verifier
+from .trees import Acceptance, DraftTree, greedy_verify_tree, sample_verify_tree
 
 
 class Block(Protocol):
     """What the loop does with a round's block, in order: ``append_to`` the target's cache, run the target on
     ``tokens`` (``width`` positions), ``scores`` its logits, ``verify`` them, read ``along_path`` what the rows
-    kept, count what was ``drafted``, ``accept`` into the drafter."""
+    kept, count what was ``drafted``."""
 
     tokens: torch.Tensor  # [A, width] the target ids the verification forward reads
     #: whether the block is a draft tree (the statistics count a tree's drafted nodes otherwise)
@@ -45,9 +44,10 @@ class Block(Protocol):
         """The target's processed scores [A, width, V] at every block position."""
         ...
 
-    def verify(self, verifier: Verifier, proposal: Proposal, scores: torch.Tensor,
-               lengths: torch.Tensor | None) -> Acceptance:
-        """What ``verifier``'s rule for this shape keeps of the block (``lengths`` [A]: drafts per row)."""
+    def verify(self, proposal: Proposal, scores: torch.Tensor, lengths: torch.Tensor | None,
+               sample: bool) -> Acceptance:
+        """What this shape's rule keeps of the block, from the target's processed ``scores`` [A, width, V]: greedy,
+        or lossless sampling where ``sample`` (``lengths`` [A]: drafts per row)."""
         ...
 
     def drafted(self, proposal: Proposal, lengths: torch.Tensor | None, room: list[int] | None = None) -> torch.Tensor:
@@ -56,11 +56,6 @@ class Block(Protocol):
 
     def along_path(self, x: torch.Tensor, accepted: Acceptance) -> torch.Tensor:
         """``x`` [A, width, ...] per block position at the positions the rows keep, in order."""
-        ...
-
-    def accept(self, drafter: Drafter, proposal: Proposal, keep: torch.Tensor, next_tokens: torch.Tensor,
-               accepted: Acceptance) -> None:
-        """Tell ``drafter`` each row keeps ``keep`` [A] drafts, then ``next_tokens`` [A]."""
         ...
 
 
@@ -87,9 +82,13 @@ class ChainBlock:
         """p_0..p_γ: position j's logits processed with the row's history plus d_1..d_j."""
         return apply_processors(processors, history, logits, rows=rows)
 
-    def verify(self, verifier: Verifier, proposal: Proposal, scores: torch.Tensor,
-               lengths: torch.Tensor | None) -> Acceptance:
-        return verifier.chain(proposal.tokens, proposal.probs, scores, lengths)
+    def verify(self, proposal: Proposal, scores: torch.Tensor, lengths: torch.Tensor | None,
+               sample: bool) -> Acceptance:
+        """The longest prefix the target's argmax agrees with, or rejection sampling against the drafts' q."""
+        if sample:
+            return Acceptance(*verifier.rejection_sample(proposal.tokens, proposal.probs, scores.softmax(-1),
+                                                         lengths=lengths))
+        return Acceptance(*verifier.greedy_verify(proposal.tokens, scores, lengths=lengths))
 
     def drafted(self, proposal: Proposal, lengths: torch.Tensor | None, room: list[int] | None = None) -> torch.Tensor:
         """A chain: all γ (or the row's confidence-threshold length; the statistics cap them at ``room``)."""
@@ -99,10 +98,6 @@ class ChainBlock:
 
     def along_path(self, x: torch.Tensor, accepted: Acceptance) -> torch.Tensor:
         return x  # a chain keeps a prefix of its positions, in order
-
-    def accept(self, drafter: Drafter, proposal: Proposal, keep: torch.Tensor, next_tokens: torch.Tensor,
-               accepted: Acceptance) -> None:
-        drafter.accept(proposal, keep, next_tokens, None)
 
 
 @dataclass
@@ -145,9 +140,10 @@ class TreeBlock:
         return apply_processors_along_paths(processors, history, logits, self.tree.root_paths(), self.tree.depths,
                                             rows=rows)
 
-    def verify(self, verifier: Verifier, proposal: Proposal, scores: torch.Tensor,
-               lengths: torch.Tensor | None) -> Acceptance:
-        return verifier.tree(self.tree, scores)
+    def verify(self, proposal: Proposal, scores: torch.Tensor, lengths: torch.Tensor | None,
+               sample: bool) -> Acceptance:
+        """The deepest root path the target's argmax agrees with, or multi-candidate sampling (needs no q)."""
+        return sample_verify_tree(self.tree, scores.softmax(-1)) if sample else greedy_verify_tree(self.tree, scores)
 
     def drafted(self, proposal: Proposal, lengths: torch.Tensor | None, room: list[int] | None = None) -> torch.Tensor:
         """[A] valid nodes of each row no deeper than its ``room`` [A] (the tokens it may still add, less the
@@ -161,10 +157,6 @@ class TreeBlock:
     def along_path(self, x: torch.Tensor, accepted: Acceptance) -> torch.Tensor:
         index = accepted.path.to(x.device).view(*accepted.path.shape, *([1] * (x.dim() - 2)))
         return x.gather(1, index.expand(-1, -1, *x.shape[2:]))
-
-    def accept(self, drafter: Drafter, proposal: Proposal, keep: torch.Tensor, next_tokens: torch.Tensor,
-               accepted: Acceptance) -> None:
-        drafter.accept(proposal, keep, next_tokens, accepted.path)
 
 
 def block_of(cur: torch.Tensor, proposal: Proposal, target: Any) -> Block:

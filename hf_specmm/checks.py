@@ -178,13 +178,9 @@ def _gamma_source(kwargs: dict, generation_config: Any, target: Any) -> str | No
     return next((label for label, config in named[2:] if _chosen("num_assistant_tokens", {}, None, config)), None)
 
 
-def _check_tree(shape: TreeShape, kind: DraftKind, config: Any, budget: DraftBudget, gamma_source: str | None,
-                vocab: VocabMap, stateful: str | None = None) -> None:
+def _check_tree(shape: TreeShape, config: Any, budget: DraftBudget, gamma_source: str | None, vocab: VocabMap,
+                stateful: str | None = None) -> None:
     """Options with no meaning for a draft tree (see :class:`hf_specmm.Tree`): refused, naming the option."""
-    if not kind.drafter.drafts_trees:
-        _fail(IncompatibleDraftError, f"hf_specmm.Tree: the {kind.name!r} draft kind's drafter "
-              f"({kind.drafter.__name__}) does not draft trees (its Drafter.drafts_trees is False); pass the "
-              "draft itself to draft a chain")
     bad = None
     if budget.schedule != "constant":
         bad = (f"num_assistant_tokens_schedule={budget.schedule!r}: a tree's depth is fixed; use "
@@ -230,12 +226,12 @@ def _check_auto(auto: Auto, kind: DraftKind, config: Any, budget: DraftBudget, g
     if bad is not None:
         _fail(UnsupportedGenerationError, f"generate(assistant_model=hf_specmm.Auto(...)) cannot be used with {bad}.")
     per_node_outputs = config.return_dict_in_generate and (config.output_attentions or config.output_hidden_states)
-    trees = kind.drafter.drafts_trees and not per_node_outputs and stateful is None
-    plain = bool(kind.drafter.follows_plain_steps) and stateful is None
+    trees = not per_node_outputs and stateful is None
+    plain = stateful is None
     why = auto.uses(trees, plain)
     if why is not None:
-        reason = ("output_attentions / output_hidden_states need chain rounds" if per_node_outputs and
-                  kind.drafter.drafts_trees else f"the {kind.name!r} draft kind's drafter cannot draft it")
+        reason = ("output_attentions / output_hidden_states need chain rounds" if per_node_outputs else
+                  f"the {stateful}'s linear-attention layers need chain rounds")
         _fail(UnsupportedGenerationError, f"hf_specmm.Auto(shapes=...): {why}, and {reason}.")
     return trees, plain
 
@@ -307,7 +303,7 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
         budget.confidence = None  # transformers' filled-in default, not the caller's: no threshold for fixed shapes
     chosen_gamma = _gamma_source(kwargs, generation_config, target)  # a γ the caller set conflicts with a shape
     if shape is not None:
-        _check_tree(shape, kind, config, budget, chosen_gamma, vocab, stateful)
+        _check_tree(shape, config, budget, chosen_gamma, vocab, stateful)
         budget.gamma, budget.tree = shape.depth, shape
     if auto is not None:
         trees, plain = _check_auto(auto, kind, config, budget, chosen_gamma, stateful)

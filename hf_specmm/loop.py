@@ -9,14 +9,15 @@ block [cur, d_1..d_γ] in ONE forward; each row keeps ``keep`` ≤ n drafts plus
 keep the kept prefix. Rows move at their own pace (see :mod:`hf_specmm.caches.base`). ``prefill`` returns the
 call's state (:class:`CallState`), which every ``round`` takes.
 
-The seams, each an object of its own:
+The seams, each a module of its own:
 
 - the **budget** (:mod:`hf_specmm.budget`): how much a drafter may propose this round;
 - the **selector** (:mod:`hf_specmm.selector`): how a drafter picks a token (processors, choice, history);
 - the **block** (:mod:`hf_specmm.block`): what the target verifies, writing its own mask and positions into
   the target's cache: a chain, or a draft tree (ancestor mask, positions by depth);
-- the **verifier** (:mod:`hf_specmm.verifier`) and its :class:`~hf_specmm.trees.Acceptance`: per row, which
-  block positions are kept (a tree's accepted root path: ``Acceptance.path``) and the next token;
+- the **verification rules**, plain functions the block calls for its shape, greedy or sampling
+  (:mod:`hf_specmm.verifier`, :mod:`hf_specmm.trees`), and their :class:`~hf_specmm.trees.Acceptance`: per row,
+  which block positions are kept (a tree's accepted root path: ``Acceptance.path``) and the next token;
 - the **cache backend** (:mod:`hf_specmm.caches`): the target's and every drafter's caches come from one
   backend (dynamic today; a static backend keeps fixed shapes, so the round can be compiled);
 - the **rows** (:mod:`hf_specmm.rows`): batch rows and the rows still in the caches, converted once per round
@@ -43,22 +44,22 @@ from .rows import Rows
 from .selector import DraftSelector, choose
 from .stats import SpecStats
 from .targets import target_family
-from .verifier import Verifier, verifier_for
 
 
 @dataclass
 class CallState:
     """Everything one ``generate`` call's rounds read and write, made by :meth:`SpeculativeDecoding.prefill` and
     taken by :meth:`SpeculativeDecoding.round`: the target (``target_call``: its verification forward, compiled
-    where the backend compiles) and its cache, the call's rows, selector, verifier, processors and outputs, and
-    ``cur`` [A]: each cache row's current token (the first of its next block)."""
+    where the backend compiles) and its cache, the call's rows, selector, processors and outputs, ``do_sample``
+    (which verification rules), and ``cur`` [A]: each cache row's current token (the first of its next block, the
+    root of its next tree), kept here alone and handed to the drafter where it reads it."""
 
     target: Any
     target_call: Callable[..., Any]
     target_kv: SlottedCache
     rows: Rows
     select: DraftSelector
-    verifier: Verifier
+    do_sample: bool
     processors: Any
     outputs: GenerateOutputs
     cur: torch.Tensor
@@ -146,7 +147,7 @@ class SpeculativeDecoding:
             target_call=target if self.drafter.observes_verification else target_kv.step_call(target),
             target_kv=target_kv, rows=rows,
             select=DraftSelector(logits_processor, rows, do_sample, self.budget.confidence),
-            verifier=verifier_for(do_sample), processors=logits_processor, outputs=outputs, cur=cur,
+            do_sample=do_sample, processors=logits_processor, outputs=outputs, cur=cur,
             vocab_size=logits.shape[-1], device=device)
 
     def round(self, call: CallState) -> None:
@@ -159,7 +160,7 @@ class SpeculativeDecoding:
         #    a confidence threshold may end a row's drafts early (its length) or the whole round
         call.select.start_round(budget.gamma, call.device)
         if budget.gamma > 0:
-            proposal = drafter.propose(budget, call.select)
+            proposal = drafter.propose(budget, call.select, call.cur)
         else:
             proposal = Proposal.empty(call.cur.shape[0], call.vocab_size, call.cur)
         self.budget.drafted()
@@ -178,7 +179,7 @@ class SpeculativeDecoding:
         scores = block.scores(call.processors, rows.history, logits, rows.cache_index)  # p_0..p_γ
 
         # 3. accept n drafts + the bonus token per row; a row keeps what plain generate would (EOS, max_length)
-        accepted = block.verify(call.verifier, proposal, scores, lengths)
+        accepted = block.verify(proposal, scores, lengths, call.do_sample)
         kept = rows.keep(accepted, block.drafted(proposal, lengths, start_rows.room), start_rows)
         call.outputs.record(out, kept.kept, block.along_path(scores, accepted), block.along_path(logits, accepted),
                             target_kv, start)
@@ -194,16 +195,15 @@ class SpeculativeDecoding:
         target_kv.rollback(start, kept.in_cache, accepted.path)
         call.cur = accepted.token_at(keep)
         if gamma > 0:
-            block.accept(drafter, proposal, keep, call.cur, accepted)
+            drafter.accept(proposal, keep, call.cur, accepted.path)
         elif rows.any_unfinished():  # a plain step mid-call (hf_specmm.Auto): the draft reads the token later
             drafter.follow(call.cur)
 
     def drop_finished_rows(self, call: CallState) -> None:
         """Finished rows leave both caches, so later rounds run only the others; not while every per-step
-        output is kept for the whole batch (``return_dict_in_generate``), the drafter keeps all its rows or the
-        caches keep fixed shapes (static backend)."""
-        if not (self.backend.drops_rows and self.drafter.selects_rows) or call.outputs.return_dict \
-                or not call.rows.any_unfinished():
+        output is kept for the whole batch (``return_dict_in_generate``) or the caches keep fixed shapes (static
+        backend)."""
+        if not self.backend.drops_rows or call.outputs.return_dict or not call.rows.any_unfinished():
             return
         keep_host = call.rows.leaving()
         if keep_host is None:

@@ -1,18 +1,16 @@
-"""The call's verifier: which rule decides what a block keeps, greedy or lossless sampling, for each block shape.
+"""The chain verification rules, greedy and lossless sampling: plain functions a :class:`~hf_specmm.block.ChainBlock`
+calls (a tree block calls :func:`~hf_specmm.trees.greedy_verify_tree` / :func:`~hf_specmm.trees.sample_verify_tree`).
 
 Notation (Leviathan et al. 2211.17192, Chen et al. 2302.01318): the draft proposed d_1..d_γ with
 probabilities q_j; the target's (processed) distributions at the γ+1 positions are p_0..p_γ. The chain rules
 return ``(n, emitted)``: ``n`` [B] accepted drafts per row and ``emitted`` [B, γ+1], whose first ``n + 1``
-entries are the row's new tokens (accepted drafts, then the correction or bonus). Every rule's result is an
-:class:`~hf_specmm.trees.Acceptance` (the words accepted / emitted / bonus / kept are defined there, once); a
-block picks its shape's rule (:meth:`Verifier.chain` or :meth:`Verifier.tree`) from the call's verifier.
+entries are the row's new tokens (accepted drafts, then the correction or bonus): the fields of an
+:class:`~hf_specmm.trees.Acceptance` (the words accepted / emitted / bonus / kept are defined there, once).
 """
 
 from __future__ import annotations
 
 import torch
-
-from .trees import Acceptance, DraftTree, greedy_verify_tree, sample_verify_tree
 
 
 def greedy_verify(drafts: torch.Tensor, target_scores: torch.Tensor,
@@ -59,45 +57,3 @@ def rejection_sample(
     emitted = torch.cat([drafts, drafts.new_zeros(batch, 1)], dim=1).scatter(1, n[:, None], correction)
     return n, emitted
 
-
-class Verifier:
-    """A call's verification rules, one per block shape; :func:`verifier_for` picks the call's."""
-
-    def chain(self, drafts: torch.Tensor, q: torch.Tensor | None, scores: torch.Tensor,
-              lengths: torch.Tensor | None) -> Acceptance:
-        """A chain block: ``drafts`` [A, γ], their draft distributions ``q`` (sampling), the target's processed
-        ``scores`` [A, γ+1, V]."""
-        raise NotImplementedError
-
-    def tree(self, tree: DraftTree, scores: torch.Tensor) -> Acceptance:
-        """A tree block: the target's processed ``scores`` [A, N+1, V] at its nodes."""
-        raise NotImplementedError
-
-
-class GreedyVerifier(Verifier):
-    """Greedy verification: the longest prefix (:func:`greedy_verify`) or root path
-    (:func:`~hf_specmm.trees.greedy_verify_tree`) the target's argmax agrees with."""
-
-    def chain(self, drafts: torch.Tensor, q: torch.Tensor | None, scores: torch.Tensor,
-              lengths: torch.Tensor | None) -> Acceptance:
-        return Acceptance(*greedy_verify(drafts, scores, lengths=lengths))
-
-    def tree(self, tree: DraftTree, scores: torch.Tensor) -> Acceptance:
-        return greedy_verify_tree(tree, scores)
-
-
-class SamplingVerifier(Verifier):
-    """Lossless speculative sampling from processed scores: :func:`rejection_sample` over a chain,
-    multi-candidate sampling over a tree (:func:`~hf_specmm.trees.sample_verify_tree`)."""
-
-    def chain(self, drafts: torch.Tensor, q: torch.Tensor | None, scores: torch.Tensor,
-              lengths: torch.Tensor | None) -> Acceptance:
-        return Acceptance(*rejection_sample(drafts, q, scores.softmax(-1), lengths=lengths))
-
-    def tree(self, tree: DraftTree, scores: torch.Tensor) -> Acceptance:
-        return sample_verify_tree(tree, scores.softmax(-1))
-
-
-def verifier_for(do_sample: bool) -> Verifier:
-    """The verifier of a call: ``do_sample`` as the generation config says."""
-    return SamplingVerifier() if do_sample else GreedyVerifier()

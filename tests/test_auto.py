@@ -15,7 +15,6 @@ import pytest
 import torch
 
 import hf_specmm
-from hf_specmm.drafts import registry
 from hf_specmm import testing
 from hf_specmm.auto import COSTS, AcceptanceTable, CostAwarePolicy, CostTable, chain_lengths, tree_lengths
 from hf_specmm.auto.acceptance import tree_observations
@@ -265,22 +264,22 @@ def test_hidden_states_outputs_take_chains_and_plain_steps_only():
     assert not any(s.startswith("tree") for s in stats.auto["shapes"]) and "chain 2" in stats.auto["shapes"]
 
 
-def test_a_kind_without_trees_or_plain_steps_takes_chains_only():
-    """A plugin kind's drafter without tree drafting nor ``follow``: fixed shapes that need them are refused
-    before any forward; the cost-aware policy keeps to chains."""
-    from test_trees_generate import chain_only_draft
-
-    model = target("llava")
-    d, kind = chain_only_draft(model, "chain_only_auto")
-    hf_specmm.register_draft_kind(kind)
+@pytest.mark.skipif(not testing.HYBRID_FAMILIES, reason="this transformers has no Qwen3.5")
+def test_linear_attention_layers_take_chains_only():
+    """A target with linear-attention layers (Qwen3.5's Gated DeltaNet) takes chain rounds only: fixed shapes that
+    need trees or plain steps are refused before any forward; the cost-aware policy keeps to chains."""
+    family = testing.HYBRID_FAMILIES[0]
+    model = testing.tiny_target(family)
+    d = testing.text_draft_from_target(model)
+    inputs = testing.make_inputs(family, testing.tiny_processor(family), ["describe the image", "hi"],
+                                 [testing.tiny_image(0), None])
     calls = []
     handle = model.register_forward_pre_hook(lambda *a: calls.append(1))
     hf_specmm.enable(model)
     try:
         for shapes, named in (([0], "plain"), ([TreeShape(2, 2, 3)], "tree")):
             with pytest.raises(hf_specmm.UnsupportedGenerationError, match=named):
-                model.generate(**batch_inputs("llava", 2), max_new_tokens=4,
-                               assistant_model=hf_specmm.Auto(d, shapes=shapes))
+                model.generate(**inputs, max_new_tokens=4, assistant_model=hf_specmm.Auto(d, shapes=shapes))
         assert calls == []
         budget = hf_specmm.Auto(d).budget(model, 2, False, "dynamic", trees=False, plain=False,
                                           device=torch.device("cpu"))
@@ -288,7 +287,6 @@ def test_a_kind_without_trees_or_plain_steps_takes_chains_only():
     finally:
         handle.remove()
         hf_specmm.disable(model)
-        registry.unregister_draft_kind("chain_only_auto")
 
 
 def _always_agreeing_budget(trees: bool, tree_level_s: float = 0.1):

@@ -113,14 +113,14 @@ def test_context_is_exact_while_planted_drafts_are_accepted_in_part(family, tree
         batch_rows[:] = [batch_rows[k] for k in keep.tolist()]
         real_select(self, keep)
 
-    def planting(self):
-        logits = real(self)
+    def planting(self, anchor):
+        logits = real(self, anchor)
         ks = []
         for c, i in enumerate(batch_rows):
             done = int(self.anchor_positions[c] - counts[i])  # generated tokens before the anchor
             continuation = plain[i, prompt_width + done:]
             reference = _reference_block_logits(model, draft, rows[i], plain[i, prompt_width:prompt_width + done],
-                                                 int(self.root[c]))
+                                                 int(anchor[c]))
             proposable = logits[c].isfinite()  # ids a draft never proposes (placeholders) are -inf
             torch.testing.assert_close(logits[c][proposable], reference[0][proposable], rtol=1e-4, atol=1e-4)
             checked.append(done)
@@ -193,8 +193,8 @@ def test_proposals_equal_stock_dflash_generator_at_batch_1():
             stock_blocks.append(ids[0, input_ids.shape[1]:].tolist())
         return ids, logits
 
-    def our_proposals(self, budget, select):
-        proposal = real_ours(self, budget, select)
+    def our_proposals(self, budget, select, cur):
+        proposal = real_ours(self, budget, select, cur)
         ours.append(proposal.tokens[0].tolist())
         return proposal
 

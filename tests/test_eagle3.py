@@ -69,8 +69,8 @@ def test_draft_vocabulary_maps_to_target_ids():
         drafter_cls = hf_specmm.kind_of(head).drafter
         original = drafter_cls.propose
 
-        def spy(self, gamma, select):
-            proposal = original(self, gamma, select)
+        def spy(self, budget, select, cur):
+            proposal = original(self, budget, select, cur)
             seen.append(proposal.tokens)
             return proposal
 

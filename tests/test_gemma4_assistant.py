@@ -129,8 +129,8 @@ def _stock_and_ours(model, draft, inputs, gamma, stock_as_loop):
         out.logits = out.logits.masked_fill(~proposable.to(out.logits.device), torch.finfo(out.logits.dtype).min)
         return out
 
-    def our_proposals(self, budget, select):
-        proposal = real_ours(self, budget, select)
+    def our_proposals(self, budget, select, cur):
+        proposal = real_ours(self, budget, select, cur)
         ours.append(proposal.tokens[0].tolist())
         return proposal
 
@@ -357,8 +357,8 @@ def _proposals(model, inputs, draft, **kwargs):
 
     seen, real = [], Gemma4AssistantDrafter.propose
 
-    def propose(self, budget, select):
-        proposal = real(self, budget, select)
+    def propose(self, budget, select, cur):
+        proposal = real(self, budget, select, cur)
         seen.append(proposal.tokens.tolist())
         return proposal
 

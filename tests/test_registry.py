@@ -89,9 +89,9 @@ def test_training_options_come_from_the_registry():
 class _CountingDrafter(TextOnlyDrafter):
     proposals = 0
 
-    def propose(self, budget, select):
+    def propose(self, budget, select, cur):
         type(self).proposals += 1
-        return super().propose(budget, select)
+        return super().propose(budget, select, cur)
 
 
 class _Marked(torch.nn.Module):

@@ -15,7 +15,6 @@ import pytest
 import torch
 
 import hf_specmm
-from hf_specmm.drafts import registry
 from hf_specmm import testing
 from hf_specmm.trees import TreeShape
 from conftest import batch_inputs, draft, target, refused_kind
@@ -222,9 +221,10 @@ def test_tree_sampling_matches_plain_sampling(family, kind):
 
 def test_tree_chi2_has_power_against_a_verifier_that_keeps_the_draft_path(monkeypatch):
     """The χ² test above flags a tree verifier that is not lossless (greedy acceptance under sampling)."""
-    from hf_specmm import verifier as verify
+    from hf_specmm import block
+    from hf_specmm.trees import greedy_verify_tree
 
-    monkeypatch.setattr(verify.SamplingVerifier, "tree", verify.GreedyVerifier.tree)
+    monkeypatch.setattr(block, "sample_verify_tree", lambda tree, probs: greedy_verify_tree(tree, probs))
     with pytest.raises(AssertionError, match="χ²"):
         test_tree_sampling_matches_plain_sampling("llava", "text_only")
 
@@ -273,44 +273,3 @@ def test_pipeline_generate_kwargs_take_a_tree(family):
     finally:
         hf_specmm.disable(pipe.model)
 
-
-class _ChainOnlyDrafter(hf_specmm.Drafter):
-    """A plugin kind's drafter without tree drafting (never reached: the call is refused first)."""
-
-    def prefill(self, prompt, first_tokens, new_cache):
-        raise AssertionError("refused before any work")
-
-    propose = accept = prefill
-
-
-class _ChainOnlyDraft(torch.nn.Module):
-    pass
-
-
-def chain_only_draft(model, name: str):
-    """A copy of ``model``'s text LM claimed by a plugin kind ``name`` whose drafter drafts chains only; returns
-    the draft and the kind (to register)."""
-    d = testing.text_draft_from_target(model)
-    d.__class__ = type("ChainOnlyLlama", (_ChainOnlyDraft, type(d)), {})
-    kind = registry.DraftKind(name=name, title="chain only", drafter=_ChainOnlyDrafter,
-                              claims=lambda m: isinstance(m, _ChainOnlyDraft), priority=60, loads=lambda config: None,
-                              training_view=lambda m, vocab, stage: _ChainOnlyDrafter(m, vocab),
-                              param_groups=lambda m, stage, cfg: [])
-    return d, kind
-
-
-def test_a_kind_that_cannot_draft_trees_is_refused_before_any_forward():
-    model = target("llava")
-    d, kind = chain_only_draft(model, "chain_only")
-    hf_specmm.register_draft_kind(kind)
-    calls = []
-    handle = model.register_forward_pre_hook(lambda *a: calls.append(1))
-    hf_specmm.enable(model)
-    try:
-        with pytest.raises(hf_specmm.IncompatibleDraftError, match="does not draft trees"):
-            model.generate(**batch_inputs("llava", 2), max_new_tokens=4, assistant_model=hf_specmm.Tree(d, 2, 2, 3))
-        assert calls == []
-    finally:
-        handle.remove()
-        hf_specmm.disable(model)
-        registry.unregister_draft_kind("chain_only")

@@ -178,10 +178,11 @@ def _block_step_cost(draft: Any, target: Any, inputs: dict, vocab: Any, warmup: 
     ids, mask = inputs["input_ids"], inputs["attention_mask"]
     width = len(draft.config.target_layer_ids) * draft.config.hidden_size
     drafter.prompt_features = torch.randn(*ids.shape, width, device=device, dtype=draft.dtype)
-    drafter.prefill(Prompt(ids, mask), torch.full_like(ids[:, 0], 5), None)
+    anchor = torch.full_like(ids[:, 0], 5)
+    drafter.prefill(Prompt(ids, mask), anchor, None)
     sync(device)
     start = time.perf_counter()
-    drafter.block_logits()
+    drafter.block_logits(anchor)
     sync(device)
     tpd = time.perf_counter() - start
     batch = ids.shape[0]
@@ -190,7 +191,7 @@ def _block_step_cost(draft: Any, target: Any, inputs: dict, vocab: Any, warmup: 
         position = drafter.anchor_positions[:, None] - 1
         drafter.pending = (torch.randn(batch, 1, width, device=device, dtype=draft.dtype), position,
                            torch.ones(batch, 1, dtype=torch.bool, device=ids.device))
-        drafter.block_logits()
+        drafter.block_logits(anchor)
 
     return {"Td": median_time(step, device, warmup, repeats)[0], "Tpd": tpd}
 
@@ -215,8 +216,9 @@ def _assistant_step_cost(draft: Any, target: Any, inputs: dict, vocab: Any, warm
     device = execution_device(target)
     drafter.observe_target_cache(backend.wrap_target(target, _compat.output_cache(out), mask, ids.shape[1],
                                                      ids.shape[0], device, ROPE_1D))
-    drafter.prefill(Prompt(ids, mask), torch.full_like(ids[:, 0], 5), backend.new)
-    td = median_time(lambda: drafter.propose(RoundBudget(1), ArgmaxSelector()), device, warmup, repeats)[0]
+    first = torch.full_like(ids[:, 0], 5)
+    drafter.prefill(Prompt(ids, mask), first, backend.new)
+    td = median_time(lambda: drafter.propose(RoundBudget(1), ArgmaxSelector(), first), device, warmup, repeats)[0]
     return {"Td": td, "Tpd": 0.0}
 
 

@@ -1,7 +1,7 @@
 """``LMDrafter``: a causal LM drafting one token per forward on its own KV cache (chains and trees).
 
 No ``draft.generate()`` call per round: the drafter owns the draft's cache and the target tokens it has not
-read yet; :class:`~hf_specmm.drafts.cached.CachedDrafter` runs the round (read those pending tokens, propose
+read yet; :class:`~hf_specmm.drafter.Drafter` runs the round (read those pending tokens, propose
 γ tokens or a tree, crop back to the accepted prefix after verification: never a re-prefill). Draft kinds
 built on a causal LM (text-only, image-adapter, same-family VLM) differ only in :meth:`LMDrafter.draft_inputs`:
 what the draft reads of the prompt.
@@ -17,18 +17,20 @@ import torch
 
 from ..caches import mask_to
 from ..devices import execution_device
-from ..drafter import DraftPrompt, Prompt, Proposal
+from ..drafter import Drafter, DraftPrompt, Prompt, Proposal
 from ..targets.positions import ROPE_1D, PositionRule
 from ..vocab import VocabMap
-from .cached import CachedDrafter
 
 if TYPE_CHECKING:
     from ..caches import CacheFactory
 
 
-class LMDrafter(CachedDrafter):
+class LMDrafter(Drafter):
     """Base of the KV-cached LM drafters. ``model`` is the module run each step (``draft`` unwrapped). Its
-    ``pending`` slots are ``(ids [A, k], valid [A, k])``: target ids mapped to what the draft reads."""
+    ``pending`` slots are ``(ids [A, k], valid [A, k])``: the target tokens its cache has not read yet, mapped to
+    what the draft reads (unreadable ids as the stand-in). Not the loop's ``cur``: it holds ``cur`` after whatever
+    else the cache still lacks (the previous tokens of plain target steps, a kept draft it never read), and in
+    the draft's ids."""
 
     def __init__(self, draft: Any, vocab: VocabMap, model: Any = None, positions: PositionRule = ROPE_1D):
         super().__init__(draft, vocab, model, positions)
@@ -74,14 +76,12 @@ class LMDrafter(CachedDrafter):
 
     def _queue(self, tokens: torch.Tensor) -> None:
         """One new target token per row, read at the start of the next proposal (as the stand-in if unreadable)."""
-        self.root = tokens
         ids = self.vocab.readable(tokens[:, None])
         self.pending = (ids, torch.ones_like(ids, dtype=torch.bool))
 
     def follow(self, next_tokens: torch.Tensor) -> None:
         assert self.pending is not None
         ids, valid = self.pending
-        self.root = next_tokens
         tokens = self.vocab.readable(next_tokens[:, None])
         self.pending = (torch.cat([ids, tokens], dim=1), torch.cat([valid, torch.ones_like(tokens, dtype=torch.bool)], 1))
 
@@ -92,7 +92,7 @@ class LMDrafter(CachedDrafter):
         # hf_specmm.caches.linear)
         return self.state is not None and self.state.linear is not None
 
-    def read_pending(self) -> torch.Tensor:
+    def read_pending(self, cur: torch.Tensor) -> torch.Tensor:
         assert self.pending is not None
         ids, valid = self.pending
         width = ids.shape[1]

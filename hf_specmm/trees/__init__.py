@@ -42,14 +42,14 @@ drafter to the draft's (``DraftSelector.level_scores``) at every node; a process
 sees the row's history plus the node's root path (``DraftTree.root_paths``), never another branch's tokens.
 
 In ``generate``: ``assistant_model=hf_specmm.Tree(draft, top_k=K, depth=D, nodes=N)`` (:class:`Tree`). The
-drafters draft through :class:`~hf_specmm.drafts.cached.CachedDrafter` (one forward per level on their own
-cache), the loop verifies a :class:`~hf_specmm.block.TreeBlock` (one target forward) with the verifier's
-``tree`` rule, and both caches keep the accepted path in place (``SlottedCache.rollback`` with a path).
+drafters draft through :meth:`~hf_specmm.drafter.Drafter.propose_tree` (one forward per level on their own
+cache), the loop verifies a :class:`~hf_specmm.block.TreeBlock` (one target forward) with the tree rules
+above, and both caches keep the accepted path in place (``SlottedCache.rollback`` with a path).
 """
 
-from .expand import StepFn, TreeShape, expand_tree, top_k_first_index
+from .expand import StepFn, TreeShape, expand_tree, extend_paths, top_k_first_index
 from .tree import DraftTree, LevelAncestry, tree_attention_mask
 from .verify import Acceptance, greedy_verify_tree, sample_verify_tree
 
-__all__ = ["Acceptance", "DraftTree", "LevelAncestry", "StepFn", "TreeShape", "expand_tree",
+__all__ = ["Acceptance", "DraftTree", "LevelAncestry", "StepFn", "TreeShape", "expand_tree", "extend_paths",
            "greedy_verify_tree", "sample_verify_tree", "top_k_first_index", "tree_attention_mask"]

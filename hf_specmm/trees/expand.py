@@ -129,6 +129,19 @@ def expand_tree(root_tokens: torch.Tensor, root_logits: torch.Tensor, step: Step
                       torch.cat(all_slots, 1), shape.nodes)
 
 
+def extend_paths(level_paths: list[torch.Tensor], tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+    """The root paths [A, K, depth] of a new tree level's nodes ``tokens`` [A, K]: each its parent's (``parents``
+    [A, K] among the previous level, whose paths ``level_paths`` holds), then its own token. Replaces the
+    previous level's paths in ``level_paths`` (history-reading processors see a node's own path)."""
+    paths = tokens[..., None]
+    if level_paths:
+        before = level_paths.pop()
+        index = parents.clamp_min(0)[..., None].expand(-1, -1, before.shape[-1])
+        paths = torch.cat([before.gather(1, index), paths], dim=-1)
+    level_paths.append(paths)
+    return paths
+
+
 def _keep_best(root_tokens: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, slots: torch.Tensor,
                keep: int) -> DraftTree:
     """The ``keep`` best candidates (ids 1..C; parents are candidate ids, 0 = root) as a tree in candidate order."""

@@ -78,7 +78,7 @@ def step_costs(world: Any, example: Example, repeats: int = 50) -> list[dict[str
         def draft_step() -> None:  # reads the pending token, drafts one (the cache grows by a slot per call)
             if one_slot is not None and drafter.pending is None:  # a block drafter's next round: one accepted slot
                 drafter.pending = one_slot
-            drafter.propose(RoundBudget(1), ArgmaxSelector())
+            drafter.propose(RoundBudget(1), ArgmaxSelector(), token)
 
         t_draft, t_target = _fastest_in_turns([draft_step, target_step], repeats)
         params = sum(p.numel() for p in draft.parameters())

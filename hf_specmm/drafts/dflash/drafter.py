@@ -18,7 +18,7 @@ layers during its own prefill and verification forwards (no extra target forward
   it in scratch room), so the base's rollback keeps exactly the context read;
 - after a plain target step (``hf_specmm.Auto``): the feature of ``[cur]`` queues after the pending ones.
 
-Written on :class:`~hf_specmm.drafts.cached.CachedDrafter`: ``read_pending`` is the round's one forward (the
+Written on :class:`~hf_specmm.drafter.Drafter`: ``read_pending`` is the round's one forward (the
 root's logits: block position 1), ``read_draft`` reads the block's next position, and a tree's level d is
 block position d under every frontier node (:meth:`DFlashDrafter.tree_levels`).
 
@@ -38,19 +38,18 @@ import torch
 from ... import _compat
 from ...caches import CacheFactory
 from ...devices import execution_device
-from ...drafter import Prompt, Proposal, every_prompt_position
+from ...drafter import Drafter, LevelReader, Prompt, Proposal, every_prompt_position
 from ...errors import IncompatibleDraftError
 from ...trees import TreeShape
 from ...vocab import VocabMap
-from ..cached import CachedDrafter, LevelReader
 from .context import ContextCache, block_masks
 from .modeling import check_target, embed_block, is_dflash_draft
 
 
-class DFlashDrafter(CachedDrafter):
+class DFlashDrafter(Drafter):
     """One forward per round proposes the whole block (chain or tree); ``state`` is the context cache
     (:class:`~.context.ContextCache`), ``pending`` the context slots read with the next block (features [A, k, F],
-    positions [A, k], valid [A, k]) and ``root`` the next block's anchor (the target's last token)."""
+    positions [A, k], valid [A, k]); the block's anchor is the loop's ``cur`` (the target's last token)."""
 
     observes_prefill = True
     observes_verification = True
@@ -75,7 +74,7 @@ class DFlashDrafter(CachedDrafter):
         self.verified: torch.Tensor | None = None
         self.block: torch.Tensor | None = None  # [A, block - 1, V] the round's logits of block positions 1..
         self.read = 0  # block positions read this round
-        self.anchor_positions: torch.Tensor | None = None  # [A] the position of ``root``, the next block's anchor
+        self.anchor_positions: torch.Tensor | None = None  # [A] the position of the next block's anchor (``cur``)
 
     @classmethod
     def check(cls, target: Any, draft: Any) -> None:
@@ -148,16 +147,16 @@ class DFlashDrafter(CachedDrafter):
         mask = torch.ones_like(ids) if mask is None else mask.long()
         self.state = ContextCache(len(self.model.layers), ids.shape[0], self.device)
         self.pending = (features[:, :ids.shape[1]], (mask.cumsum(-1) - 1).clamp_min(0), mask.bool())
-        self.root, self.anchor_positions = first_tokens, mask.sum(-1)
+        self.anchor_positions = mask.sum(-1)
 
-    def block_logits(self) -> torch.Tensor:
-        """One drafter forward: the pending context and the block; target-vocabulary logits [B, block - 1, V] of
-        the block's positions 1.. (on the loop's device)."""
-        assert self.pending is not None and self.state is not None and self.root is not None
+    def block_logits(self, anchor: torch.Tensor) -> torch.Tensor:
+        """One drafter forward: the pending context and the block anchored at ``anchor`` [B] (the loop's ``cur``);
+        target-vocabulary logits [B, block - 1, V] of the block's positions 1.. (on the loop's device)."""
+        assert self.pending is not None and self.state is not None
         features, positions, valid = self.pending
-        batch, device = self.root.shape[0], self.root.device
+        batch, device = anchor.shape[0], anchor.device
         ids = torch.full((batch, self.block_size), self.mask_token_id, dtype=torch.long, device=device)
-        ids[:, 0] = self.root
+        ids[:, 0] = anchor
         block_positions = self.anchor_positions[:, None] + torch.arange(self.block_size, device=device)
         self.state.begin(valid, positions)
         dtype = self.model.dtype
@@ -182,9 +181,9 @@ class DFlashDrafter(CachedDrafter):
             logits = override(logits, block_positions[:, :-1])
         return self.vocab.to_target(logits.to(device=device, dtype=torch.float32))
 
-    def read_pending(self) -> torch.Tensor:
-        """The round's one forward (the pending context and the block); the logits of block position 1."""
-        self.block, self.read = self.block_logits(), 1
+    def read_pending(self, cur: torch.Tensor) -> torch.Tensor:
+        """The round's one forward (the pending context and the block at ``cur``); the logits of block position 1."""
+        self.block, self.read = self.block_logits(cur), 1
         return self.block[:, 0]
 
     def read_draft(self, token: torch.Tensor) -> torch.Tensor:
@@ -202,7 +201,7 @@ class DFlashDrafter(CachedDrafter):
     def queue(self, proposal: Proposal, keep: torch.Tensor, next_tokens: torch.Tensor, path: torch.Tensor | None,
               unread: torch.Tensor) -> None:
         """Queue the true features of ``[cur, d_1..d_{keep_i}]`` (right-aligned; a tree's: of its kept root
-        ``path``'s nodes) and anchor the next block at ``next_tokens``."""
+        ``path``'s nodes) and move the next block's anchor to the position of ``next_tokens``."""
         assert self.verified is not None and self.anchor_positions is not None
         verified, self.verified, self.block = self.verified.to(keep.device), None, None
         if path is not None:
@@ -222,7 +221,7 @@ class DFlashDrafter(CachedDrafter):
         feature, self.verified = self.verified[:, :1].to(features.device, features.dtype), None
         self.pending = (torch.cat([features, feature], 1), torch.cat([positions, self.anchor_positions[:, None]], 1),
                         torch.cat([valid, torch.ones_like(valid[:, :1])], 1))
-        self.root, self.anchor_positions = next_tokens, self.anchor_positions + 1
+        self.anchor_positions = self.anchor_positions + 1
 
     def select_rows(self, keep: torch.Tensor) -> None:
         assert self.anchor_positions is not None

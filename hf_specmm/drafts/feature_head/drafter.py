@@ -29,17 +29,16 @@ from typing import Any, Iterator
 import torch
 
 from ...caches import CacheFactory, mask_to
-from ...drafter import Prompt, Proposal, every_prompt_position
+from ...drafter import Drafter, Prompt, Proposal, every_prompt_position
 from ...errors import IncompatibleDraftError
 from ...targets import target_family
 from ...targets.positions import ROPE_1D, PositionRule
-from ..cached import CachedDrafter
 from .modeling import FeatureHeadDraft
 from ...vocab import VocabMap
 
 
-class FeatureHeadDrafter(CachedDrafter):
-    """The head on :class:`~hf_specmm.drafts.cached.CachedDrafter`: its ``pending`` slots are ``(features [A, k, H],
+class FeatureHeadDrafter(Drafter):
+    """The head on :class:`~hf_specmm.drafter.Drafter`: its ``pending`` slots are ``(features [A, k, H],
     ids [A, k], valid [A, k])``, and the drafts it read are dropped after verification (``keeps_read_drafts``:
     they were computed from its own predicted features; the true ones are queued instead)."""
 
@@ -139,9 +138,8 @@ class FeatureHeadDrafter(CachedDrafter):
         self.forward(previous_features(features, valid), embeds[:, :width], valid, logits=False,
                      position_ids=prompt_positions)
         self.pending = (features[:, -1:], first_tokens[:, None], torch.ones_like(first_tokens[:, None], dtype=torch.bool))
-        self.root = first_tokens
 
-    def read_pending(self) -> torch.Tensor:
+    def read_pending(self, cur: torch.Tensor) -> torch.Tensor:
         assert self.pending is not None
         features, ids, valid = self.pending
         self.level_features, logits = self.forward(features, self.model.embed(ids), None if bool(valid.all()) else valid)
@@ -174,7 +172,7 @@ class FeatureHeadDrafter(CachedDrafter):
         feature = self.verified[:, :1].to(features.device)
         self.pending = (torch.cat([features, feature], 1), torch.cat([ids, next_tokens[:, None].to(ids)], 1),
                         torch.cat([valid, torch.ones_like(valid[:, :1])], 1))
-        self.root, self.verified = next_tokens, None
+        self.verified = None
 
     def queue(self, proposal: Proposal, keep: torch.Tensor, next_tokens: torch.Tensor, path: torch.Tensor | None,
               unread: torch.Tensor) -> None:

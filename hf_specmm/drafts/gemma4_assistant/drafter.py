@@ -36,18 +36,17 @@ import torch
 from ... import _compat
 from ...caches import CacheFactory, SlottedCache
 from ...devices import execution_device
-from ...drafter import Prompt, Proposal, every_prompt_position
+from ...drafter import Drafter, LevelReader, Prompt, Proposal, every_prompt_position
 from ...errors import IncompatibleDraftError
 from ...trees import TreeShape
 from ...vocab import VocabMap
-from ..cached import CachedDrafter, LevelReader
 from .modeling import assistant_step, check_target, is_gemma4_assistant
 
 
-class Gemma4AssistantDrafter(CachedDrafter):
-    """On :class:`~hf_specmm.drafts.cached.CachedDrafter` with no ``state`` of its own (its context is the target's
-    cache, read after the loop's rollback: nothing to roll back here); ``pending`` is the target's hidden state at
-    each row's last accepted token ([A, 1, H], valid [A, 1]) and ``root`` the token after it."""
+class Gemma4AssistantDrafter(Drafter):
+    """A :class:`~hf_specmm.drafter.Drafter` with no ``state`` of its own (its context is the target's cache, read
+    after the loop's rollback: nothing to roll back here); ``pending`` is the target's hidden state at each row's
+    last accepted token ([A, 1, H], valid [A, 1]), read with the token after it (the loop's ``cur``)."""
 
     observes_prefill = True
     observes_verification = True
@@ -121,7 +120,6 @@ class Gemma4AssistantDrafter(CachedDrafter):
             raise RuntimeError("the Gemma 4 assistant needs the target's cache (Drafter.observe_target_cache)")
         hidden, self.prompt_hidden = self.prompt_hidden, None
         self.pending = (hidden[:, None], torch.ones_like(first_tokens[:, None], dtype=torch.bool))
-        self.root = first_tokens
 
     def _context(self, queries: int) -> tuple[dict, dict, torch.Tensor]:
         """The target's shared K/V as each row kept it, the additive masks [B, 1, queries, S] per layer type and
@@ -161,11 +159,11 @@ class Gemma4AssistantDrafter(CachedDrafter):
             logits = override(logits, position.to(logits.device) + depth)
         return logits, projected
 
-    def read_pending(self) -> torch.Tensor:
-        """The round's first step: the root (the last token) with the target's hidden state before it."""
-        assert self.pending is not None and self.root is not None
+    def read_pending(self, cur: torch.Tensor) -> torch.Tensor:
+        """The round's first step: the root ``cur`` (the last token) with the target's hidden state before it."""
+        assert self.pending is not None
         self.round, self.read = self._context(1), 0
-        logits, self.level_hidden = self._step(self.round, self.root[:, None], self.pending[0].to(self.device), 0)
+        logits, self.level_hidden = self._step(self.round, cur[:, None], self.pending[0].to(self.device), 0)
         return logits[:, 0]
 
     def read_draft(self, token: torch.Tensor) -> torch.Tensor:
@@ -201,4 +199,3 @@ class Gemma4AssistantDrafter(CachedDrafter):
         assert self.verified is not None
         hidden, self.verified = self.verified[:, -1], None
         self.pending = (hidden[:, None], torch.ones_like(next_tokens[:, None], dtype=torch.bool))
-        self.root = next_tokens
