@@ -10,7 +10,7 @@ from ._compat import TESTED_RANGE as TESTED_TRANSFORMERS
 from .api import disable, enable, is_enabled, last_stats
 from .checks import DEFAULT_GAMMA
 from .drafter import Drafter, Prompt, Proposal
-from .drafts import (DraftKind, FeatureHeadDraft, FeatureHeadDraftConfig, ImageAdapterDraft, ImageAdapterDraftConfig, TextOnly, draft_kinds, get_kind, kind_of,
+from .drafts import (DraftKind, FeatureHeadDraft, FeatureHeadDraftConfig, ImageAdapterDraft, ImageAdapterDraftConfig, MtpDraft, TextOnly, draft_kinds, get_kind, kind_of,
                      register_draft_kind)
 from .errors import IncompatibleDraftError, SpecMMError, UnsupportedGenerationError, UnsupportedTargetError
 from .hub import annotate_draft, draft_metadata, load_draft, push_draft_to_hub, render_model_card, save_draft
@@ -54,6 +54,7 @@ __all__ = [
     "ImageAdapterDraft",
     "ImageAdapterDraftConfig",
     "IncompatibleDraftError",
+    "MtpDraft",
     "SpecMMError",
     "SpecStats",
     "UnsupportedGenerationError",
