@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from ... import _compat
-from ...errors import DraftLoadError
+from ...errors import DraftLoadError, IncompatibleDraftError
 from ..checkpoints import read_config_json
 
 #: config fields that declare a checkpoint's MTP layer count (the text config's, or the top-level config's)
@@ -187,6 +187,7 @@ def read_mtp(name: str, target: Any, hub_kwargs: dict) -> Any:
         key = next(k for k in wanted.values() if where[k] == absent[0])
         raise DraftLoadError(f"{config_path.parent / 'model.safetensors.index.json'} names {absent[0]} for {key}, "
                              "but that shard is absent")
+    _check_same_target(folder, name, where, target, hub_kwargs)
     state = _read_tensors(paths, {key: where[key] for key in wanted.values()}, wanted, expected)
     dtype = draft.fc.weight.dtype
     draft.load_state_dict({param: tensor.to(dtype) for param, tensor in state.items()}, strict=True)
@@ -216,3 +217,26 @@ def _read_tensors(paths: dict[str, Path], files: dict[str, str], wanted: dict[st
         except (SafetensorError, OSError) as err:
             raise DraftLoadError(f"{path} is corrupt or truncated ({err})") from err
     return state
+
+
+def _check_same_target(folder: Path, name: str, where: dict[str, str], target: Any, hub_kwargs: dict) -> None:
+    """The target is the checkpoint's model: the first row of its token embedding equals the checkpoint's (one row
+    read, within bf16 rounding). An MTP layer drafts only for the weights it was trained beside."""
+    from safetensors import safe_open
+
+    from ...hub import looks_local
+
+    tables = sorted((k for k in where if k.endswith("embed_tokens.weight")), key=len)
+    if not tables:
+        return
+    key, file = tables[0], where[tables[0]]
+    path = folder / file if looks_local(name) else Path(_compat.hub_file(name, file, **hub_kwargs) or folder / file)
+    if not path.is_file():
+        raise DraftLoadError(f"{folder / 'model.safetensors.index.json'} names {file} for {key}, but that shard is absent")
+    with safe_open(str(path), framework="pt") as f:
+        row = f.get_slice(key)[0:1].float()
+    mine = target.get_input_embeddings().weight[0:1].detach().float().cpu()
+    if row.shape[-1] != mine.shape[-1] or not torch.allclose(row, mine, rtol=1e-2, atol=1e-5):
+        raise IncompatibleDraftError(
+            f"{name}: the target's token embedding differs from the checkpoint's ({file}: {key}): its MTP layer "
+            f"drafts for the model it was trained beside; pass the {type(target).__name__} loaded from {name}")
