@@ -310,3 +310,18 @@ def test_bad_checkpoints_are_refused_naming_the_file_and_tensor(tmp_path, model)
         hf_specmm.load_draft(str(folder), kind="feature_head", target=model)
     other = testing.tiny_target(FAMILY, seed=1)  # another target's weights: the fingerprint differs
     refused(fresh("other"), "embed_tokens.weight", "differs", error=IncompatibleDraftError, target=other)
+
+
+def test_bench_runs_the_mtp_kind_on_the_acceptance_pattern_of_the_others():
+    """``--draft-kind mtp``: a random MTP layer of the target's shape, on the same controlled acceptance pattern as
+    the feature head (the same rounds, τ and acceptance), lossless."""
+    from hf_specmm.bench import BenchConfig, run_benchmark
+
+    result = run_benchmark(BenchConfig(preset="tiny", gammas=[3], batch_sizes=[1, 2], acceptance=0.7,
+                                       max_new_tokens=40, repeats=1, warmup=0, stock=False,
+                                       draft_kinds=["feature_head", "mtp"]), progress=False)
+    rows = {(r["draft_kind"], r["batch"]): r for r in result["rows"]}
+    for batch in (1, 2):
+        head, mtp = rows["feature_head", batch], rows["mtp", batch]
+        assert mtp["lossless"] is True and 1.0 < mtp["tau"] < 4.0
+        assert (mtp["tau"], mtp["rounds"], mtp["acceptance"]) == (head["tau"], head["rounds"], head["acceptance"])

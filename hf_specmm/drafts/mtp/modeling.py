@@ -55,6 +55,7 @@ class MtpDraft(FeatureHeadDraft):
 
     variant = "mtp"
     config_class = MtpDraftConfig
+    slot_lag = 1  #: its drafter puts a slot at its feature's position, one before its token's (see drafter.py)
 
     def build_modules(self, config: MtpDraftConfig) -> None:
         text = config.text_config
