@@ -18,6 +18,7 @@ from hf_specmm.drafts.mtp import MtpDraft, MtpDrafter
 from hf_specmm.errors import DraftLoadError, IncompatibleDraftError
 from conftest import batch_inputs, target
 from test_sampling import assert_sampling_matches_plain
+from test_train import base_config, image_task, target_dir  # noqa: F401 - pytest fixtures
 
 FAMILY = "llava"
 NEW = 16
@@ -325,3 +326,36 @@ def test_bench_runs_the_mtp_kind_on_the_acceptance_pattern_of_the_others():
         head, mtp = rows["feature_head", batch], rows["mtp", batch]
         assert mtp["lossless"] is True and 1.0 < mtp["tau"] < 4.0
         assert (mtp["tau"], mtp["rounds"], mtp["acceptance"]) == (head["tau"], head["rounds"], head["acceptance"])
+
+
+# ---- training --------------------------------------------------------------------------------------------------
+
+def test_training_a_fresh_mtp_layer_raises_heldout_tau_and_fine_tunes_a_checkpoints(target_dir, image_task, tmp_path):  # noqa: F811
+    """``draft_kind="mtp"``: a fresh MTP layer trained with the feature heads' distillation raises the held-out
+    acceptance; given the target's own checkpoint as ``draft``, its MTP layer is read and fine-tuned; both are
+    saved as hf_specmm MTP drafts with their cards."""
+    from hf_specmm.train import train_draft
+
+    root, train, heldout, classes = image_task
+    result = train_draft(base_config(target_dir, root, output_dir=str(root / "mtp"), draft_kind="mtp",
+                                     data=train, eval_data=heldout, steps=60, stage2_steps=60, lr=3e-3,
+                                     token_loss_weight=1.0))
+    before, after = result.tau_before, result.tau_after
+    print(f"mtp: τ {before['block_efficiency']:.3f} -> {after['block_efficiency']:.3f}, acceptance "
+          f"{before['acceptance_rate']:.3f} -> {after['acceptance_rate']:.3f}")
+    assert isinstance(result.draft, MtpDraft) and result.global_step == 120
+    assert after["acceptance_rate"] >= before["acceptance_rate"] + 0.3, (before, after)
+    loaded = hf_specmm.load_draft(result.draft_dir)
+    assert isinstance(loaded, MtpDraft) and hf_specmm.draft_metadata(loaded)["draft_kind"] == "mtp"
+
+    # the target checkpoint with an MTP layer: its layer read, then fine-tuned
+    target_model = testing.tiny_target("llava", eos_bias=-30.0)
+    carried = testing.mtp_from_target(target_model, noise=0.1)
+    folder = testing.write_mtp_checkpoint(target_model, carried, tmp_path / "with-mtp")
+    testing.tiny_processor("llava").save_pretrained(folder)
+    tuned = train_draft(base_config(folder, root, output_dir=str(root / "mtp-tuned"), draft_kind="mtp",
+                                    draft=str(folder), draft_config=None, data=train, eval_data=heldout, steps=2,
+                                    stage2_steps=1, lr=1e-4))
+    assert isinstance(tuned.draft, MtpDraft) and tuned.draft.config.source == str(folder)
+    assert not torch.equal(tuned.draft.fc.weight.cpu(), carried.fc.weight)  # it moved from the checkpoint's weights
+    assert (tuned.draft.fc.weight.cpu() - carried.fc.weight).abs().max() < 0.05
