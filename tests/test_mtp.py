@@ -359,3 +359,38 @@ def test_training_a_fresh_mtp_layer_raises_heldout_tau_and_fine_tunes_a_checkpoi
     assert isinstance(tuned.draft, MtpDraft) and tuned.draft.config.source == str(folder)
     assert not torch.equal(tuned.draft.fc.weight.cpu(), carried.fc.weight)  # it moved from the checkpoint's weights
     assert (tuned.draft.fc.weight.cpu() - carried.fc.weight).abs().max() < 0.05
+
+
+# ---- speculators' mtp layout -------------------------------------------------------------------------------------
+
+def test_speculators_layout_round_trip_and_refusals(tmp_path, model):
+    """``save_pretrained(format="speculators")`` writes speculators' ``mtp`` layout; ``load_draft(path, target=...)``
+    reads it back (the same tensors); a checkpoint of another width or with a stray tensor is refused."""
+    from safetensors.torch import load_file, save_file
+
+    draft = testing.mtp_from_target(model, noise=0.1)
+    draft.save_pretrained(tmp_path / "spec", format="speculators")
+    raw = json.loads((tmp_path / "spec" / "config.json").read_text())
+    assert raw["speculators_model_type"] == "mtp" and raw["num_nextn_predict_layers"] == 1
+    tensors = load_file(str(tmp_path / "spec" / "model.safetensors"))
+    assert {"mtp_layers.0.input_proj.weight", "mtp_layers.0.token_layernorm.weight",
+            "mtp_layers.0.hidden_layernorm.weight", "mtp_layers.0.final_layernorm.weight"} <= set(tensors)
+    assert not any("embed" in k or "lm_head" in k for k in tensors)
+    back = hf_specmm.load_draft(str(tmp_path / "spec"), target=model)
+    assert isinstance(back, MtpDraft) and back.config.layout == "speculators"
+    for name, tensor in draft.state_dict().items():
+        assert torch.equal(back.state_dict()[name], tensor), name
+    inputs = batch_inputs(FAMILY, 3)
+    plain = _compat.stock_generate(model, **inputs, max_new_tokens=NEW, do_sample=False)
+    out, _ = generate(model, inputs, assistant_model=back, num_assistant_tokens=3)
+    assert torch.equal(out, plain)
+    with pytest.raises(DraftLoadError, match="target=model"):
+        hf_specmm.load_draft(str(tmp_path / "spec"))
+    tensors["mtp_layers.0.stray.weight"] = torch.zeros(2)
+    save_file(tensors, str(tmp_path / "spec" / "model.safetensors"))
+    with pytest.raises(DraftLoadError, match="mtp_layers.0.stray.weight"):
+        hf_specmm.load_draft(str(tmp_path / "spec"), target=model)
+    raw["transformer_layer_config"]["hidden_size"] = 32
+    (tmp_path / "spec" / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(IncompatibleDraftError, match="hidden_size"):
+        hf_specmm.load_draft(str(tmp_path / "spec"), target=model)

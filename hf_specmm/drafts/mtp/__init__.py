@@ -16,6 +16,7 @@ from ..registry import DraftKind, register_draft_kind
 from .drafter import MtpDrafter
 from .layouts import read_mtp
 from .modeling import MtpDraft, MtpDraftConfig
+from .speculators import reads_speculators
 
 
 def _build(target: Any, language_model: Any, cfg: Any, target_name: str | None) -> MtpDraft:
@@ -52,6 +53,7 @@ MTP = register_draft_kind(DraftKind(
     loss=feature_head_loss,
     check_config=check_head_config,
     from_target_checkpoint=read_mtp,
+    imports=reads_speculators,  # speculators' ``mtp`` layout
 ))
 
 

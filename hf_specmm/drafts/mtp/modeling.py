@@ -55,6 +55,7 @@ class MtpDraft(FeatureHeadDraft):
 
     variant = "mtp"
     config_class = MtpDraftConfig
+    save_formats = ("hf_specmm", "speculators")
     slot_lag = 1  #: its drafter puts a slot at its feature's position, one before its token's (see drafter.py)
 
     def build_modules(self, config: MtpDraftConfig) -> None:
@@ -72,6 +73,20 @@ class MtpDraft(FeatureHeadDraft):
         embeds = self.pre_fc_norm_embedding(inputs_embeds.to(dtype))
         hidden = self.pre_fc_norm_hidden(features.to(device=inputs_embeds.device, dtype=dtype))
         return self.fc(torch.cat([hidden, embeds] if self.config.hidden_first else [embeds, hidden], -1))
+
+    def save_pretrained(self, save_directory: Any, *args: Any, format: str = "hf_specmm", **kwargs: Any) -> None:
+        """``format="hf_specmm"`` (default: config, safetensors, model card) or ``"speculators"`` (speculators'
+        ``mtp`` layout, :mod:`.speculators`: what vLLM's ``--speculative-config '{"method": "mtp", ...}'`` and
+        speculators' ``MTPDraftModel`` read)."""
+        self.check_save_format(format)
+        if format == "hf_specmm":
+            return super().save_pretrained(save_directory, *args, **kwargs)
+        if args or kwargs:
+            raise ValueError(f"save_pretrained(format={format!r}) writes config.json and model.safetensors only; it "
+                             f"takes no {', '.join(sorted(kwargs)) or 'positional arguments'}")
+        from .speculators import export_mtp
+
+        export_mtp(self, save_directory)
 
     @classmethod
     def for_target(cls, target: PreTrainedModel, num_layers: int = 1, target_name: str | None = None,
