@@ -101,7 +101,15 @@ def _load_from_target_checkpoint(name: str, kind: str, target: Any, kwargs: dict
     if other:
         raise TypeError(f"load_draft(kind={kind!r}) takes no {', '.join(other)}: the draft takes the target's dtype "
                         "and device")
-    draft = reads(name, target, hub_kwargs)
+    def fetch(file: str) -> Path | None:
+        """``file`` of the checkpoint: in the local folder, or fetched from the Hub (None: it has none)."""
+        if looks_local(name):
+            path = Path(name).expanduser() / file
+            return path if path.is_file() else None
+        found = _compat.hub_file(name, file, **hub_kwargs)
+        return None if found is None else Path(found)
+
+    draft = reads(name, target, fetch)
     get_kind(kind).drafter.check(target, draft)
     return draft.eval()
 

@@ -16,7 +16,7 @@ from ..registry import DraftKind, register_draft_kind
 from .drafter import MtpDrafter
 from .layouts import read_mtp
 from .modeling import MtpDraft, MtpDraftConfig
-from .speculators import reads_speculators
+from .speculators import import_mtp, is_speculators_mtp
 
 
 def _build(target: Any, language_model: Any, cfg: Any, target_name: str | None) -> MtpDraft:
@@ -24,6 +24,10 @@ def _build(target: Any, language_model: Any, cfg: Any, target_name: str | None) 
     with torch.random.fork_rng(devices=[]):  # the layer's init depends on the seed only
         torch.manual_seed(cfg.seed + 2)
         return MtpDraft.for_target(target, target_name=target_name)
+
+
+def _import_speculators(folder: Any, target: Any, name: str | None = None) -> MtpDraft:
+    return import_mtp(MtpDraft, folder, target, name)
 
 
 def _card_rows(draft: MtpDraft) -> str:
@@ -53,7 +57,7 @@ MTP = register_draft_kind(DraftKind(
     loss=feature_head_loss,
     check_config=check_head_config,
     from_target_checkpoint=read_mtp,
-    imports=reads_speculators,  # speculators' ``mtp`` layout
+    imports=lambda raw: _import_speculators if is_speculators_mtp(raw) else None,  # speculators' ``mtp`` layout
 ))
 
 

@@ -23,11 +23,10 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-from ... import _compat
 from ...errors import DraftLoadError, IncompatibleDraftError
 from ..checkpoints import read_config_json
 
@@ -44,21 +43,11 @@ _LAYER = re.compile(r"layers\.(\d+)\.(.+)$")  # a text decoder layer's key, afte
 _SHARED = ("shared_head.head.weight", "embed_tokens.weight")  # the target's own LM head / embedding, bound instead
 
 
-
-
-def checkpoint_files(name: str, hub_kwargs: dict) -> tuple[Path, dict[str, Any], dict[str, list[str]] | None]:
+def checkpoint_files(name: str,
+                     fetch: Callable[[str], Path | None]) -> tuple[Path, dict[str, Any], dict[str, list[str]] | None]:
     """The target checkpoint's config.json (as data) and its safetensors files: ``(config path, config, weight_map
-    as {file: [keys]} from the index, or None: one ``model.safetensors``)``. A Hub id fetches config.json and the
-    index only (shards come later, those holding MTP tensors)."""
-    from ...hub import looks_local
-
-    def fetch(file: str) -> Path | None:
-        if looks_local(name):
-            path = Path(name).expanduser() / file
-            return path if path.is_file() else None
-        found = _compat.hub_file(name, file, **hub_kwargs)
-        return None if found is None else Path(found)
-
+    as {file: [keys]} from the index, or None: one ``model.safetensors``)``. ``fetch(file)``: the file's local path
+    (fetched from the Hub for a Hub id), or None; shards are fetched later, those holding MTP tensors only."""
     config_path = fetch("config.json")
     if config_path is None:
         raise DraftLoadError(f"{name}: no config.json (kind='mtp' reads a target checkpoint: its folder or Hub id)")
@@ -121,15 +110,15 @@ def mtp_keys(keys: list[str], num_hidden_layers: int) -> dict[str, tuple[str, in
     return found
 
 
-def read_mtp(name: str, target: Any, hub_kwargs: dict) -> Any:
-    """The :class:`MtpDraft` of the target checkpoint ``name`` (a folder or Hub id), bound to ``target``."""
-    from ...hub import looks_local
+def read_mtp(name: str, target: Any, fetch: Callable[[str], Path | None]) -> Any:
+    """The :class:`MtpDraft` of the target checkpoint ``name`` (a folder or Hub id whose files ``fetch`` finds),
+    bound to ``target``."""
     from .modeling import MtpDraft
 
     if target is None:
         raise DraftLoadError("load_draft(..., kind='mtp') needs target=<the loaded target model>: the MTP layer uses "
                              "its embedding and LM head")
-    config_path, raw, by_file = checkpoint_files(name, hub_kwargs)
+    config_path, raw, by_file = checkpoint_files(name, fetch)
     text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
     depth = text.get("num_hidden_layers")
     if not isinstance(depth, int):
@@ -178,16 +167,13 @@ def read_mtp(name: str, target: Any, hub_kwargs: dict) -> Any:
         raise DraftLoadError(f"{name}: the MTP tensors lack {missing} of a {type(target).__name__} MTP layer "
                              f"(read from {sorted({where[k] for k in wanted.values()})})")
     files = sorted({where[key] for key in wanted.values()})
-    if not looks_local(name):
-        paths = {file: Path(_compat.hub_file(name, file, **hub_kwargs) or folder / file) for file in files}
-    else:
-        paths = {file: folder / file for file in files}
+    paths = {file: fetch(file) or folder / file for file in files}
     absent = [file for file, path in paths.items() if not path.is_file()]
     if absent:
         key = next(k for k in wanted.values() if where[k] == absent[0])
         raise DraftLoadError(f"{config_path.parent / 'model.safetensors.index.json'} names {absent[0]} for {key}, "
                              "but that shard is absent")
-    _check_same_target(folder, name, where, target, hub_kwargs)
+    _check_same_target(folder, name, where, target, fetch)
     state = _read_tensors(paths, {key: where[key] for key in wanted.values()}, wanted, expected)
     dtype = draft.fc.weight.dtype
     draft.load_state_dict({param: tensor.to(dtype) for param, tensor in state.items()}, strict=True)
@@ -219,18 +205,17 @@ def _read_tensors(paths: dict[str, Path], files: dict[str, str], wanted: dict[st
     return state
 
 
-def _check_same_target(folder: Path, name: str, where: dict[str, str], target: Any, hub_kwargs: dict) -> None:
+def _check_same_target(folder: Path, name: str, where: dict[str, str], target: Any,
+                       fetch: Callable[[str], Path | None]) -> None:
     """The target is the checkpoint's model: the first row of its token embedding equals the checkpoint's (one row
     read, within bf16 rounding). An MTP layer drafts only for the weights it was trained beside."""
     from safetensors import safe_open
-
-    from ...hub import looks_local
 
     tables = sorted((k for k in where if k.endswith("embed_tokens.weight")), key=len)
     if not tables:
         return
     key, file = tables[0], where[tables[0]]
-    path = folder / file if looks_local(name) else Path(_compat.hub_file(name, file, **hub_kwargs) or folder / file)
+    path = fetch(file) or folder / file
     if not path.is_file():
         raise DraftLoadError(f"{folder / 'model.safetensors.index.json'} names {file} for {key}, but that shard is absent")
     with safe_open(str(path), framework="pt") as f:

@@ -63,17 +63,15 @@ def export_mtp(draft: Any, save_directory: str | Path) -> Path:
     return folder
 
 
-def reads_speculators(raw: dict[str, Any]) -> Any:
-    """The importer of a speculators ``mtp`` checkpoint's config.json (as data), else None."""
-    return import_mtp if raw.get("speculators_model_type") == "mtp" else None
+def is_speculators_mtp(raw: dict[str, Any]) -> bool:
+    """Whether a config.json (as data) is of a speculators ``mtp`` checkpoint."""
+    return raw.get("speculators_model_type") == "mtp"
 
 
-def import_mtp(folder: str | Path, target: Any, name: str | None = None) -> Any:
-    """A speculators ``mtp`` checkpoint folder as an :class:`MtpDraft` for ``target`` (strict: every tensor used,
-    none missing, each of the shape the target's MTP layer has)."""
+def import_mtp(draft_class: Any, folder: str | Path, target: Any, name: str | None = None) -> Any:
+    """A speculators ``mtp`` checkpoint folder as a ``draft_class`` (:class:`MtpDraft`) for ``target`` (strict:
+    every tensor used, none missing, each of the shape the target's MTP layer has)."""
     from safetensors import safe_open
-
-    from .modeling import MtpDraft
 
     folder = Path(folder)
     name = name or str(folder)
@@ -94,7 +92,7 @@ def import_mtp(folder: str | Path, target: Any, name: str | None = None) -> Any:
         if layer.get(field) not in (None, getattr(text, field, None)):
             raise IncompatibleDraftError(f"{name}: transformer_layer_config.{field} is {layer.get(field)}, the "
                                          f"target's is {getattr(text, field, None)}: a layer made for another target")
-    draft = MtpDraft.for_target(target, target_name=(raw.get("hf_specmm") or {}).get("target") or name,
+    draft = draft_class.for_target(target, target_name=(raw.get("hf_specmm") or {}).get("target") or name,
                                 source=name, layout="speculators")
     expected = draft.state_dict()
     state: dict[str, torch.Tensor] = {}
