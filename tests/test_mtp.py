@@ -152,8 +152,8 @@ def test_a_step_equals_transformers_mtp_model(model):
         nxt = model.lm_head(hidden[:, -1]).argmax(-1, keepdim=True)
         shifted = torch.cat([ids[:, 1:], nxt], 1)  # MtpModel: token t + 1 with the hidden state at t
         positions = torch.arange(1, 13)[None]
-        tokens, logits, _ = stock(input_ids=shifted, last_hidden_states=hidden, attention_mask=None,
-                                  position_ids=positions, mtp_cache=None)
+        tokens, logits, _ = stock(input_ids=shifted, last_hidden_states=hidden, position_ids=positions,
+                                  attention_mask=torch.ones_like(shifted), mtp_cache=None)
         # the draft: slot t reads (emb(x_t), f_{t-1}); its first slot (x_0 alone) is a hole
         full = torch.cat([ids, nxt], 1)
         features = torch.nn.functional.pad(hidden, (0, 0, 1, 0))
