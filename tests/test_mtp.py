@@ -229,7 +229,8 @@ def test_qwen3_5_proposals_equal_vllms_forward_and_the_hybrid_rollback_holds(tmp
     folder = testing.write_mtp_checkpoint(qwen, testing.mtp_from_target(qwen, noise=0.3), tmp_path / "q")
     draft = hf_specmm.load_draft(str(folder), kind="mtp", target=qwen)
     weights = load_file(str(folder / "model-mtp.safetensors"))
-    inputs = testing.make_inputs(family, testing.tiny_processor(family), ["what color is the sky and the tree ?"], [None])
+    inputs = testing.make_inputs(family, testing.tiny_processor(family), ["what color is the sky and the tree ?"],
+                                 [None])
     _, seen = drafted_logits(qwen, inputs, draft, num_assistant_tokens=4)
     reference = vllm_reference(qwen, weights, inputs["input_ids"], 4)
     for step, expected in enumerate(reference):  # the first round: the prompt, then 3 of its own drafts read
@@ -330,7 +331,7 @@ def test_bench_runs_the_mtp_kind_on_the_acceptance_pattern_of_the_others():
 
 # ---- training --------------------------------------------------------------------------------------------------
 
-def test_training_a_fresh_mtp_layer_raises_heldout_tau_and_fine_tunes_a_checkpoints(target_dir, image_task, tmp_path):  # noqa: F811
+def test_training_raises_heldout_tau_and_fine_tunes_a_checkpoints_layer(target_dir, image_task, tmp_path):  # noqa: F811
     """``draft_kind="mtp"``: a fresh MTP layer trained with the feature heads' distillation raises the held-out
     acceptance; given the target's own checkpoint as ``draft``, its MTP layer is read and fine-tuned; both are
     saved as hf_specmm MTP drafts with their cards."""

@@ -217,7 +217,8 @@ def _check_same_target(folder: Path, name: str, where: dict[str, str], target: A
     key, file = tables[0], where[tables[0]]
     path = fetch(file) or folder / file
     if not path.is_file():
-        raise DraftLoadError(f"{folder / 'model.safetensors.index.json'} names {file} for {key}, but that shard is absent")
+        raise DraftLoadError(f"{folder / 'model.safetensors.index.json'} names {file} for {key}, but that shard is "
+                             "absent")
     with safe_open(str(path), framework="pt") as f:
         row = f.get_slice(key)[0:1].float()
     mine = target.get_input_embeddings().weight[0:1].detach().float().cpu()
