@@ -23,11 +23,14 @@ __version__ = "0.1.0"
 
 
 def _register_auto_classes() -> None:
-    """``AutoConfig`` / ``AutoModelForCausalLM.from_pretrained(repo)`` load an ImageAdapterDraft or a
-    FeatureHeadDraft (no remote code)."""
+    """``AutoConfig`` / ``AutoModelForCausalLM.from_pretrained(repo)`` load an ImageAdapterDraft, a
+    FeatureHeadDraft or an MtpDraft (no remote code)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    for config, model in ((ImageAdapterDraftConfig, ImageAdapterDraft), (FeatureHeadDraftConfig, FeatureHeadDraft)):
+    from .drafts.mtp import MtpDraftConfig
+
+    for config, model in ((ImageAdapterDraftConfig, ImageAdapterDraft), (FeatureHeadDraftConfig, FeatureHeadDraft),
+                          (MtpDraftConfig, MtpDraft)):
         try:
             AutoConfig.register(config.model_type, config)
             AutoModelForCausalLM.register(config, model)

@@ -61,17 +61,4 @@ MTP = register_draft_kind(DraftKind(
 ))
 
 
-def _register_auto_class() -> None:
-    """``AutoConfig`` / ``AutoModelForCausalLM`` load a saved MTP draft (no remote code)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    try:
-        AutoConfig.register(MtpDraftConfig.model_type, MtpDraftConfig)
-        AutoModelForCausalLM.register(MtpDraftConfig, MtpDraft)
-    except ValueError:  # already registered (module reloaded)
-        pass
-
-
-_register_auto_class()
-
 __all__ = ["MTP", "MtpDraft", "MtpDraftConfig", "MtpDrafter"]

@@ -28,7 +28,7 @@ from typing import Any, Callable
 import torch
 
 from ...errors import DraftLoadError, IncompatibleDraftError
-from ..checkpoints import read_config_json
+from ..checkpoints import read_checked_tensors, read_config_json
 
 #: config fields that declare a checkpoint's MTP layer count (the text config's, or the top-level config's)
 COUNT_FIELDS = ("mtp_num_hidden_layers", "num_nextn_predict_layers", "num_mtp_layers")
@@ -174,35 +174,10 @@ def read_mtp(name: str, target: Any, fetch: Callable[[str], Path | None]) -> Any
         raise DraftLoadError(f"{config_path.parent / 'model.safetensors.index.json'} names {absent[0]} for {key}, "
                              "but that shard is absent")
     _check_same_target(folder, name, where, target, fetch)
-    state = _read_tensors(paths, {key: where[key] for key in wanted.values()}, wanted, expected)
+    state = read_checked_tensors(paths, {key: where[key] for key in wanted.values()}, wanted, expected)
     dtype = draft.fc.weight.dtype
     draft.load_state_dict({param: tensor.to(dtype) for param, tensor in state.items()}, strict=True)
     return draft.eval()
-
-
-def _read_tensors(paths: dict[str, Path], files: dict[str, str], wanted: dict[str, str],
-                  expected: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The MTP tensors only, each shape-checked against the draft's parameter before any is used."""
-    from safetensors import SafetensorError, safe_open
-
-    state: dict[str, torch.Tensor] = {}
-    for file, path in paths.items():
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                present = set(f.keys())
-                for param, key in wanted.items():
-                    if files[key] != file:
-                        continue
-                    if key not in present:
-                        raise DraftLoadError(f"{path}: lacks {key}, which the index places there")
-                    shape = list(f.get_slice(key).get_shape())
-                    if shape != list(expected[param].shape):
-                        raise DraftLoadError(f"{path}: MTP tensor {key} has shape {shape}; the target's MTP layer "
-                                             f"needs {list(expected[param].shape)} ({param})")
-                    state[param] = f.get_tensor(key)
-        except (SafetensorError, OSError) as err:
-            raise DraftLoadError(f"{path} is corrupt or truncated ({err})") from err
-    return state
 
 
 def _check_same_target(folder: Path, name: str, where: dict[str, str], target: Any,

@@ -15,11 +15,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-import torch
 from safetensors.torch import save_file
 
 from ...errors import DraftLoadError, IncompatibleDraftError
-from ..checkpoints import read_config_json, weight_files
+from ..checkpoints import read_checked_tensors, read_config_json, weight_files
 
 _THEIRS = {"fc.weight": "mtp_layers.0.input_proj.weight",
            "pre_fc_norm_embedding.weight": "mtp_layers.0.token_layernorm.weight",
@@ -95,20 +94,18 @@ def import_mtp(draft_class: Any, folder: str | Path, target: Any, name: str | No
     draft = draft_class.for_target(target, target_name=(raw.get("hf_specmm") or {}).get("target") or name,
                                 source=name, layout="speculators")
     expected = draft.state_dict()
-    state: dict[str, torch.Tensor] = {}
-    for path in weight_files(folder, name):
+    paths = {path.name: path for path in weight_files(folder, name)}
+    files: dict[str, str] = {}
+    for file, path in paths.items():
         with safe_open(str(path), framework="pt") as f:
-            for key in f.keys():
-                mine = ours(key)
-                if mine not in expected:
-                    raise DraftLoadError(f"{path}: tensor {key} has no place in a {type(target).__name__} MTP layer")
-                shape = list(f.get_slice(key).get_shape())
-                if shape != list(expected[mine].shape):
-                    raise DraftLoadError(f"{path}: tensor {key} has shape {shape}; the target's MTP layer needs "
-                                         f"{list(expected[mine].shape)}")
-                state[mine] = f.get_tensor(key)
-    missing = sorted(theirs(k) for k in expected if k not in state)
+            files.update({key: file for key in f.keys()})
+    stray = [key for key in files if ours(key) not in expected]
+    if stray:
+        raise DraftLoadError(f"{paths[files[stray[0]]]}: tensor {stray[0]} has no place in a {type(target).__name__} "
+                             "MTP layer")
+    missing = sorted(theirs(k) for k in expected if theirs(k) not in files)
     if missing:
         raise DraftLoadError(f"{name}: the MTP checkpoint lacks {missing}")
+    state = read_checked_tensors(paths, files, {ours(key): key for key in files}, expected)
     draft.load_state_dict({k: v.to(draft.fc.weight.dtype) for k, v in state.items()}, strict=True)
     return draft.eval()
