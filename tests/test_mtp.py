@@ -395,3 +395,25 @@ def test_speculators_layout_round_trip_and_refusals(tmp_path, model):
     (tmp_path / "spec" / "config.json").write_text(json.dumps(raw))
     with pytest.raises(IncompatibleDraftError, match="hidden_size"):
         hf_specmm.load_draft(str(tmp_path / "spec"), target=model)
+
+
+def test_a_hub_id_reads_only_the_mtp_shard_from_the_cache(tmp_path, model):
+    """``load_draft("org/name", kind="mtp", target=...)``: config.json, the index and the MTP shard come from the Hub
+    cache (offline), and the same layer is read as from the folder."""
+    from fake_hub import populate_hf_cache, run_python
+
+    folder, made = checkpoint(tmp_path, model)
+    cache = tmp_path / "hub"
+    populate_hf_cache(cache, "org/tiny-with-mtp", folder)
+    torch.save(made.state_dict(), tmp_path / "expected.pt")
+    code = f"""
+import torch, hf_specmm
+from hf_specmm import testing
+target = testing.tiny_target({FAMILY!r})
+draft = hf_specmm.load_draft("org/tiny-with-mtp", kind="mtp", target=target)
+expected = torch.load({str(tmp_path / 'expected.pt')!r})
+assert all(torch.equal(draft.state_dict()[k], v) for k, v in expected.items())
+print("read", draft.config.layout)
+"""
+    out = run_python(code, {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache)})
+    assert "read vllm" in out.stdout
