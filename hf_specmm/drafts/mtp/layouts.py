@@ -156,7 +156,12 @@ def read_mtp(name: str, target: Any, fetch: Callable[[str], Path | None]) -> Any
                              "(one layer reused at every step)")
     hidden_first = bool(text.get("mtp_hidden_states_first", raw.get("mtp_hidden_states_first", False)))
     draft = MtpDraft.for_target(target, target_name=name, hidden_first=hidden_first, source=name, layout=layouts[0])
-    wanted = {param: key for key, (_, _, param) in found.items() if param}
+    wanted: dict[str, str] = {}
+    for key, (_, _, param) in found.items():
+        if param and param in wanted:  # two names of one tensor (eh_proj and input_proj, ...): which is meant?
+            raise DraftLoadError(f"{where[key]}: MTP tensors {wanted[param]} and {key} are both the layer's {param}")
+        if param:
+            wanted[param] = key
     expected = draft.state_dict()
     unknown = [key for param, key in wanted.items() if param not in expected]
     if unknown:
