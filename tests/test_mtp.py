@@ -220,14 +220,22 @@ def drafted_logits(model, inputs, draft, **kwargs):
     return out, seen
 
 
-@pytest.mark.skipif(not testing.HYBRID_FAMILIES, reason="this transformers has no Qwen3.5")
-def test_qwen3_5_proposals_equal_vllms_forward_and_the_hybrid_rollback_holds(tmp_path):
+@pytest.fixture(scope="module")
+def qwen_mtp(tmp_path_factory):
+    """The tiny Qwen3.5 target, a checkpoint of it with an MTP layer in vLLM's layout, and that layer read back."""
+    if not testing.HYBRID_FAMILIES:
+        pytest.skip("this transformers has no Qwen3.5")
+    qwen = testing.tiny_target("qwen3_5", eos_bias=-30.0)
+    folder = testing.write_mtp_checkpoint(qwen, testing.mtp_from_target(qwen, noise=0.3),
+                                          tmp_path_factory.mktemp("qwen") / "q")
+    return qwen, folder, hf_specmm.load_draft(str(folder), kind="mtp", target=qwen)
+
+
+def test_qwen3_5_proposals_equal_vllms_forward(qwen_mtp):
     from safetensors.torch import load_file
 
     family = "qwen3_5"
-    qwen = testing.tiny_target(family, eos_bias=-30.0)
-    folder = testing.write_mtp_checkpoint(qwen, testing.mtp_from_target(qwen, noise=0.3), tmp_path / "q")
-    draft = hf_specmm.load_draft(str(folder), kind="mtp", target=qwen)
+    qwen, folder, draft = qwen_mtp
     weights = load_file(str(folder / "model-mtp.safetensors"))
     inputs = testing.make_inputs(family, testing.tiny_processor(family), ["what color is the sky and the tree ?"],
                                  [None])
@@ -237,7 +245,13 @@ def test_qwen3_5_proposals_equal_vllms_forward_and_the_hybrid_rollback_holds(tmp
         proposable = seen[step][0].isfinite()  # ids a draft never proposes (placeholders, ...) are -inf
         assert proposable.sum() > 100
         torch.testing.assert_close(seen[step][0][proposable], expected.float()[proposable], rtol=1e-4, atol=1e-4)
-    # batch 3 with images, left padding and a row without an image: the linear-attention states roll back
+
+
+def test_qwen3_5_hybrid_rollback_keeps_parity(qwen_mtp):
+    """Batch 3 with images, left padding and a row without an image: the target's linear-attention states roll back
+    as for every draft kind."""
+    family = "qwen3_5"
+    qwen, _, draft = qwen_mtp
     inputs = testing.make_inputs(family, testing.tiny_processor(family),
                                  ["describe the image", "what color is the sky and the tree ?", "hi"],
                                  [testing.tiny_image(0), None, testing.tiny_image(2)])
