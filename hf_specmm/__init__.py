@@ -10,7 +10,7 @@ from ._compat import TESTED_RANGE as TESTED_TRANSFORMERS
 from .api import disable, enable, is_enabled, last_stats
 from .checks import DEFAULT_GAMMA
 from .drafter import Drafter, Prompt, Proposal
-from .drafts import (DraftKind, FeatureHeadDraft, FeatureHeadDraftConfig, ImageAdapterDraft, ImageAdapterDraftConfig, TextOnly, draft_kinds, get_kind, kind_of,
+from .drafts import (DraftKind, FeatureHeadDraft, FeatureHeadDraftConfig, ImageAdapterDraft, ImageAdapterDraftConfig, MtpDraft, TextOnly, draft_kinds, get_kind, kind_of,
                      register_draft_kind)
 from .errors import (IncompatibleDraftError, SpecMMError, UnsupportedGenerationError, UnsupportedTargetError,
                      UnsupportedTransformersError)
@@ -24,11 +24,14 @@ __version__ = "0.1.0"
 
 
 def _register_auto_classes() -> None:
-    """``AutoConfig`` / ``AutoModelForCausalLM.from_pretrained(repo)`` load an ImageAdapterDraft or a
-    FeatureHeadDraft (no remote code)."""
+    """``AutoConfig`` / ``AutoModelForCausalLM.from_pretrained(repo)`` load an ImageAdapterDraft, a
+    FeatureHeadDraft or an MtpDraft (no remote code)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    for config, model in ((ImageAdapterDraftConfig, ImageAdapterDraft), (FeatureHeadDraftConfig, FeatureHeadDraft)):
+    from .drafts.mtp import MtpDraftConfig
+
+    for config, model in ((ImageAdapterDraftConfig, ImageAdapterDraft), (FeatureHeadDraftConfig, FeatureHeadDraft),
+                          (MtpDraftConfig, MtpDraft)):
         try:
             AutoConfig.register(config.model_type, config)
             AutoModelForCausalLM.register(config, model)
@@ -55,6 +58,7 @@ __all__ = [
     "ImageAdapterDraft",
     "ImageAdapterDraftConfig",
     "IncompatibleDraftError",
+    "MtpDraft",
     "SpecMMError",
     "SpecStats",
     "UnsupportedGenerationError",

@@ -90,8 +90,32 @@ def _import_engine_checkpoint(name: str, folder: Path, importer: Any, target: An
 _HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only")
 
 
+def _load_from_target_checkpoint(name: str, kind: str, target: Any, kwargs: dict, hub_kwargs: dict) -> PreTrainedModel:
+    """``load_draft(name, kind=...)``: the kind's draft read out of the target checkpoint ``name``."""
+    reads = get_kind(kind).from_target_checkpoint
+    if reads is None:
+        readers = [k for k in draft_kinds() if get_kind(k).from_target_checkpoint is not None]
+        raise ValueError(f"load_draft(kind={kind!r}): a {kind} draft is a checkpoint of its own; load it without kind= "
+                         f"(kinds read out of a target's checkpoint: {', '.join(readers)})")
+    other = sorted(set(kwargs) - set(_HUB_KWARGS))
+    if other:
+        raise TypeError(f"load_draft(kind={kind!r}) takes no {', '.join(other)}: the draft takes the target's dtype "
+                        "and device")
+    def fetch(file: str) -> Path | None:
+        """``file`` of the checkpoint: in the local folder, or fetched from the Hub (None: it has none)."""
+        if looks_local(name):
+            path = Path(name).expanduser() / file
+            return path if path.is_file() else None
+        found = _compat.hub_file(name, file, **hub_kwargs)
+        return None if found is None else Path(found)
+
+    draft = reads(name, target, fetch)
+    get_kind(kind).drafter.check(target, draft)
+    return draft.eval()
+
+
 def load_draft(repo_or_path: str | Path, *, target: PreTrainedModel | None = None, trust_remote_code: bool = False,
-               **kwargs: Any) -> PreTrainedModel:
+               kind: str | None = None, **kwargs: Any) -> PreTrainedModel:
     """Load a draft of any registered kind: the one path every draft load takes (strict: missing, unexpected or
     mis-shaped weights are an error; safetensors only). A local path that does not exist, a Hub id that cannot
     be found, an invalid config.json, a config field a draft kind needs that is missing or ill-typed, a corrupt
@@ -106,8 +130,13 @@ def load_draft(repo_or_path: str | Path, *, target: PreTrainedModel | None = Non
     (``DraftKind.imports``); a model class no kind claims is refused, naming the kinds. Other keyword arguments
     go to the draft class's ``from_pretrained`` (``revision``, ``token``, ``dtype``, ``device_map``, ...).
 
+    ``kind``: a draft kind that lives inside a target's own checkpoint (``"mtp"``: its multi-token-prediction
+    layer): ``repo_or_path`` is then the target's checkpoint, of which only that kind's tensors are read, and
+    ``target`` the loaded target (whose embedding and LM head the draft uses). None: ``repo_or_path`` is a draft.
+
     >>> draft = hf_specmm.load_draft("org/my-llava-draft")  # doctest: +SKIP
     >>> eagle3 = hf_specmm.load_draft("org/qwen2.5-vl-eagle3", target=model)  # doctest: +SKIP
+    >>> mtp = hf_specmm.load_draft("Qwen/Qwen3.5-9B", kind="mtp", target=model)  # doctest: +SKIP
     """
     if not isinstance(trust_remote_code, bool):
         raise TypeError(f"load_draft(trust_remote_code=...) takes True or False, got {trust_remote_code!r}")
@@ -117,6 +146,8 @@ def load_draft(repo_or_path: str | Path, *, target: PreTrainedModel | None = Non
                         "(missing or unexpected weights are an error)")
     name = str(repo_or_path)
     hub_kwargs = {k: v for k, v in kwargs.items() if k in _HUB_KWARGS}
+    if kind is not None:
+        return _load_from_target_checkpoint(name, kind, target, kwargs, hub_kwargs)
     config_file = _config_file(name, hub_kwargs)
     if looks_local(name) and config_file is None:
         folder = Path(name).expanduser()

@@ -73,7 +73,7 @@ def test_an_unclaimed_drafter_is_refused_before_any_forward_naming_the_kinds(mak
     finally:
         hf_specmm.disable(model)
     assert calls["n"] == 0
-    assert "dflash, eagle3, feature_head, image_adapter, vlm, text_only" in str(err.value)
+    assert "dflash, mtp, eagle3, feature_head, image_adapter, vlm, text_only" in str(err.value)
 
 
 def test_a_kind_registered_for_the_class_claims_it():
@@ -106,13 +106,13 @@ def test_load_draft_refuses_an_unclaimed_class_before_reading_weights(tmp_path):
 
 
 def test_a_speculators_type_no_kind_imports_is_refused_naming_the_readers(tmp_path):
-    folder = tmp_path / "mtp"
+    folder = tmp_path / "peagle"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"speculators_model_type": "mtp", "architectures": ["MTPSpeculator"],
+    (folder / "config.json").write_text(json.dumps({"speculators_model_type": "peagle", "architectures": ["PEagle"],
                                                     "auto_map": {"AutoModel": "code.Model"}}))
     (folder / "code.py").write_text("raise RuntimeError('checkpoint code was executed')\n")
-    with pytest.raises(DraftLoadError, match="speculators 'mtp' checkpoint, which no hf_specmm draft kind imports "
-                                             r"\(the kinds that read other libraries' layouts: dflash, eagle3;"):
+    with pytest.raises(DraftLoadError, match="speculators 'peagle' checkpoint, which no hf_specmm draft kind imports "
+                                             r"\(the kinds that read other libraries' layouts: dflash, mtp, eagle3;"):
         hf_specmm.load_draft(folder)
 
 

@@ -28,7 +28,7 @@ VARIANTS = {"eagle3": "feature_head"}  # a variant kind is registered in its par
 
 def test_every_kind_is_one_folder_with_one_registration():
     assert set(hf_specmm.draft_kinds()) == {"text_only", "image_adapter", "vlm", "feature_head", "eagle3", "dflash",
-                                            "gemma4_assistant"}
+                                            "gemma4_assistant", "mtp"}
     for name in hf_specmm.draft_kinds():
         folder = VARIANTS.get(name, name)
         init = PACKAGE / "drafts" / folder / "__init__.py"

@@ -27,7 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "acceptance pattern: text_only = the preset's small LM, feature_head = a randomly "
                              "initialised one-layer FeatureHeadDraft on the target's features, dflash = a random "
                              "one-layer DFlash drafter, gemma4_assistant = a random Gemma 4 assistant fitted to the "
-                             "target (tiny-gemma4 only) (default: text_only)")
+                             "target (tiny-gemma4 only), mtp = a random MTP layer of the target's shape (a Qwen3.5 "
+                             "checkpoint's) (default: text_only)")
     parser.add_argument("--gammas", type=int_at_least(1), nargs="+", default=[5],
                         help="block sizes γ to measure (draft tokens per round, each >= 1)")
     parser.add_argument("--batch-sizes", type=int_at_least(1), nargs="+", default=[1],

@@ -183,7 +183,8 @@ class _ControlledHeadMixin(_Controlled):
 
     def forward(self, *args: Any, position_ids: torch.Tensor | None = None, **kwargs: Any) -> Any:
         out = super().forward(*args, position_ids=position_ids, **kwargs)  # type: ignore[misc]
-        self._positions = _text_positions(position_ids)
+        # an MTP layer's slots sit at their features' positions, ``slot_lag`` before their tokens' (drafts/mtp/)
+        self._positions = _text_positions(position_ids) + getattr(self, "slot_lag", 0)
         return out
 
     def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -65,11 +65,12 @@ def _draft(hidden: int, layers: int, heads: int, intermediate: int, vocab: int, 
 
 DEVICE_MAPS = ("auto",)
 # drafts the bench builds without a download, named as their draft kinds: the preset's small LM (the one
-# stock assisted generation can run too), a random one-layer feature head, a random one-layer DFlash drafter and
-# (Gemma 4 presets whose target shares K/V: :data:`ASSISTANT_PRESETS`) a random Gemma 4 assistant
+# stock assisted generation can run too), a random one-layer feature head, a random one-layer DFlash drafter,
+# (Gemma 4 presets whose target shares K/V: :data:`ASSISTANT_PRESETS`) a random Gemma 4 assistant, and a random MTP
+# layer of the target's own shape (what a Qwen3.5 checkpoint carries)
 SMALL_LM = "text_only"
 GEMMA4_ASSISTANT = "gemma4_assistant"
-DRAFT_KINDS = (SMALL_LM, "feature_head", "dflash", GEMMA4_ASSISTANT)
+DRAFT_KINDS = (SMALL_LM, "feature_head", "dflash", GEMMA4_ASSISTANT, "mtp")
 #: the bench's DFlash drafter reads blocks of this size (γ up to 15; stock's MuseGlimmerAssistantConfig default)
 DFLASH_BLOCK = 16
 

@@ -31,8 +31,9 @@ def _n_params(model: Any) -> int:
 def _build_draft(kind: str, preset: Any, seed: int) -> Any:
     """The draft of ``kind``: the preset's small LM (``text_only``), a randomly initialised one-layer
     ``FeatureHeadDraft`` sized for the preset's target (``feature_head``), one-layer DFlash drafter
-    (``dflash``, blocks of :data:`DFLASH_BLOCK`) or Gemma 4 assistant (``gemma4_assistant``; the config's
-    validation allows it on :data:`~.presets_gemma4.ASSISTANT_PRESETS` only)."""
+    (``dflash``, blocks of :data:`DFLASH_BLOCK`), Gemma 4 assistant (``gemma4_assistant``; the config's
+    validation allows it on :data:`~.presets_gemma4.ASSISTANT_PRESETS` only) or MTP layer (``mtp``: the target's
+    full-attention decoder layer between the MTP input norms and ``fc``, as a Qwen3.5 checkpoint carries it)."""
     if kind == SMALL_LM:
         return preset.draft
     if kind == GEMMA4_ASSISTANT:
@@ -40,10 +41,11 @@ def _build_draft(kind: str, preset: Any, seed: int) -> Any:
     if kind == "dflash":
         return dflash_draft_for(preset.target, seed=seed + 1, block_size=DFLASH_BLOCK)
     from ..drafts.feature_head import FeatureHeadDraft
+    from ..drafts.mtp import MtpDraft
 
     with torch.random.fork_rng(devices=[]):  # the head's init depends on the seed only
         torch.manual_seed(seed + 1)
-        return FeatureHeadDraft.for_target(preset.target)
+        return (MtpDraft if kind == "mtp" else FeatureHeadDraft).for_target(preset.target)
 
 
 def _vocab_size(draft: Any, target: Any) -> int:

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import DraftLoadError, check_strict_load
 from .cards import push_draft_to_hub, render_model_card
+
+if TYPE_CHECKING:
+    import torch
 
 
 def read_config_json(path: str | Path) -> dict[str, Any]:
@@ -50,6 +53,32 @@ def weight_files(folder: Path, source: str) -> list[Path]:
         raise DraftLoadError(f"{source} holds {stale} beside its weights {[p.name for p in files]}: remove the stale "
                              "file(s); hf_specmm does not guess which file holds the head")
     return files
+
+
+def read_checked_tensors(paths: dict[str, Path], files: dict[str, str], wanted: dict[str, str],
+                         expected: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The tensors ``wanted`` ({draft parameter: checkpoint key}) only, from the files ``files`` ({key: file name},
+    ``paths``: {file name: path}) places them in, each shape-checked against ``expected`` before any is used."""
+    from safetensors import SafetensorError, safe_open
+
+    state: dict[str, torch.Tensor] = {}
+    for file, path in paths.items():
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                present = set(f.keys())
+                for param, key in wanted.items():
+                    if files[key] != file:
+                        continue
+                    if key not in present:
+                        raise DraftLoadError(f"{path}: lacks {key}, which the index places there")
+                    shape = list(f.get_slice(key).get_shape())
+                    if shape != list(expected[param].shape):
+                        raise DraftLoadError(f"{path}: tensor {key} has shape {shape}; the draft "
+                                             f"needs {list(expected[param].shape)} ({param})")
+                    state[param] = f.get_tensor(key)
+        except (SafetensorError, OSError) as err:
+            raise DraftLoadError(f"{path} is corrupt or truncated ({err})") from err
+    return state
 
 
 class DraftCheckpointMixin:

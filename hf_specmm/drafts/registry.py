@@ -80,6 +80,10 @@ class DraftKind:
     target_vocab_size: Callable[[Any, Any], int] | None = None
     block_drafter: bool = False
     imports: Callable[[dict], Callable[..., Any] | None] | None = None
+    #: ``(target checkpoint folder or Hub id, target, fetch) -> draft``: the kind's draft read out of a target's own
+    #: checkpoint (``load_draft(name, kind=..., target=...)``; an MTP layer); ``fetch(file name)`` gives the file's
+    #: local path (from the Hub for a Hub id) or None. None: drafts of this kind are checkpoints of their own.
+    from_target_checkpoint: Callable[[str, Any, Callable[[str], Any]], Any] | None = None
 
 
 _KINDS: dict[str, DraftKind] = {}

@@ -59,6 +59,7 @@ from .drafts import (
     text_draft_from_target,
 )
 from .llava import IMAGE_SIZE, TinyOnevisionProcessor
+from .mtp import mtp_from_target, write_mtp_checkpoint
 from .registry import FIXTURES, FixtureFamily, families_of, fixture, fixture_of, register_fixture
 from .shaping import BOS_ID, EOS_ID, UNK_ID, vision_module
 
@@ -88,6 +89,8 @@ __all__ = [
     "causal_lm_config",
     "family_ids",
     "feature_head_from_target",
+    "mtp_from_target",
+    "write_mtp_checkpoint",
     "feature_head_is_exact",
     "fixture",
     "fixture_of",

@@ -150,7 +150,9 @@ def make_draft(cfg: TrainConfig, target: PreTrainedModel, tokenizer: Any,
     plain LM (e.g. an image-adapter draft around a text-only one). Raises
     :class:`~hf_specmm.errors.IncompatibleDraftError` / :class:`TrainingInputError` before any forward."""
     draft_tok = None
-    if cfg.draft is not None:
+    if cfg.draft is not None and _in_target_checkpoint(cfg):  # fine-tune the layer a target checkpoint carries
+        draft = load_draft(cfg.draft, kind=cfg.draft_kind, target=target)
+    elif cfg.draft is not None:
         draft = load_draft(cfg.draft, trust_remote_code=cfg.trust_remote_code)
         draft_tok = _draft_tokenizer(cfg.draft, cfg.trust_remote_code)
     else:
@@ -172,6 +174,21 @@ def make_draft(cfg: TrainConfig, target: PreTrainedModel, tokenizer: Any,
             raise TrainingInputError(f"cannot build a {kind.title} draft for {target_name}: {err}") from err
     check_draft(target, draft, tokenizer, draft_tok)
     return draft.to(device=cfg.device, dtype=torch.float32), kind.name
+
+
+def _in_target_checkpoint(cfg: TrainConfig) -> bool:
+    """Whether ``cfg.draft`` names a target checkpoint holding a draft of ``cfg.draft_kind`` (an MTP layer), not a
+    saved draft: its config.json (read as data) is not of an hf_specmm draft."""
+    if cfg.draft_kind is None or get_kind(cfg.draft_kind).from_target_checkpoint is None:
+        return False
+    from .. import _compat
+    from ..drafts.checkpoints import read_config_json
+    from ..hub import looks_local
+
+    path = Path(cfg.draft) / "config.json" if looks_local(cfg.draft) else _compat.hub_file(cfg.draft, "config.json")
+    if path is None or not Path(path).is_file():
+        return False
+    return not str(read_config_json(path).get("model_type", "")).startswith("hf_specmm_")
 
 
 def check_draft(target: PreTrainedModel, draft: PreTrainedModel, tokenizer: Any = None,

@@ -135,9 +135,16 @@ class FeatureHeadDrafter(Drafter):
         features = features[:, :width]
         valid = None if mask is None or bool(mask.all()) else mask.bool()
         prompt_positions = self.positions.prompt_positions(torch.ones_like(ids) if mask is None else mask.long())
-        self.forward(previous_features(features, valid), embeds[:, :width], valid, logits=False,
+        slots, prompt_positions = self.prompt_slots(valid, ids, prompt_positions)
+        self.forward(previous_features(features, valid), embeds[:, :width], slots, logits=False,
                      position_ids=prompt_positions)
         self.pending = (features[:, -1:], first_tokens[:, None], torch.ones_like(first_tokens[:, None], dtype=torch.bool))
+
+    def prompt_slots(self, valid: torch.Tensor | None, ids: torch.Tensor,
+                     positions: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """Which prompt slots the head reads ([B, L] bool, None: all) and their positions: every real token's, at
+        the target's positions (``positions`` [..., B, L])."""
+        return valid, positions
 
     def read_pending(self, cur: torch.Tensor) -> torch.Tensor:
         assert self.pending is not None

@@ -37,8 +37,9 @@ def feature_head_loss(view: Drafter, batch: Any, target_logits: torch.Tensor | N
     if embeds is None:
         embeds = head.embed(batch.full_ids)
     mask = batch.full_mask.bool()
-    out = head(features=previous_features(features, mask), inputs_embeds=embeds, attention_mask=mask.long(),
-               position_ids=view.positions.prompt_positions(mask.long()), use_cache=False)
+    slots, positions = view.prompt_slots(mask, batch.full_ids, view.positions.prompt_positions(mask.long()))
+    out = head(features=previous_features(features, mask), inputs_embeds=embeds, attention_mask=slots.long(),
+               position_ids=positions, use_cache=False)  # the slots it reads at inference, at their positions
     prompt, width = batch.prompt_ids.shape[1], batch.response_ids.shape[1]
     sel = batch.response_mask[:, 1:]  # the prediction at response position r drafts token r + 1
     g = out.hidden_states[:, prompt : prompt + width - 1][sel]

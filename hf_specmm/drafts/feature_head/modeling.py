@@ -204,13 +204,17 @@ class FeatureHeadDraft(DraftCheckpointMixin, PreTrainedModel):
             cache = kwargs.pop("past_key_values", None)
         if inputs_embeds is None:
             inputs_embeds = self.embed(input_ids)
-        dtype = self.fc.weight.dtype
-        fused = self.fc(torch.cat([inputs_embeds.to(dtype), features.to(device=inputs_embeds.device, dtype=dtype)], -1))
+        fused = self.fuse_step(inputs_embeds, features)
         out = self.body(inputs_embeds=fused, attention_mask=attention_mask, position_ids=position_ids,
                         **_compat.cache_kwargs(cache), use_cache=use_cache, **kwargs)
         hidden = out.last_hidden_state
         logits = self.lm_logits(hidden[:, -logits_to_keep:]) if logits_to_keep else None
         return FeatureHeadOutput(hidden_states=hidden, logits=logits, cache=_compat.output_cache(out))
+
+    def fuse_step(self, inputs_embeds: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """The layers' input at each slot: ``fc([embedding; feature])``."""
+        dtype = self.fc.weight.dtype
+        return self.fc(torch.cat([inputs_embeds.to(dtype), features.to(device=inputs_embeds.device, dtype=dtype)], -1))
 
     # ---- construction, saving, loading -----------------------------------------------------------
     @classmethod

@@ -16,7 +16,8 @@ from ...errors import DraftLoadError
 
 FEATURE_HEAD_TYPE = "hf_specmm_feature_head"
 EAGLE3_HEAD_TYPE = "hf_specmm_eagle3_head"
-HEAD_TYPES = (FEATURE_HEAD_TYPE, EAGLE3_HEAD_TYPE)
+MTP_TYPE = "hf_specmm_mtp"  # an MTP layer (drafts/mtp/) is a feature head with input norms
+HEAD_TYPES = (FEATURE_HEAD_TYPE, EAGLE3_HEAD_TYPE, MTP_TYPE)
 # the fields of a decoder config every head reads (its width, depth, vocabulary, attention heads)
 LAYER_FIELDS = ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads")
 # speculators 0.9's norm options (Eagle3HeadConfig's fields of the same names): true, false or absent
