@@ -205,8 +205,8 @@ def drafted_logits(model, inputs, draft, **kwargs):
     """The logits behind every proposed token (each read of a pending block or a drafted token), in order."""
     seen, real_pending, real_draft = [], MtpDrafter.read_pending, MtpDrafter.read_draft
 
-    def read_pending(self):
-        seen.append(real_pending(self))
+    def read_pending(self, cur):
+        seen.append(real_pending(self, cur))
         return seen[-1]
 
     def read_draft(self, token):
