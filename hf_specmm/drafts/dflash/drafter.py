@@ -40,6 +40,7 @@ from ...caches import CacheFactory
 from ...devices import execution_device
 from ...drafter import Prompt, Proposal, every_prompt_position
 from ...errors import IncompatibleDraftError
+from ...hooks import this_call
 from ...trees import TreeShape
 from ...vocab import VocabMap
 from ..cached import CachedDrafter, LevelReader
@@ -108,9 +109,9 @@ class DFlashDrafter(CachedDrafter):
             self.captured = torch.cat([seen[i].to(first.device) for i in self.layer_ids], -1)
             seen.clear()
 
-        handles = [layers[i].register_forward_hook(on_layer(i)) for i in sorted(set(self.layer_ids))
+        handles = [layers[i].register_forward_hook(this_call(on_layer(i))) for i in sorted(set(self.layer_ids))
                    if i < len(layers) - 1]
-        handles.append(decoder.register_forward_hook(on_done))
+        handles.append(decoder.register_forward_hook(this_call(on_done)))
         try:
             yield
         finally:
