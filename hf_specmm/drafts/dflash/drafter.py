@@ -44,6 +44,7 @@ from ...hooks import this_call
 from ...trees import TreeShape
 from ...vocab import VocabMap
 from ..cached import CachedDrafter, LevelReader
+from ..feature_head.drafter import keep_every_position
 from .context import ContextCache, block_masks
 from .modeling import check_target, embed_block, is_dflash_draft
 
@@ -112,6 +113,8 @@ class DFlashDrafter(CachedDrafter):
         handles = [layers[i].register_forward_hook(this_call(on_layer(i))) for i in sorted(set(self.layer_ids))
                    if i < len(layers) - 1]
         handles.append(decoder.register_forward_hook(this_call(on_done)))
+        # every prompt position's features, also of layers a decoder runs on the last positions only (Gemma 4)
+        handles.append(decoder.register_forward_pre_hook(this_call(keep_every_position), with_kwargs=True))
         try:
             yield
         finally:

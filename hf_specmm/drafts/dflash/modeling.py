@@ -107,12 +107,12 @@ def dflash_config_for(target: Any, block_size: int = 8, target_layer_ids: list[i
         config_class = DFLASH_CLASSES[0].config_class
     text = target_text_config(target)
     layers = text.num_hidden_layers
+    text, rope = _first_layer_config(text)
     if target_layer_ids is None:
         target_layer_ids = sorted({1 if layers > 2 else 0, layers // 2, layers - 2 if layers > 2 else layers - 1})
     if mask_token_id is None:
         mask_token_id = default_mask_token(target)
     heads = text.num_attention_heads
-    rope = getattr(text, "rope_parameters", None) or {}
     theta = rope.get("rope_theta") if isinstance(rope, dict) else None
     return config_class(
         hidden_size=text.hidden_size, intermediate_size=text.intermediate_size, num_hidden_layers=num_layers,
@@ -125,6 +125,20 @@ def dflash_config_for(target: Any, block_size: int = 8, target_layer_ids: list[i
         block_size=block_size, mask_token_id=int(mask_token_id), target_layer_ids=list(target_layer_ids),
         bos_token_id=None, eos_token_id=None, pad_token_id=None,
     )
+
+
+def _first_layer_config(text: Any) -> tuple[Any, Any]:
+    """(the config the drafter's shapes are read from, its RoPE parameters). A text config with per-layer shapes
+    (Gemma 4: heads and head size differ by layer type, and reading them globally is refused) gives those of its
+    first layer, and the RoPE parameters of that layer's type."""
+    rope = getattr(text, "rope_parameters", None) or {}
+    per_layer = getattr(text, "per_layer_config", None)
+    if per_layer is None:
+        return text, rope
+    kind = (getattr(text, "layer_types", None) or [None])[0]
+    if isinstance(rope, dict) and isinstance(rope.get(kind), dict):
+        rope = rope[kind]
+    return per_layer[0], rope
 
 
 def dflash_draft_for(target: Any, seed: int = 0, **config_kwargs: Any) -> Any:
