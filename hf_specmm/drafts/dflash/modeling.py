@@ -22,6 +22,9 @@ from ...errors import IncompatibleDraftError
 DFLASH_CLASSES: tuple[type, ...] = tuple(
     getattr(transformers, name) for name in ("MuseGlimmerAssistantModel",) if hasattr(transformers, name))
 _CONFIG_KEYS = ("block_size", "mask_token_id", "target_layer_ids")
+#: the largest block a DFlash drafter may read per round (published drafters read 10 or 16); its logits are
+#: [batch, block_size - 1, vocabulary] floats each round
+MAX_BLOCK_SIZE = 64
 
 
 def is_dflash_draft(draft: Any) -> bool:
@@ -57,9 +60,21 @@ def check_target(target: Any, draft: Any) -> None:
     if not 0 <= config.mask_token_id < rows:
         raise IncompatibleDraftError(f"The DFlash drafter's mask_token_id ({config.mask_token_id}) is outside the "
                                      f"target's embedding table ({rows} rows): it was made for another tokenizer.")
-    if config.block_size < 2:
+    if not 2 <= config.block_size <= MAX_BLOCK_SIZE:
         raise IncompatibleDraftError(f"The DFlash drafter's block_size is {config.block_size}: it proposes "
-                                     "block_size - 1 tokens per round, so it needs at least 2.")
+                                     f"block_size - 1 tokens per round, so it needs 2..{MAX_BLOCK_SIZE}.")
+
+
+def check_dflash_config(raw: dict[str, Any], source: str) -> None:
+    """A DFlash drafter's config.json (read as data): ``block_size`` an integer in 2..:data:`MAX_BLOCK_SIZE`,
+    ``mask_token_id`` an integer >= 0, ``target_layer_ids`` a non-empty list of integers >= 0."""
+    if raw.get("model_type") not in {cls.config_class.model_type for cls in DFLASH_CLASSES}:
+        return
+    from ..feature_head.validation import checked_int, checked_int_list
+
+    checked_int(raw.get("block_size"), "block_size", source, low=2, high=MAX_BLOCK_SIZE)
+    checked_int(raw.get("mask_token_id"), "mask_token_id", source, low=0)
+    checked_int_list(raw.get("target_layer_ids"), "target_layer_ids", source, low=0)
 
 
 def target_vocab_size(draft: Any, target: Any) -> int:
