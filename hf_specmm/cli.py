@@ -15,6 +15,7 @@ import argparse
 import importlib
 import math
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, NoReturn
 
@@ -107,6 +108,35 @@ def existing_folder(text: str) -> str:
     """An argparse ``type=``: a folder that exists (checked at parse time, before any work)."""
     if not Path(text).expanduser().is_dir():
         raise argparse.ArgumentTypeError(f"no such folder: {text!r}")
+    return text
+
+
+def _check_writable(folder: Path, what: str) -> None:
+    """Create ``folder`` (and its parents) and write a probe file in it: a path results cannot be written to is
+    refused before any work, not after it."""
+    if folder.exists() and not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"{what} {str(folder)!r} is a file, not a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        raise argparse.ArgumentTypeError(f"cannot write into {what} {str(folder)!r} ({err.strerror or err})") from None
+
+
+def output_folder(text: str) -> str:
+    """An argparse ``type=``: a folder results go to, created now and checked writable."""
+    _check_writable(Path(text).expanduser(), "folder")
+    return text
+
+
+def output_file(text: str) -> str:
+    """An argparse ``type=``: a file written later (or ``text`` as a prefix of files: ``<text>.json``, ...), not a
+    folder; its folder is created now and checked writable."""
+    path = Path(text).expanduser()
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder, not a file")
+    _check_writable(path.parent, "the folder of")
     return text
 
 
