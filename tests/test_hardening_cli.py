@@ -83,17 +83,29 @@ def test_bad_values_are_one_line_exit_2_without_traceback(work):
         if process.returncode != 2 or "Traceback" in process.stderr or len(lines) != 1 or needle not in lines[0]:
             failures.append(f"{name}: exit {process.returncode}, stderr {process.stderr[-600:]!r}")
     assert not failures, "\n".join(failures)
-    assert not (work / "out").exists() or not any((work / "out").iterdir()), "a refused run left work behind"
+    assert not (work / "out").exists() and not (work / "bench").exists(), "a refused run left a folder behind"
     assert (work / "not-a-cache.jsonl").read_text() == "my notes\n"
 
 
-def test_output_folders_are_created_while_parsing(tmp_path):
+def test_output_paths_are_checked_while_parsing_and_made_by_the_run(tmp_path, monkeypatch):
+    """A folder that does not exist yet passes when its nearest existing ancestor takes a new file; parsing makes
+    nothing (a parse refused on a later option leaves nothing behind); the run makes it before any work."""
+    import argparse
+
     from hf_specmm import cli
 
     args = cli.build_parser().parse_args(["world-task", str(tmp_path / "a" / "b")])
-    assert (tmp_path / "a" / "b").is_dir() and args.out_dir == str(tmp_path / "a" / "b")
+    assert args.out_dir == str(tmp_path / "a" / "b") and not (tmp_path / "a").exists()
     args = cli.build_parser().parse_args(["world-tau", "--output", str(tmp_path / "c" / "tau")])
-    assert (tmp_path / "c").is_dir() and not (tmp_path / "c" / "tau").exists()
+    assert not (tmp_path / "c").exists()
+    (tmp_path / "f").write_text("")
+    for bad in (tmp_path / "f", tmp_path / "f" / "sub"):
+        with pytest.raises(argparse.ArgumentTypeError, match="not a folder"):
+            cli.output_folder(str(bad))
+    with pytest.raises(argparse.ArgumentTypeError, match="cannot write into folder"):
+        cli.check_writable(Path("/proc/hf-specmm-test"), "folder", create=True)
+    cli.check_writable(tmp_path / "d" / "e", "folder", create=True)
+    assert (tmp_path / "d" / "e").is_dir() and not any((tmp_path / "d" / "e").iterdir())
 
 
 def test_the_answer_cache_takes_its_own_lines_and_skips_a_cut_last_one(tmp_path):

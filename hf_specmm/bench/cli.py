@@ -88,7 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "cache_implementation='static' + compile_config), beside the eager rows")
     parser.add_argument("--seed", type=int_at_least(0), default=0, help="seed of weights, prompts and acceptance draws")
     parser.add_argument("--out", type=_out_folder, default=Path("bench-results"),
-                        help="folder for bench.json/.md/.png (created and checked writable before any work)")
+                        help="folder for bench.json/.md/.png (checked writable before any work)")
 
 
 def _out_folder(text: str) -> Path:
@@ -125,6 +125,8 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
+    from ..cli import check_writable
+
     from .report import format_table, write_outputs
     from .runner import BenchConfig, run_benchmark
 
@@ -146,10 +148,6 @@ def run(args: argparse.Namespace) -> int:
     if args.device_map is not None and torch.cuda.is_available() and not args.device.startswith("cuda"):
         raise _refuse(f"--device-map {args.device_map} spreads the target over the GPUs: put the draft on one too "
                       "(--device cuda)")
-    try:  # the default folder too (a given --out was checked while parsing)
-        _out_folder(str(args.out))
-    except argparse.ArgumentTypeError as error:
-        raise _refuse(f"--out: {error}") from None
     if importlib.util.find_spec("matplotlib") is None:
         raise _refuse("bench.png is drawn with matplotlib: pip install 'hf-specmm[bench]'")
     try:
@@ -166,6 +164,10 @@ def run(args: argparse.Namespace) -> int:
         config.validate()
     except ValueError as err:  # BenchConfig's own checks (e.g. a draft kind the preset's target cannot take)
         raise _refuse(str(err)) from None
+    try:  # made now, before any model is built (a given --out was checked while parsing)
+        check_writable(args.out, "--out folder", create=True)
+    except argparse.ArgumentTypeError as error:
+        raise _refuse(str(error)) from None
     try:
         result = run_benchmark(config)
     except SpecMMError as err:  # e.g. a --tree wider than the preset's vocabulary: refused before that call's forward

@@ -149,7 +149,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from .shipped import world_checkpoints
 
     parser.add_argument("--output-dir", type=output_folder, default="hf_specmm_demo",
-                        help="where results.json/.md and tau.png go (created and checked writable before any work)")
+                        help="where results.json/.md and tau.png go (checked writable before any work)")
     parser.add_argument("--per-task", type=int_at_least(1), default=8, help="held-out scenes per task (one batch each)")
     parser.add_argument("--gamma", type=int_at_least(1), default=5, help="draft tokens per round")
     parser.add_argument("--no-plot", dest="plot", action="store_false",

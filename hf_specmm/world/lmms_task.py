@@ -115,7 +115,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ..cli import int_at_least, output_folder
 
     parser.add_argument("out_dir", type=output_folder,
-                        help="folder to write the task into (created if missing, checked writable before any work)")
+                        help="folder to write the task into (created if missing; checked writable before any work)")
     parser.add_argument("--per-task", type=int_at_least(1), default=32, help="held-out scenes per task")
 
 

@@ -125,7 +125,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tree", type=tree_shape, action="append", default=[], metavar="K,D,N",
                         help="also measure hf_specmm.Tree(draft, top_k=K, depth=D, nodes=N) (repeatable)")
     parser.add_argument("--output", type=output_file, default="world_tau",
-                        help="writes <output>.json and <output>.md (its folder created and checked writable first)")
+                        help="writes <output>.json and <output>.md (its folder checked writable first)")
     parser.add_argument("--update-readme", metavar="README", type=_readme,
                         help="replace the table between the README's markers (default: leave README files alone)")
     parser.add_argument("--checkpoints", type=world_checkpoints, default=str(CHECKPOINTS),
@@ -136,6 +136,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)  # checked writable while parsing
     try:
         rows = tau_table(args.per_task, tuple(args.gammas), args.checkpoints, trees=tuple(args.tree))
     except SpecMMError as err:  # e.g. a --tree wider than the world's vocabulary: refused before that call's forward
@@ -150,7 +151,6 @@ def run(args: argparse.Namespace) -> int:
     note += ("\n\nSize and step cost of each draft (one drafted token on its KV cache vs one target decoding "
              "step, batch 1, fastest of 50 each, timed in turns, CPU, torch threads as set; machine-dependent):\n\n" + costs_markdown(costs))
     print(table + "\n\n" + note)
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(f"{args.output}.json").write_text(json.dumps({"rows": rows, "step_costs": costs, "note": note}, indent=1) + "\n")
     Path(f"{args.output}.md").write_text(table + "\n\n" + note + "\n")
     if args.update_readme:
