@@ -15,6 +15,7 @@ import argparse
 import importlib
 import math
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, NoReturn
 
@@ -107,6 +108,42 @@ def existing_folder(text: str) -> str:
     """An argparse ``type=``: a folder that exists (checked at parse time, before any work)."""
     if not Path(text).expanduser().is_dir():
         raise argparse.ArgumentTypeError(f"no such folder: {text!r}")
+    return text
+
+
+def check_writable(folder: Path, what: str, create: bool = False) -> None:
+    """Raise ``argparse.ArgumentTypeError`` unless files can be written into ``folder``: a probe file is written in
+    it, or (``folder`` missing, ``create`` False) in its nearest existing ancestor, which the run's folders are made
+    in; a parse that fails on a later option thus leaves nothing behind. ``create``: make ``folder`` now."""
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        where = "is a file, not a folder" if existing == folder else f"is not a folder ({str(existing)!r} is a file)"
+        raise argparse.ArgumentTypeError(f"{what} {str(folder)!r} {where}")
+    try:
+        if create:
+            folder.mkdir(parents=True, exist_ok=True)
+            existing = folder
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as err:
+        raise argparse.ArgumentTypeError(f"cannot write into {what} {str(folder)!r} ({err.strerror or err})") from None
+
+
+def output_folder(text: str) -> str:
+    """An argparse ``type=``: a folder results go to (made by the run), checked writable now."""
+    check_writable(Path(text).expanduser(), "folder")
+    return text
+
+
+def output_file(text: str) -> str:
+    """An argparse ``type=``: a file written later (or ``text`` as a prefix of files: ``<text>.json``, ...), not a
+    folder; its folder is checked writable now."""
+    path = Path(text).expanduser()
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder, not a file")
+    check_writable(path.parent, "the folder of")
     return text
 
 

@@ -17,7 +17,8 @@ from transformers import CONFIG_MAPPING, AutoConfig, PreTrainedModel
 from . import _compat
 from .drafts.cards import (annotate_draft, card_template, draft_kind, draft_metadata,  # noqa: F401  (public API)
                            push_draft_to_hub, render_model_card, save_draft)
-from .drafts.checkpoints import read_config_json, weight_files
+from .drafts.checkpoints import index_shards, read_config_json, weight_files
+from .drafts.declared import check_declared_fields, check_declared_shapes, check_model_type, config_field_error
 from .drafts.registry import check_checkpoint_config, draft_kinds, get_kind, importer_for, kind_of, loading_class
 from .errors import DraftLoadError, SpecMMError, check_strict_load
 
@@ -167,24 +168,37 @@ def load_draft(repo_or_path: str | Path, *, target: PreTrainedModel | None = Non
         _check_weight_files(Path(name).expanduser(), f"local draft folder {Path(name).expanduser().resolve()}")
     if raw is not None:
         _check_remote_code(raw, config_file, trust_remote_code)
+        check_model_type(raw, str(config_file), trust_remote_code)
         check_checkpoint_config(raw, str(config_file))
+        check_declared_fields(raw, str(config_file))
     try:
         config = AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code, **hub_kwargs)
+    except config_field_error as err:  # transformers' own field validation, named with the file
+        raise DraftLoadError(f"{config_file or name}: {err}") from err
     except OSError as err:
         raise DraftLoadError(f"Could not find the draft {name!r} as a local folder (no such path) nor on the Hub "
                              f"or in its local cache: {err}") from err
     except ValueError as err:  # transformers refusing the checkpoint's own code (trust_remote_code=False)
         if "trust_remote_code" not in str(err):
-            raise
+            raise DraftLoadError(f"{config_file or name}: transformers cannot read this config ({err})") from err
         raise DraftLoadError(f"{name}: its config needs the checkpoint's own code; hf_specmm runs none unless you "
                              "pass load_draft(..., trust_remote_code=True), after reading that code.") from err
+    files = None  # the weight files whose headers are read before any tensor is allocated
     if not looks_local(name):
         weights = _compat.hub_file(name, "model.safetensors", **hub_kwargs)
-        if weights is None and _compat.hub_file(name, "model.safetensors.index.json", **hub_kwargs) is None:
+        index = None if weights is not None else _compat.hub_file(name, "model.safetensors.index.json", **hub_kwargs)
+        if weights is None and index is None:
             raise DraftLoadError(f"The Hub repo {name!r} has no model.safetensors. {_CONVERT}")
         if weights is not None:
             _check_safetensors_file(Path(weights))
+            files = [Path(weights)]
+        else:
+            index_shards(Path(index))  # shard names only: an index cannot point outside the repo
+    else:
+        files = weight_files(Path(name).expanduser(), f"local draft folder {Path(name).expanduser().resolve()}")
     cls = loading_class(config)  # the registered kind that loads this config (AutoModelForCausalLM last)
+    if files is not None:
+        check_declared_shapes(cls, config, files, name)
     kwargs.setdefault("ignore_mismatched_sizes", True)  # mis-shaped weights are reported by name, then refused
     try:
         model, info = cls.from_pretrained(name, output_loading_info=True, use_safetensors=True,

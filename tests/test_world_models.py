@@ -228,9 +228,10 @@ def test_cli_demo_and_world_tau(tmp_path, capsys):
     assert "outputs identical" in capsys.readouterr().out and (tmp_path / "d" / "results.json").is_file()
     readme = tmp_path / "README.md"
     readme.write_text("no markers here\n")
-    with pytest.raises(ValueError, match="markers"):  # refused before anything is measured
+    with pytest.raises(SystemExit) as exc:  # refused while parsing, before anything is measured
         main(["world-tau", "--per-task", "1", "--gammas", "1", "--output", str(tmp_path / "t"),
               "--update-readme", str(readme)])
+    assert exc.value.code == 2 and "markers" in capsys.readouterr().err
     assert not (tmp_path / "t.json").exists()
     readme.write_text(f"x\n{README_START}\n{README_END}\n")
     assert main(["world-tau", "--per-task", "1", "--gammas", "1", "2", "--output", str(tmp_path / "t"),

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..hooks import this_call
 from .acceptance import AcceptanceTable
 from .costs import CostTable
 from .policy import PLAIN, Choice, CostAwarePolicy, FixedPolicy
@@ -153,7 +154,7 @@ class WholeCalls:
 
         self.log.append({"shape": "plain generate", "predicted": None, "tokens": 0, "seconds": 0.0, "rows": 0,
                          "expected": None})
-        return target.register_forward_pre_hook(mark)
+        return target.register_forward_pre_hook(this_call(mark))  # this call's forwards only
 
     def _time_call(self, seconds: float, chosen: list[dict[str, Any]]) -> None:
         """The call into the call's cost table (:meth:`runs_plain`): a speculative call's realised rate, its

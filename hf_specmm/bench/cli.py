@@ -88,7 +88,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also time plain generate and hf_specmm with a static cache and torch.compile (stock's "
                              "cache_implementation='static' + compile_config), beside the eager rows")
     parser.add_argument("--seed", type=int_at_least(0), default=0, help="seed of weights, prompts and acceptance draws")
-    parser.add_argument("--out", type=Path, default=Path("bench-results"), help="folder for bench.json/.md/.png")
+    parser.add_argument("--out", type=_out_folder, default=Path("bench-results"),
+                        help="folder for bench.json/.md/.png (checked writable before any work)")
+
+
+def _out_folder(text: str) -> Path:
+    from ..cli import output_folder
+
+    return Path(output_folder(text))
 
 
 def _profile(text: str) -> list[list[float]]:
@@ -115,7 +122,11 @@ def _refuse(message: str) -> SystemExit:
 
 
 def run(args: argparse.Namespace) -> int:
+    import argparse
+
     import torch
+
+    from ..cli import check_writable
 
     from .report import format_table, write_outputs
     from .runner import BenchConfig, run_benchmark
@@ -138,20 +149,26 @@ def run(args: argparse.Namespace) -> int:
     if args.device_map is not None and torch.cuda.is_available() and not args.device.startswith("cuda"):
         raise _refuse(f"--device-map {args.device_map} spreads the target over the GPUs: put the draft on one too "
                       "(--device cuda)")
-    if args.out.exists() and not args.out.is_dir():
-        raise _refuse(f"--out {args.out} is a file, not a folder")
     if importlib.util.find_spec("matplotlib") is None:
         raise _refuse("bench.png is drawn with matplotlib: pip install 'hf-specmm[bench]'")
-    config = BenchConfig(preset=args.preset, gammas=args.gammas, batch_sizes=args.batch_sizes,
-                         acceptance=args.acceptance, do_sample=args.do_sample, max_new_tokens=args.max_new_tokens,
-                         prompt_tokens=args.prompt_tokens, with_image=not args.no_image, device=args.device,
-                         device_map=args.device_map,
-                         dtype=args.dtype, warmup=args.warmup, repeats=args.repeats, stock=not args.no_stock,
-                         seed=args.seed, draft_kinds=args.draft_kinds, compile=args.compile,
-                         trees=[[shape.top_k, shape.depth, shape.nodes] for shape in args.tree],
-                         acceptance_profile=args.acceptance_profile, auto=args.auto,
-                         auto_max_tokens=args.auto_max_tokens, auto_eval_repeats=args.auto_eval_repeats,
-                         auto_warmup_calls=args.auto_warmup_calls, acceptance_draws=args.acceptance_draws)
+    try:
+        config = BenchConfig(preset=args.preset, gammas=args.gammas, batch_sizes=args.batch_sizes,
+                             acceptance=args.acceptance, do_sample=args.do_sample, max_new_tokens=args.max_new_tokens,
+                             prompt_tokens=args.prompt_tokens, with_image=not args.no_image, device=args.device,
+                             device_map=args.device_map,
+                             dtype=args.dtype, warmup=args.warmup, repeats=args.repeats, stock=not args.no_stock,
+                             seed=args.seed, draft_kinds=args.draft_kinds, compile=args.compile,
+                             trees=[[shape.top_k, shape.depth, shape.nodes] for shape in args.tree],
+                             acceptance_profile=args.acceptance_profile, auto=args.auto,
+                             auto_max_tokens=args.auto_max_tokens, auto_eval_repeats=args.auto_eval_repeats,
+                             auto_warmup_calls=args.auto_warmup_calls, acceptance_draws=args.acceptance_draws)
+        config.validate()
+    except ValueError as err:  # BenchConfig's own checks (e.g. a draft kind the preset's target cannot take)
+        raise _refuse(str(err)) from None
+    try:  # made now, before any model is built (a given --out was checked while parsing)
+        check_writable(args.out, "--out folder", create=True)
+    except argparse.ArgumentTypeError as error:
+        raise _refuse(str(error)) from None
     try:
         result = run_benchmark(config)
     except SpecMMError as err:  # e.g. a --tree wider than the preset's vocabulary: refused before that call's forward

@@ -29,6 +29,7 @@ import torch
 
 from .. import _compat
 from . import gated_delta
+from ..hooks import this_call
 
 _PROJECTIONS = ("in_proj_qkv", "in_proj_a", "in_proj_b")
 
@@ -57,10 +58,10 @@ class LinearStates:
                 self.snapshot[index] = (states[0].clone(), states[1].clone())
         self._hooks = []
         for index, module in self.modules.items():
-            self._hooks.append(module.register_forward_pre_hook(self._enter(index), with_kwargs=True))
-            self._hooks.append(module.register_forward_hook(self._leave(index)))
+            self._hooks.append(module.register_forward_pre_hook(this_call(self._enter(index)), with_kwargs=True))
+            self._hooks.append(module.register_forward_hook(this_call(self._leave(index))))
             for name in _PROJECTIONS:
-                self._hooks.append(getattr(module, name).register_forward_hook(self._keep(index, name)))
+                self._hooks.append(getattr(module, name).register_forward_hook(this_call(self._keep(index, name))))
 
     # ---- hooks -----------------------------------------------------------------------------------------
     def _enter(self, index: int) -> Any:

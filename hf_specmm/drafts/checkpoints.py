@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import DraftLoadError, check_strict_load
 from .cards import push_draft_to_hub, render_model_card
+from .declared import check_shard_name
 
 if TYPE_CHECKING:
     import torch
@@ -28,6 +29,15 @@ def read_config_json(path: str | Path) -> dict[str, Any]:
     return raw
 
 
+def index_shards(index: Path) -> list[str]:
+    """The shard file names a ``model.safetensors.index.json`` lists, each a plain file name beside the index."""
+    try:
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()), key=str)
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise DraftLoadError(f"{index} is not a safetensors index (a JSON object with weight_map): {err}") from err
+    return [check_shard_name(name, index) for name in shards]
+
+
 def weight_files(folder: Path, source: str) -> list[Path]:
     """The checkpoint's safetensors files: the shards its ``model.safetensors.index.json`` lists, else
     ``model.safetensors``, else the one ``*.safetensors`` file. Any other safetensors file beside them (a stale
@@ -35,11 +45,7 @@ def weight_files(folder: Path, source: str) -> list[Path]:
     present = sorted(folder.glob("*.safetensors"))
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        try:
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (ValueError, KeyError, TypeError, AttributeError) as err:
-            raise DraftLoadError(f"{index} is not a safetensors index (a JSON object with weight_map): {err}") from err
-        files = [folder / name for name in shards]
+        files = [folder / name for name in index_shards(index)]
     elif (folder / "model.safetensors").is_file() or len(present) != 1:
         files = [folder / "model.safetensors"]
     else:

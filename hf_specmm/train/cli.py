@@ -59,11 +59,43 @@ def _draft_config(text: str) -> str:
     return text
 
 
+def _response_cache(text: str) -> str:
+    """``--response-cache``: a JSONL file of this cache's lines, or a new file in a writable folder (checked now)."""
+    import argparse
+    from pathlib import Path
+
+    from ..cli import output_file
+    from .config import TrainingInputError
+    from .responses import read_response_cache
+
+    output_file(text)
+    try:
+        read_response_cache(Path(text).expanduser())
+    except TrainingInputError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
+def _hub_repo(text: str) -> str:
+    """``--push-to-hub``: a Hub repo id (``org/name``), checked now rather than after training."""
+    import argparse
+
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(text)
+    except HFValidationError as err:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a Hub repo id (org/name): {err}") from None
+    if text.count("/") != 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a Hub repo id of the form org/name")
+    return text
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the train flags on ``parser`` (called by ``hf_specmm.cli``). Numbers are range-checked by their
     ``type=`` with the bounds of :meth:`TrainConfig.validate`, so a bad value is a one-line usage error before
     the target is loaded."""
-    from ..cli import int_at_least, model_source, number_in
+    from ..cli import device_name, int_at_least, model_source, number_in, output_folder
 
     positive, at_least_0 = int_at_least(1), int_at_least(0)
     g = parser.add_argument_group("inputs")
@@ -71,7 +103,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--data", required=True,
                    help='JSONL lines {"image": path|null, "prompt": ..., "response": ...}; required')
     g.add_argument("--images", help="folder relative image paths are resolved against (default: the JSONL's folder)")
-    g.add_argument("--output-dir", required=True,
+    g.add_argument("--output-dir", required=True, type=output_folder,
                    help="checkpoints, the final draft (draft/) and train_summary.json; required")
     g.add_argument("--draft", type=model_source, help="draft to start from (Hub id or path, loaded with hf_specmm.load_draft); "
                    "give this or --draft-config (default: none)")
@@ -94,7 +126,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--top-p", type=number_in(0.0, 1.0, low_open=True), default=1.0,
                    help="nucleus sampling mass in (0, 1] (with --sample)")
     g.add_argument("--gen-batch-size", type=positive, default=8, help="prompts per batch when generating answers")
-    g.add_argument("--response-cache",
+    g.add_argument("--response-cache", type=_response_cache,
                    help="JSONL cache of answers (default: hf_specmm_responses.jsonl next to --output-dir)")
     g = parser.add_argument_group("optimisation")
     g.add_argument("--loss", choices=("kl", "tvd", "ce"), default="kl",
@@ -142,7 +174,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=at_least_0, default=0, help="seed of initialisation, data order and sampling")
     g.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
                    help="bf16: autocast (draft weights stay fp32, the frozen target is loaded in bf16)")
-    g.add_argument("--device", default="cpu", help="cpu or cuda (under a launcher: each process's own GPU)")
+    g.add_argument("--device", type=device_name, default="cpu", help="cpu or cuda (under a launcher: each process's own GPU)")
     g.add_argument("--target-device-map", type=_device_map,
                    help="dispatch the frozen target with accelerate instead of loading it whole on --device: auto "
                         "(over the GPUs; under a launcher each process takes an equal share of them) or a JSON "
@@ -168,7 +200,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="skip measuring the untrained draft (default: measure it)")
     g.add_argument("--task-name", help="results key in the model card (default: held-out <data file stem>)")
     g.add_argument("--target-name", help="the target's Hub id to record in the card (default: --target)")
-    g.add_argument("--push-to-hub", metavar="ORG/NAME", help="push the trained draft to this Hub repo "
+    g.add_argument("--push-to-hub", metavar="ORG/NAME", type=_hub_repo, help="push the trained draft to this Hub repo "
                    "(default: do not push)")
     g.add_argument("--hub-private", action="store_true", help="make the pushed repo private")
     g.add_argument("--hub-token", help="Hub token for --push-to-hub (default: the logged-in one)")

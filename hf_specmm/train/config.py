@@ -281,4 +281,11 @@ def resolve_draft_config(spec: str | dict) -> dict[str, Any]:
     missing = {"num_hidden_layers", "hidden_size", "num_attention_heads"} - set(fields)
     if missing:
         raise TrainingInputError(f"draft_config lacks {sorted(missing)} (layers, hidden size, heads)")
+    for name in ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size"):
+        value = fields.get(name, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise TrainingInputError(f"draft_config {name}={value!r}: an integer >= 1")
+    if fields["hidden_size"] % fields["num_attention_heads"]:
+        raise TrainingInputError(f"draft_config hidden_size={fields['hidden_size']} is not a multiple of "
+                                 f"num_attention_heads={fields['num_attention_heads']}")
     return fields

@@ -42,20 +42,43 @@ def cache_key(target_fp: str, prompt_text: str, image_sha: str | None, settings:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def read_response_cache(path: Path) -> dict[str, list[int]]:
+    """The answers a cache file holds (none if it does not exist). Anything but this cache's lines is refused
+    (appending to another file would damage it); only a last line cut by an interrupted write is skipped."""
+    if path.is_dir():
+        raise TrainingInputError(f"response_cache {path} is a folder, not a JSONL file")
+    if not path.exists():
+        return {}
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise TrainingInputError(f"response_cache {path} cannot be read ({err})") from None
+    entries: dict[str, list[int]] = {}
+    for number, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        try:
+            item = json.loads(raw)
+        except json.JSONDecodeError:
+            if number == len(lines) and raw.startswith('{"key": '):  # cut by an interrupted write: regenerated
+                continue
+            item = None
+        ids = item.get("response_ids") if isinstance(item, dict) else None
+        if not isinstance(item, dict) or not isinstance(item.get("key"), str) or not isinstance(ids, list) \
+                or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise TrainingInputError(f"response_cache {path}, line {number}: not a line of hf-specmm train's answer "
+                                     'cache ({"key": ..., "response_ids": [...], "text": ...}); give another '
+                                     "--response-cache or remove the file")
+        entries[item["key"]] = ids
+    return entries
+
+
 class ResponseCache:
     """Append-only JSONL of generated answers keyed by :func:`cache_key`."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.entries: dict[str, list[int]] = {}
-        if self.path.is_file():
-            for raw in self.path.read_text().splitlines():
-                if raw.strip():
-                    try:
-                        item = json.loads(raw)
-                    except json.JSONDecodeError:  # a line cut by an interrupted write: regenerate that one
-                        continue
-                    self.entries[item["key"]] = item["response_ids"]
+        self.entries = read_response_cache(self.path)
 
     def add(self, items: list[tuple[str, list[int], str]]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,7 @@ from .data import format_prompt, load_examples, split_heldout
 from .distributed import Processes
 from .evaluate import card_results, measure_tau
 from .models import default_target_name, file_sha256, fingerprint, load_target, make_draft
-from .responses import fill_responses
+from .responses import fill_responses, read_response_cache
 from .trainer import Trainer
 
 
@@ -184,6 +184,8 @@ def train_draft(cfg: TrainConfig, echo: Callable[[str], Any] | None = None) -> T
         saved = read_state(resume)
         check_compatible(saved, fields, chash, resume)
         state.update({k: v for k, v in saved.items() if k not in ("config", "config_fields")})
+    cache = Path(cfg.response_cache) if cfg.response_cache else out.resolve().parent / "hf_specmm_responses.jsonl"
+    read_response_cache(cache)  # a file that is not this cache is refused now, not appended to later
     # 3. models (no forward pass), the draft checked against the target
     target, processor = load_target(cfg.target, cfg.device, cfg.dtype, **placement,
                                     trust_remote_code=cfg.trust_remote_code)
@@ -208,7 +210,6 @@ def train_draft(cfg: TrainConfig, echo: Callable[[str], Any] | None = None) -> T
     vocab = VocabMap(spec, draft_vocab_size(draft) if own_vocab is None else own_vocab(draft, target),
                      execution_device(target))
     # 4. the target's answers (first forward passes), cached next to the output folder
-    cache = Path(cfg.response_cache) if cfg.response_cache else out.resolve().parent / "hf_specmm_responses.jsonl"
     generated, cached = fill_responses(target, processor, train, cfg, cache, fields["target"], spec.placeholder_ids,
                                        procs)
     if cfg.draft is None and hasattr(draft, "select_draft_vocab"):  # a fresh EAGLE-3 head: its draft vocabulary

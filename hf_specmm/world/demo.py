@@ -145,14 +145,16 @@ def _plot(rows: list[dict[str, Any]], path: Path, gamma: int) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the demo flags on ``parser`` (called by ``hf_specmm.cli``)."""
-    from ..cli import existing_folder, int_at_least
+    from ..cli import int_at_least, output_folder
+    from .shipped import world_checkpoints
 
-    parser.add_argument("--output-dir", default="hf_specmm_demo", help="where results.json/.md and tau.png go")
+    parser.add_argument("--output-dir", type=output_folder, default="hf_specmm_demo",
+                        help="where results.json/.md and tau.png go (checked writable before any work)")
     parser.add_argument("--per-task", type=int_at_least(1), default=8, help="held-out scenes per task (one batch each)")
     parser.add_argument("--gamma", type=int_at_least(1), default=5, help="draft tokens per round")
     parser.add_argument("--no-plot", dest="plot", action="store_false",
                         help="skip tau.png, no matplotlib needed (default: write it)")
-    parser.add_argument("--checkpoints", type=existing_folder, default=str(CHECKPOINTS),
+    parser.add_argument("--checkpoints", type=world_checkpoints, default=str(CHECKPOINTS),
                         help="folder with the world checkpoints")
 
 

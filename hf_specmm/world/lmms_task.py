@@ -112,9 +112,10 @@ def write_world_task(out_dir: str | Path, per_task: int = 32) -> Path:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``world-task`` flags on ``parser`` (called by ``hf_specmm.cli``)."""
-    from ..cli import int_at_least
+    from ..cli import int_at_least, output_folder
 
-    parser.add_argument("out_dir", help="folder to write the task into (created if missing)")
+    parser.add_argument("out_dir", type=output_folder,
+                        help="folder to write the task into (created if missing; checked writable before any work)")
     parser.add_argument("--per-task", type=int_at_least(1), default=32, help="held-out scenes per task")
 
 

@@ -46,14 +46,30 @@ class WorldModels:
     recipe: dict[str, Any]  # recipe.json: settings and the numbers measured when the checkpoints were made
 
 
-def load_world_models(ship_dir: str | Path = CHECKPOINTS) -> WorldModels:
-    """Target, processor and the drafts of ``DRAFT_NAMES`` (the untrained one rebuilt from the recipe's seed),
-    float32, eval."""
-    ship = Path(ship_dir)
+def check_world_checkpoints(ship: Path) -> None:
+    """Raise :class:`SpecMMError` unless ``ship`` holds every world checkpoint and the recipe (before any load)."""
     missing = [name for name in (TARGET_NAME, *DRAFT_DIRS.values(), "recipe.json") if not (ship / name).exists()]
     if missing:
         raise SpecMMError(f"{ship} lacks {missing}: reinstall hf_specmm, or rebuild them with "
                           "`python examples/train_world.py --overwrite-shipped`")
+
+
+def world_checkpoints(text: str) -> str:
+    """An argparse ``type=`` (``--checkpoints``): a folder holding the world checkpoints (checked now)."""
+    import argparse
+
+    try:
+        check_world_checkpoints(Path(text).expanduser())
+    except SpecMMError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
+def load_world_models(ship_dir: str | Path = CHECKPOINTS) -> WorldModels:
+    """Target, processor and the drafts of ``DRAFT_NAMES`` (the untrained one rebuilt from the recipe's seed),
+    float32, eval."""
+    ship = Path(ship_dir)
+    check_world_checkpoints(ship)
     target, info = LlavaForConditionalGeneration.from_pretrained(ship / TARGET_NAME, dtype=torch.float32,
                                                                  output_loading_info=True, trust_remote_code=False)
     check_strict_load(info, str(ship / TARGET_NAME))

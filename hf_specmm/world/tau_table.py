@@ -12,6 +12,7 @@ generated tokens / target forwards, prefill included) and does not depend on the
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -100,19 +101,34 @@ def update_readme(path: str | Path, table: str) -> None:
     Path(path).write_text(_MARKERS.sub(lambda _: f"{README_START}\n{table}\n{README_END}", text))
 
 
+def _readme(text: str) -> str:
+    """``--update-readme``: an existing file with the world-tau markers (checked before measuring)."""
+    import argparse
+
+    try:
+        check_readme(text)
+    except (ValueError, OSError) as err:
+        raise argparse.ArgumentTypeError(str(err).replace("\n", " ")) from None
+    if not os.access(text, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{text} is not writable")
+    return text
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the world-tau flags on ``parser`` (called by ``hf_specmm.cli``)."""
-    from ..cli import existing_folder, int_at_least, tree_shape
+    from ..cli import int_at_least, output_file, tree_shape
+    from .shipped import world_checkpoints
 
     parser.add_argument("--per-task", type=int_at_least(1), default=32, help="held-out scenes per task")
     parser.add_argument("--gammas", type=int_at_least(1), nargs="+", default=list(GAMMAS),
                         help="draft tokens per round to measure (each >= 1)")
     parser.add_argument("--tree", type=tree_shape, action="append", default=[], metavar="K,D,N",
                         help="also measure hf_specmm.Tree(draft, top_k=K, depth=D, nodes=N) (repeatable)")
-    parser.add_argument("--output", default="world_tau", help="writes <output>.json and <output>.md")
-    parser.add_argument("--update-readme", metavar="README",
+    parser.add_argument("--output", type=output_file, default="world_tau",
+                        help="writes <output>.json and <output>.md (its folder checked writable first)")
+    parser.add_argument("--update-readme", metavar="README", type=_readme,
                         help="replace the table between the README's markers (default: leave README files alone)")
-    parser.add_argument("--checkpoints", type=existing_folder, default=str(CHECKPOINTS),
+    parser.add_argument("--checkpoints", type=world_checkpoints, default=str(CHECKPOINTS),
                         help="folder with the world checkpoints")
     parser.add_argument("--profile", action="store_true",
                         help="also write each draft's acceptance profile (the target's token as the draft's r-th choice "
@@ -120,8 +136,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.update_readme:
-        check_readme(args.update_readme)
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)  # checked writable while parsing
     try:
         rows = tau_table(args.per_task, tuple(args.gammas), args.checkpoints, trees=tuple(args.tree))
     except SpecMMError as err:  # e.g. a --tree wider than the world's vocabulary: refused before that call's forward
@@ -136,7 +151,6 @@ def run(args: argparse.Namespace) -> int:
     note += ("\n\nSize and step cost of each draft (one drafted token on its KV cache vs one target decoding "
              "step, batch 1, fastest of 50 each, timed in turns, CPU, torch threads as set; machine-dependent):\n\n" + costs_markdown(costs))
     print(table + "\n\n" + note)
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(f"{args.output}.json").write_text(json.dumps({"rows": rows, "step_costs": costs, "note": note}, indent=1) + "\n")
     Path(f"{args.output}.md").write_text(table + "\n\n" + note + "\n")
     if args.update_readme:

@@ -11,7 +11,8 @@ from .drafter import DFlashDrafter
 from .extended import SpeculatorsDFlashModel, needs_extension, untrainable_flags
 from .losses import dflash_loss
 from .formats import is_speculators_dflash, load_speculators_dflash, save_speculators_dflash
-from .modeling import DFLASH_CLASSES, dflash_config_for, dflash_draft_for, is_dflash_draft, target_vocab_size
+from .modeling import (DFLASH_CLASSES, MAX_BLOCK_SIZE, check_dflash_config, dflash_config_for, dflash_draft_for,
+                       is_dflash_draft, target_vocab_size)
 
 
 def _param_groups(draft: Any, stage: int, cfg: Any) -> list[dict]:
@@ -65,12 +66,13 @@ DFLASH = register_draft_kind(DraftKind(
     build=_build,
     loss=dflash_loss,
     card_rows=_card_rows,
+    check_config=check_dflash_config,
     target_vocab_size=target_vocab_size,
     block_drafter=True,
     # speculators' dflash layout, read as data (a transformers without the class has no drafter to read it into)
     imports=lambda raw: load_speculators_dflash if DFLASH_CLASSES and is_speculators_dflash(raw) else None,
 ))
 
-__all__ = ["DFLASH", "DFLASH_CLASSES", "DFlashDrafter", "SpeculatorsDFlashModel", "dflash_config_for", "dflash_draft_for",
-           "is_dflash_draft",
+__all__ = ["DFLASH", "DFLASH_CLASSES", "DFlashDrafter", "MAX_BLOCK_SIZE", "SpeculatorsDFlashModel", "dflash_config_for",
+           "dflash_draft_for", "is_dflash_draft",
            "is_speculators_dflash", "load_speculators_dflash", "save_speculators_dflash"]

@@ -40,8 +40,10 @@ from ...caches import CacheFactory
 from ...devices import execution_device
 from ...drafter import Drafter, LevelReader, Prompt, Proposal, every_prompt_position
 from ...errors import IncompatibleDraftError
+from ...hooks import this_call
 from ...trees import TreeShape
 from ...vocab import VocabMap
+from ..feature_head.drafter import keep_every_position
 from .context import ContextCache, block_masks
 from .modeling import check_target, embed_block, is_dflash_draft
 
@@ -114,11 +116,13 @@ class DFlashDrafter(Drafter):
         def on_embeds(module: Any, args: tuple, kwargs: dict) -> None:
             seen[-1] = (args[0] if args else kwargs["hidden_states"]).detach()
 
-        handles = [layers[i].register_forward_hook(on_layer(i)) for i in sorted(set(self.layer_ids))
+        handles = [layers[i].register_forward_hook(this_call(on_layer(i))) for i in sorted(set(self.layer_ids))
                    if 0 <= i < len(layers) - 1]
         if -1 in self.layer_ids:
-            handles.append(layers[0].register_forward_pre_hook(on_embeds, with_kwargs=True))
-        handles.append(decoder.register_forward_hook(on_done))
+            handles.append(layers[0].register_forward_pre_hook(this_call(on_embeds), with_kwargs=True))
+        handles.append(decoder.register_forward_hook(this_call(on_done)))
+        # every prompt position's features, also of layers a decoder runs on the last positions only (Gemma 4)
+        handles.append(decoder.register_forward_pre_hook(this_call(keep_every_position), with_kwargs=True))
         try:
             yield
         finally:

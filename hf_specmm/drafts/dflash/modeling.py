@@ -22,6 +22,9 @@ from ...errors import IncompatibleDraftError
 DFLASH_CLASSES: tuple[type, ...] = tuple(
     getattr(transformers, name) for name in ("MuseGlimmerAssistantModel",) if hasattr(transformers, name))
 _CONFIG_KEYS = ("block_size", "mask_token_id", "target_layer_ids")
+#: the largest block a DFlash drafter may read per round (published drafters read 10 or 16); its logits are
+#: [batch, block_size - 1, vocabulary] floats each round
+MAX_BLOCK_SIZE = 64
 
 
 def is_dflash_draft(draft: Any) -> bool:
@@ -63,9 +66,21 @@ def check_target(target: Any, draft: Any) -> None:
 
         check_vocab_maps(d2t, draft.t2d, "The DFlash drafter's draft vocabulary", vocab=target_vocab_size(draft, target),
                          error=IncompatibleDraftError)
-    if config.block_size < 2:
+    if not 2 <= config.block_size <= MAX_BLOCK_SIZE:
         raise IncompatibleDraftError(f"The DFlash drafter's block_size is {config.block_size}: it proposes "
-                                     "block_size - 1 tokens per round, so it needs at least 2.")
+                                     f"block_size - 1 tokens per round, so it needs 2..{MAX_BLOCK_SIZE}.")
+
+
+def check_dflash_config(raw: dict[str, Any], source: str) -> None:
+    """A DFlash drafter's config.json (read as data): ``block_size`` an integer in 2..:data:`MAX_BLOCK_SIZE`,
+    ``mask_token_id`` an integer >= 0, ``target_layer_ids`` a non-empty list of integers >= -1 (-1: the embedding output)."""
+    if raw.get("model_type") not in {cls.config_class.model_type for cls in DFLASH_CLASSES}:
+        return
+    from ..feature_head.validation import checked_int, checked_int_list
+
+    checked_int(raw.get("block_size"), "block_size", source, low=2, high=MAX_BLOCK_SIZE)
+    checked_int(raw.get("mask_token_id"), "mask_token_id", source, low=0)
+    checked_int_list(raw.get("target_layer_ids"), "target_layer_ids", source, low=-1)
 
 
 def target_vocab_size(draft: Any, target: Any) -> int:
@@ -113,12 +128,12 @@ def dflash_config_for(target: Any, block_size: int = 8, target_layer_ids: list[i
         config_class = DFLASH_CLASSES[0].config_class
     text = target_text_config(target)
     layers = text.num_hidden_layers
+    text, rope = _first_layer_config(text)
     if target_layer_ids is None:
         target_layer_ids = sorted({1 if layers > 2 else 0, layers // 2, layers - 2 if layers > 2 else layers - 1})
     if mask_token_id is None:
         mask_token_id = default_mask_token(target)
     heads = text.num_attention_heads
-    rope = getattr(text, "rope_parameters", None) or {}
     theta = rope.get("rope_theta") if isinstance(rope, dict) else None
     return config_class(
         hidden_size=text.hidden_size, intermediate_size=text.intermediate_size, num_hidden_layers=num_layers,
@@ -131,6 +146,20 @@ def dflash_config_for(target: Any, block_size: int = 8, target_layer_ids: list[i
         block_size=block_size, mask_token_id=int(mask_token_id), target_layer_ids=list(target_layer_ids),
         bos_token_id=None, eos_token_id=None, pad_token_id=None,
     )
+
+
+def _first_layer_config(text: Any) -> tuple[Any, Any]:
+    """(the config the drafter's shapes are read from, its RoPE parameters). A text config with per-layer shapes
+    (Gemma 4: heads and head size differ by layer type, and reading them globally is refused) gives those of its
+    first layer, and the RoPE parameters of that layer's type."""
+    rope = getattr(text, "rope_parameters", None) or {}
+    per_layer = getattr(text, "per_layer_config", None)
+    if per_layer is None:
+        return text, rope
+    kind = (getattr(text, "layer_types", None) or [None])[0]
+    if isinstance(rope, dict) and isinstance(rope.get(kind), dict):
+        rope = rope[kind]
+    return per_layer[0], rope
 
 
 def dflash_draft_for(target: Any, seed: int = 0, **config_kwargs: Any) -> Any:

@@ -31,6 +31,7 @@ import torch
 from ...caches import CacheFactory, mask_to
 from ...drafter import Drafter, Prompt, Proposal, every_prompt_position
 from ...errors import IncompatibleDraftError
+from ...hooks import this_call
 from ...targets import target_family
 from ...targets.positions import ROPE_1D, PositionRule
 from .modeling import FeatureHeadDraft
@@ -79,8 +80,8 @@ class FeatureHeadDrafter(Drafter):
             self.captured = (None if embeds is None else embeds.detach(), output[0].detach())
 
         decoder = target.get_decoder()
-        handles = [decoder.register_forward_pre_hook(keep_every_position, with_kwargs=True),
-                   decoder.register_forward_hook(capture, with_kwargs=True)]
+        handles = [decoder.register_forward_pre_hook(this_call(keep_every_position), with_kwargs=True),
+                   decoder.register_forward_hook(this_call(capture), with_kwargs=True)]
         try:
             yield
         finally:

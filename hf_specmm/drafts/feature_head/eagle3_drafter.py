@@ -16,6 +16,7 @@ from typing import Any, Iterator
 import torch
 
 from ...errors import IncompatibleDraftError
+from ...hooks import this_call
 from .drafter import FeatureHeadDrafter, keep_every_position
 from .eagle3 import Eagle3FeatureHead
 
@@ -62,17 +63,17 @@ class Eagle3Drafter(FeatureHeadDrafter):
 
         layers = decoder_layers(target)
         decoder = target.get_decoder()
-        handles = [decoder.register_forward_pre_hook(on_decoder, with_kwargs=True),
-                   decoder.register_forward_hook(on_done, with_kwargs=True)]
+        handles = [decoder.register_forward_pre_hook(this_call(on_decoder), with_kwargs=True),
+                   decoder.register_forward_hook(this_call(on_done), with_kwargs=True)]
         depth = len(layers)
 
         def on_last(module: Any, args: tuple, kwargs: dict, output: Any) -> None:  # index L: the last layer's output
             seen[depth] = (output[0] if isinstance(output, tuple) else output).detach()
 
-        handles += [layers[k].register_forward_pre_hook(on_layer(k), with_kwargs=True)
+        handles += [layers[k].register_forward_pre_hook(this_call(on_layer(k)), with_kwargs=True)
                     for k in sorted(set(wanted)) if k < depth]
         if depth in wanted:
-            handles.append(layers[depth - 1].register_forward_hook(on_last, with_kwargs=True))
+            handles.append(layers[depth - 1].register_forward_hook(this_call(on_last), with_kwargs=True))
         try:
             yield
         finally:

@@ -38,6 +38,7 @@ from ...caches import CacheFactory, SlottedCache
 from ...devices import execution_device
 from ...drafter import Drafter, LevelReader, Prompt, Proposal, every_prompt_position
 from ...errors import IncompatibleDraftError
+from ...hooks import this_call
 from ...trees import TreeShape
 from ...vocab import VocabMap
 from .modeling import assistant_step, check_target, is_gemma4_assistant
@@ -91,7 +92,7 @@ class Gemma4AssistantDrafter(Drafter):
         def on_done(module: Any, args: tuple, output: Any) -> None:
             self.captured = output[0].detach()
 
-        handle = target.get_decoder().register_forward_hook(on_done)
+        handle = target.get_decoder().register_forward_hook(this_call(on_done))
         try:
             yield
         finally:

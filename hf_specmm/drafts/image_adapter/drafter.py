@@ -15,6 +15,7 @@ import torch
 
 from ...drafter import DraftPrompt, Prompt
 from ...errors import IncompatibleDraftError
+from ...hooks import this_call
 from ...targets import target_spec
 from ...vocab import VocabMap
 from ..chain import LMDrafter
@@ -73,7 +74,7 @@ class ImageAdapterDrafter(LMDrafter):
             if self.target_embeds is None and kwargs.get("inputs_embeds") is not None:
                 self.target_embeds = kwargs["inputs_embeds"].detach()
 
-        handle = target.get_decoder().register_forward_pre_hook(capture, with_kwargs=True)
+        handle = target.get_decoder().register_forward_pre_hook(this_call(capture), with_kwargs=True)
         try:
             yield
         finally:

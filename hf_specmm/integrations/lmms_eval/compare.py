@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ...cli import ArgumentParser
+
 
 @dataclass
 class Run:
@@ -31,6 +33,8 @@ class Run:
 
 def load_run(label: str, output_path: str | Path) -> Run:
     """The one lmms-eval run under ``output_path`` (its ``*_results.json`` and ``*_samples_<task>.jsonl``)."""
+    if not Path(output_path).is_dir():
+        raise ValueError(f"{label}={output_path}: no such folder (an lmms-eval --output_path)")
     found = sorted(Path(output_path).rglob("*_results.json"))
     if len(found) != 1:
         raise ValueError(f"{output_path}: expected one lmms-eval *_results.json (one run per --output_path), "
@@ -86,13 +90,18 @@ def compare(runs: list[Run]) -> tuple[str, bool]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hf_specmm.integrations.lmms_eval.compare",
+    parser = ArgumentParser(prog="python -m hf_specmm.integrations.lmms_eval.compare",
                                      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", metavar="LABEL=OUTPUT_PATH", help="the first is the reference (plain)")
     args = parser.parse_args(argv)
     if any("=" not in item for item in args.runs):
         parser.error("each run is LABEL=OUTPUT_PATH, e.g. plain=out/plain")
-    table, equal = compare([load_run(*item.split("=", 1)) for item in args.runs])
+    try:  # every run read (and refused, naming it) before anything is compared
+        runs = [load_run(*item.split("=", 1)) for item in args.runs]
+    except (ValueError, OSError, KeyError, TypeError, AttributeError) as err:  # a missing or malformed run
+        parser.error(f"{type(err).__name__}: {err}" if isinstance(err, (KeyError, TypeError, AttributeError))
+                     else str(err))
+    table, equal = compare(runs)
     print(table)
     print("\nevery output and score equals the first run's" if equal else "\nOUTPUTS OR SCORES DIFFER")
     return 0 if equal else 1
