@@ -108,3 +108,16 @@ def test_auto_over_every_exact_draft_kind_and_dflash():
         for assistant in (dflash, hf_specmm.Tree(dflash, top_k=2, depth=3, nodes=5)):
             out, stats = generate(model, inputs, max_new_tokens=16, assistant_model=assistant)
             assert torch.equal(out, plain) and stats.drafted_tokens > 0
+
+
+@needs_step3p7
+def test_bench_tiny_preset_is_lossless_for_text_drafts_and_heads():
+    """``tiny-step3.7`` at batch 3 (an image per row, left padding): a text draft and a feature head in the
+    bench's controlled acceptance are lossless and see the same acceptance pattern."""
+    from hf_specmm.bench import BenchConfig, run_benchmark
+
+    config = BenchConfig(preset="tiny-step3.7", gammas=[3], batch_sizes=[3], acceptance=0.7, max_new_tokens=24,
+                         repeats=1, warmup=0, draft_kinds=["text_only", "feature_head"])
+    text, head = run_benchmark(config, progress=False)["rows"]
+    assert 1.0 < text["tau"] < 4.0 and text["lossless"] is True and head["lossless"] is True
+    assert (head["tau"], head["acceptance"], head["rounds"]) == (text["tau"], text["acceptance"], text["rounds"])

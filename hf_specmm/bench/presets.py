@@ -22,6 +22,8 @@ stays on ``device``.
 - ``llava-onevision-1.5-8b-shape`` / ``ovis2.5-9b-shape`` / ``tiny-llava-onevision-1.5`` / ``tiny-ovis2.5``
   (transformers 5.25): LLaVA-OneVision-1.5-8B and Ovis2.5-9B with a Qwen3-0.6B-shaped draft, and their tiny
   test versions (``presets_ovis_onevision.py``).
+- ``tiny-step3.7`` (transformers 5.25): the tiny Step3.7 test target and its random text draft
+  (``presets_step3p7.py``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from .presets_gemma4 import GEMMA4_PRESETS, build_gemma4_preset
 from .presets_ovis_onevision import ONEVISION_OVIS_PRESETS, build_onevision_ovis_preset
 from .presets_qwen import QWEN_PRESETS, build_qwen_preset
 from .presets_qwen3_5 import QWEN3_5_PRESETS, build_qwen3_5_preset
+from .presets_step3p7 import STEP3P7_PRESETS, build_step3p7_preset
 from .shapes import left_padded, random_weights
 
 
@@ -136,11 +139,13 @@ def _build(name: str, device: str, dtype: str | None, seed: int) -> Preset:
         return build_qwen3_5_preset(name, device, dtype, seed, Preset)
     if name in ONEVISION_OVIS_PRESETS:
         return build_onevision_ovis_preset(name, device, dtype, seed, Preset)
+    if name in STEP3P7_PRESETS:
+        return build_step3p7_preset(name, device, dtype, seed, Preset)
     raise ValueError(f"unknown preset {name!r}; choose one of {PRESETS}")
 
 
 PRESETS = ("cpu-proxy", "llava-1.5-7b-shape", "tiny") + QWEN_PRESETS + GEMMA4_PRESETS + QWEN3_5_PRESETS
-PRESETS += ONEVISION_OVIS_PRESETS
+PRESETS += ONEVISION_OVIS_PRESETS + STEP3P7_PRESETS
 
 
 def synthetic_inputs(preset: Preset, batch: int, prompt_tokens: int, seed: int = 0, with_image: bool = True) -> dict:
