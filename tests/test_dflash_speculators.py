@@ -88,8 +88,8 @@ def first_block(model, draft, inputs):
         seen.setdefault("first", first_tokens.clone())
         return real_prefill(self, prompt, first_tokens, new_cache)
 
-    def block_logits(self):
-        logits = real_block(self)
+    def block_logits(self, anchor):
+        logits = real_block(self, anchor)
         seen.setdefault("block", logits.clone())
         return logits
 
