@@ -34,7 +34,7 @@ def _where(source: str, path: str) -> str:
 
 
 def check_declared_fields(raw: dict[str, Any], source: str, prefix: str = "") -> None:
-    """:data:`INT_FIELDS` are integers >= 0 (or null) and :data:`INT_LIST_FIELDS` lists of them, at the top level
+    """:data:`INT_FIELDS` are integers >= 0 (or null) and :data:`INT_LIST_FIELDS` lists of layer ids >= -1, at the top level
     and in every nested ``*_config`` object (a string ``"128"`` is refused, not converted)."""
     for name in INT_FIELDS:
         value = raw.get(name)
@@ -44,8 +44,9 @@ def check_declared_fields(raw: dict[str, Any], source: str, prefix: str = "") ->
         value = raw.get(name)
         if value is None:
             continue
-        if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in value):
-            raise DraftLoadError(f"{_where(source, prefix + name)} must be a list of integers >= 0, got {value!r}")
+        if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, int) or v < -1 for v in value):
+            raise DraftLoadError(f"{_where(source, prefix + name)} must be a list of layer ids, integers >= -1 "
+                                 f"(-1: the embedding output), got {value!r}")
     for name, value in raw.items():
         if name.endswith("_config") and isinstance(value, dict):
             check_declared_fields(value, source, f"{prefix}{name}.")
