@@ -211,7 +211,7 @@ def _check_tree(shape: TreeShape, kind: DraftKind, config: Any, budget: DraftBud
 
 
 def _check_auto(auto: Auto, kind: DraftKind, config: Any, budget: DraftBudget, gamma_source: str | None,
-                stateful: str | None) -> tuple[bool, bool]:
+                stateful: str | None, vocab: VocabMap) -> tuple[bool, bool]:
     """Options with no meaning when each round's shape is chosen (see :class:`hf_specmm.Auto`): refused, naming
     the option. Returns whether rounds may draft trees and be plain steps (neither with linear-attention layers:
     a tree node's state is its parent's, and only chain rounds are tested with their rollback)."""
@@ -232,11 +232,7 @@ def _check_auto(auto: Auto, kind: DraftKind, config: Any, budget: DraftBudget, g
     per_node_outputs = config.return_dict_in_generate and (config.output_attentions or config.output_hidden_states)
     trees = kind.drafter.drafts_trees and not per_node_outputs and stateful is None
     plain = bool(kind.drafter.follows_plain_steps) and stateful is None
-    why = auto.uses(trees, plain)
-    if why is not None:
-        reason = ("output_attentions / output_hidden_states need chain rounds" if per_node_outputs and
-                  kind.drafter.drafts_trees else f"the {kind.name!r} draft kind's drafter cannot draft it")
-        _fail(UnsupportedGenerationError, f"hf_specmm.Auto(shapes=...): {why}, and {reason}.")
+    auto.check(trees, plain, vocab.target_vocab, stateful)
     return trees, plain
 
 
@@ -310,12 +306,9 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
         _check_tree(shape, kind, config, budget, chosen_gamma, vocab, stateful)
         budget.gamma, budget.tree = shape.depth, shape
     if auto is not None:
-        trees, plain = _check_auto(auto, kind, config, budget, chosen_gamma, stateful)
-        # a drafter whose misses depend on the depth as much as on the token (so does a draft under rank-aware
-        # controlled acceptance): its answers' hard tokens would not tell every chain's rounds
-        by_token = kind.drafter.misses_by_token and not getattr(draft, "misses_by_depth", False)
+        trees, plain = _check_auto(auto, kind, config, budget, chosen_gamma, stateful, vocab)
         budget = auto.budget(target, ids.shape[0], bool(config.do_sample), config.cache_implementation or "dynamic",
-                             trees, plain, ids.device, answers=by_token)
+                             trees, plain, ids.device, vocab.target_vocab)
     for key in ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold"):
         kwargs.pop(key, None)  # consumed here; stock generate must not see an assisted-mode option
     if config.cache_implementation == "static":

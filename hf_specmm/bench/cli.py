@@ -88,14 +88,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "cache_implementation='static' + compile_config), beside the eager rows")
     parser.add_argument("--seed", type=int_at_least(0), default=0, help="seed of weights, prompts and acceptance draws")
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="folder for bench.json/.md/.png")
+    parser.add_argument("--write-profile", type=Path, metavar="P.json",
+                        help="also write an hf-specmm auto-sim profile from the fixed-shape rows' timings (the first "
+                             "draft kind; docs/auto.md)")
 
 
 def _profile(text: str) -> list[list[float]]:
     """An argparse ``type=`` for ``--acceptance-profile`` (numbers or a JSON file), checked."""
     import argparse
 
-    from ..auto.acceptance import read_profile
-    from ..auto.wrapper import check_profile
+    from ..auto.acceptance import check_profile, read_profile
 
     try:
         profile = read_profile(text)
@@ -139,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
                       "(--device cuda)")
     if args.out.exists() and not args.out.is_dir():
         raise _refuse(f"--out {args.out} is a file, not a folder")
+    if args.write_profile is not None and (args.write_profile.is_dir() or not args.write_profile.parent.is_dir()):
+        raise _refuse(f"--write-profile {args.write_profile}: not a file in an existing folder")
     if importlib.util.find_spec("matplotlib") is None:
         raise _refuse("bench.png is drawn with matplotlib: pip install 'hf-specmm[bench]'")
     config = BenchConfig(preset=args.preset, gammas=args.gammas, batch_sizes=args.batch_sizes,
@@ -156,6 +160,19 @@ def run(args: argparse.Namespace) -> int:
     except SpecMMError as err:  # e.g. a --tree wider than the preset's vocabulary: refused before that call's forward
         raise _refuse(str(err)) from None
     paths = write_outputs(result, args.out)
+    if args.write_profile is not None:
+        import sys
+
+        from .sim_profile import profile_from_rows
+
+        kind = result["rows"][0]["draft_kind"]
+        chains = [r["acceptance"] for r in result["rows"] if r.get("draft_kind") == kind and not r.get("tree")
+                  and r.get("acceptance") is not None]
+        acceptance = config.acceptance_profile or config.acceptance or (round(sorted(chains)[len(chains) // 2], 4)
+                                                                          if chains else 0.0)
+        command = "hf-specmm bench " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "hf-specmm bench"
+        profile = profile_from_rows(result["rows"], kind, acceptance, command)
+        args.write_profile.write_text(json.dumps(profile, indent=1) + "\n")
     print(format_table(result))
     for row in result["rows"]:
         if row.get("stock_error"):
