@@ -93,10 +93,6 @@ class Proposal:
     start: RoundStart | None = None
     tree: DraftTree | None = None
     depth: int | None = None  # the round's γ (a tree's depth: its draft forwards); None: one per token
-    #: [B, k] per slot of the pending tokens the round read first (the newest last): 1 where the token was the
-    #: draft's first choice after the slots before it, 0 where not, -1 unknown (the first slot, a hole); None: not
-    #: reported (:attr:`Drafter.reports_first_choices`)
-    read: torch.Tensor | None = None
 
     @property
     def gamma(self) -> int:
@@ -135,15 +131,6 @@ class Drafter(ABC):
     #: True when :meth:`observe_verification` needs :meth:`watch` entered around verification forwards
     #: too (the loop skips the context otherwise: it is on the hot path)
     observes_verification: bool = False
-    #: set by the loop where the budget asks for it (:attr:`~hf_specmm.budget.DraftBudget.needs_first_choices`): a
-    #: drafter that can, then tells per pending slot it reads whether its token was the draft's first choice
-    #: (:attr:`Proposal.read`)
-    reports_first_choices: bool = False
-    #: True where a token the draft misses is missed whatever depth drafts it, so the answers' hard tokens fix
-    #: every chain's rounds (:mod:`hf_specmm.auto.runs`): exactly so for a draft that reads tokens only; measured
-    #: to hold closely for feature heads (EAGLE-1/-3), whose deeper levels read their own predicted features. False
-    #: for drafters whose misses depend on the depth as much (a block drafted at once; a depth-aware assistant)
-    misses_by_token: bool = True
     #: True when :meth:`select_rows` is implemented: the loop then drops finished rows from the batch
     #: (from the target's cache and through this method from the drafter's state), so later rounds run
     #: only the unfinished rows. False: every row stays in both batches until the call ends.

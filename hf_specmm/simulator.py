@@ -17,6 +17,7 @@ from .auto.costs import Table
 from .auto.shapes import MAX_DEPTH, PLAIN, Shape, candidates
 from .budget import RoundOutcome
 
+FIRST_CALLS = 20  # the result's "first_20": figures over a fresh process's first calls
 KEYS = {"verify_ms", "batch", "draft_ms", "overhead_ms", "cold", "noise", "drift", "draft_drift", "acceptance",
         "acceptance_drift", "answer_tokens", "source"}
 
@@ -275,12 +276,15 @@ def simulate(profile: dict[str, Any] | str, calls: int = 400, batch: int = 1, se
         results[strategy] = out
 
     def rate(rows: list[tuple[int, float]]) -> float:
-        rows = rows[skip:]
         return sum(t for t, _ in rows) / sum(s for _, s in rows)
 
-    fixed_rates = {k: rate(v) for k, v in results.items() if k != "auto"}
-    best = max(fixed_rates, key=fixed_rates.get)  # type: ignore[arg-type]
-    auto = rate(results["auto"])
-    return {"auto_tokens_per_s": auto, "fixed": fixed_rates, "best_shape": best,
-            "auto_over_best": auto / fixed_rates[best], "auto_over_plain": auto / fixed_rates["plain"],
-            "calls": calls, "batch": batch, "seed": seed, "skip": skip, "auto_shapes_by_call": taken}
+    def figures(first: int, last: int) -> dict[str, Any]:
+        fixed = {k: rate(v[first:last]) for k, v in results.items() if k != "auto"}
+        best, auto = max(fixed, key=fixed.get), rate(results["auto"][first:last])  # type: ignore[arg-type]
+        return {"auto_tokens_per_s": auto, "fixed": fixed, "best_shape": best, "auto_over_best": auto / fixed[best],
+                "auto_over_plain": auto / fixed["plain"], "best_tokens_per_s": fixed[best]}
+
+    first = figures(0, FIRST_CALLS)  # a fresh process's first calls, as a user meets them
+    first.pop("fixed")
+    return {**figures(skip, calls), "calls": calls, "batch": batch, "seed": seed, "skip": skip,
+            "auto_shapes_by_call": taken, f"first_{FIRST_CALLS}": first}

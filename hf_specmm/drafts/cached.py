@@ -83,8 +83,6 @@ class CachedDrafter(Drafter):
         #: the slots to read first next round: per-row tensors [A, k, ...], ``valid`` [A, k] last
         self.pending: tuple[torch.Tensor, ...] | None = None
         self.root: torch.Tensor | None = None  # [A] the target's newest token: the next tree's root
-        #: what the last :meth:`read_pending` found of the pending tokens (:attr:`Proposal.read`), or None
-        self.pending_read: torch.Tensor | None = None
 
     # ---- what a subclass reads -------------------------------------------------------------------------
     @abstractmethod
@@ -150,8 +148,7 @@ class CachedDrafter(Drafter):
             # d_γ is read next round, only if accepted (or now, see reads_last_draft)
             if j + 1 < gamma or self.reads_last_draft:
                 logits = self.read_draft(token)
-        return Proposal(torch.stack(tokens, 1), torch.stack(probs, 1) if probs[0] is not None else None, start,
-                        read=self.pending_read)
+        return Proposal(torch.stack(tokens, 1), torch.stack(probs, 1) if probs[0] is not None else None, start)
 
     def propose_tree(self, shape: TreeShape, select: "Selector") -> Proposal:
         """Read the pending slots, then :func:`~hf_specmm.trees.expand_tree`, one :meth:`tree_levels` read per
@@ -171,7 +168,7 @@ class CachedDrafter(Drafter):
 
         root = select.level_scores(root_logits[:, None], 0)[:, 0]
         tree = expand_tree(self.root, root, step, shape)
-        return Proposal(tree.tokens[:, 1:], None, start, tree=tree, depth=shape.depth, read=self.pending_read)
+        return Proposal(tree.tokens[:, 1:], None, start, tree=tree, depth=shape.depth)
 
     def tree_levels(self, shape: TreeShape) -> LevelReader:
         """After the pending read: a :data:`LevelReader` appending each level's K frontier nodes to ``state`` in

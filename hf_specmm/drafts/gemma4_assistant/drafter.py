@@ -50,7 +50,6 @@ class Gemma4AssistantDrafter(CachedDrafter):
 
     observes_prefill = True
     observes_verification = True
-    misses_by_token = False  # see Drafter.misses_by_token
     keeps_read_drafts = False
 
     def __init__(self, draft: Any, vocab: VocabMap):
