@@ -56,6 +56,24 @@ class RoundOutcome:
         return out
 
 
+@dataclass(frozen=True)
+class CallContext:
+    """What a draft wrapper that shapes rounds (``hf_specmm.Tree``, ``hf_specmm.Auto``) reads to build the call's
+    budget (its ``call_budget(budget, call)``, which refuses what it cannot honour before any forward): the target,
+    the draft's kind, the resolved generation config, where the caller set ``num_assistant_tokens`` (None:
+    nowhere), the target's vocabulary, which model has linear-attention layers ('target', 'draft', None), the
+    batch size and the device."""
+
+    target: Any
+    kind: Any
+    config: Any
+    gamma_source: str | None
+    vocab_size: int
+    stateful: str | None
+    batch: int
+    device: Any
+
+
 @dataclass
 class DraftBudget:
     """The call's budget. ``schedule``: ``constant`` keeps γ fixed; ``heuristic`` / ``heuristic_transient``

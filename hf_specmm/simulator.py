@@ -11,6 +11,7 @@ import math
 import random
 from typing import Any
 
+from . import auto
 from .auto.acceptance import AcceptanceTable, check_profile, tree_nodes
 from .auto.budget import AutoBudget
 from .auto.costs import Table
@@ -288,3 +289,6 @@ def simulate(profile: dict[str, Any] | str, calls: int = 400, batch: int = 1, se
     first.pop("fixed")
     return {**figures(skip, calls), "calls": calls, "batch": batch, "seed": seed, "skip": skip,
             "auto_shapes_by_call": taken, f"first_{FIRST_CALLS}": first}
+
+
+auto.simulate, auto.check_sim_profile = simulate, check_sim_profile  # hf_specmm.auto.simulate (see hf_specmm.auto)

@@ -8,11 +8,10 @@ kind (plain ``generate`` or speculative) chosen by one rule over estimated rates
 - :mod:`~hf_specmm.auto.budget`: the decision rule, the per-call budget;
 - :mod:`~hf_specmm.auto.wrapper`: ``Auto(draft, ...)``, what a user passes as ``assistant_model``.
 
-``simulate`` and ``check_sim_profile`` are :mod:`hf_specmm.simulator`'s (the simulator on a virtual clock,
-``hf-specmm auto-sim``), imported when first asked for.
+``hf_specmm.auto.simulate`` and ``check_sim_profile`` are :mod:`hf_specmm.simulator`'s (the simulator on a
+virtual clock, ``hf-specmm auto-sim``), set here when ``hf_specmm`` is imported: the simulator drives this
+package's classes, which import nothing of it.
 """
-
-from typing import Any
 
 from .acceptance import AcceptanceTable, chain_lengths, check_profile, read_profile
 from .budget import AutoBudget
@@ -21,12 +20,5 @@ from .store import COSTS
 from .wrapper import Auto
 
 __all__ = ["AcceptanceTable", "Auto", "AutoBudget", "COSTS", "MAX_DEPTH", "Shape", "chain_lengths",
-           "check_profile", "check_sim_profile", "read_profile", "simulate"]
+           "check_profile", "read_profile"]
 
-
-def __getattr__(name: str) -> Any:
-    if name in ("simulate", "check_sim_profile"):
-        from .. import simulator
-
-        return getattr(simulator, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

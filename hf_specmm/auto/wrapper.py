@@ -9,6 +9,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ..budget import CallContext, DraftBudget
 from ..drafts.wrapper import DraftWrapper, Tree
 from ..errors import UnsupportedGenerationError
 from ..trees.expand import TreeShape
@@ -103,6 +104,31 @@ class Auto(DraftWrapper):
                                            "back" if stateful else "this call cannot take (see docs/auto.md)")
             if why is not None:
                 raise UnsupportedGenerationError(f"hf_specmm.Auto(shapes=...): {why}; drop that shape")
+
+    def call_budget(self, budget: DraftBudget, call: CallContext) -> AutoBudget:
+        """The call's budget, after refusing (before any forward, naming the option) what has no meaning when each
+        round's shape is chosen. Trees and plain steps are taken where the drafter can and no model has
+        linear-attention layers (a tree node's state is its parent's; only chain rounds roll such layers back)."""
+        bad, config = None, call.config
+        if call.gamma_source is not None:
+            bad = (f"num_assistant_tokens={budget.gamma} (from {call.gamma_source}): Auto chooses γ each round; drop "
+                   "num_assistant_tokens (hf_specmm.Auto(draft, max_depth=...) bounds it)")
+        elif budget.schedule != "constant":
+            bad = (f"num_assistant_tokens_schedule={budget.schedule!r}: Auto chooses γ each round from measured "
+                   "costs; drop the schedule")
+        elif budget.confidence is not None:
+            bad = "assistant_confidence_threshold: Auto chooses each round's shape; drop the threshold"
+        elif config.cache_implementation == "static":
+            bad = "cache_implementation='static': Auto's rounds change width; drop it (or use a fixed chain)"
+        if bad is not None:
+            raise UnsupportedGenerationError(f"generate(assistant_model=hf_specmm.Auto(...)) cannot be used with {bad}.")
+        per_node = config.return_dict_in_generate and (config.output_attentions or config.output_hidden_states)
+        drafter = call.kind.drafter
+        trees = drafter.drafts_trees and not per_node and call.stateful is None
+        plain = bool(drafter.follows_plain_steps) and call.stateful is None
+        self.check(trees, plain, call.vocab_size, call.stateful)
+        return self.budget(call.target, call.batch, bool(config.do_sample), config.cache_implementation or "dynamic",
+                           trees, plain, call.device, call.vocab_size)
 
     def budget(self, target: Any, batch: int, sampling: bool, cache: str, trees: bool, plain: bool,
                device: torch.device, vocab_size: int | None = None) -> AutoBudget:
