@@ -2,7 +2,8 @@
 400 calls with the first 50 left out (steady), the first 20 calls of a fresh process (fresh), and three drifts
 at call 200 (the machine 2x slower, the draft 3x slower, the acceptance to 0) measured over calls 250-400.
 
-    python benchmarks/auto_sim_goals.py --out benchmarks/results/auto-sim/goals.json [--jobs 2]
+    python benchmarks/auto_sim_goals.py --out goals.json [--profiles NAME ...] [--batches 1 8] [--seeds 5]
+                                        [--drift-seeds 1] [--jobs 2]
 """
 
 from __future__ import annotations
@@ -37,9 +38,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="profile names (default: every one shipped)")
     parser.add_argument("--seeds", type=int, default=5, help="seeds per profile and batch")
     parser.add_argument("--drift-seeds", type=int, default=1, help="seeds per drift (batch 1)")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8], help="batch sizes")
     parser.add_argument("--jobs", type=int, default=1, help="processes")
     args = parser.parse_args(argv)
-    jobs = [(n, b, s, None) for n in args.profiles for b in (1, 8) for s in range(args.seeds)]
+    jobs = [(n, b, s, None) for n in args.profiles for b in args.batches for s in range(args.seeds)]
     jobs += [(n, 1, s, d) for n in args.profiles for d in DRIFTS for s in range(args.drift_seeds)]
     with ProcessPoolExecutor(args.jobs) as pool:
         rows = list(pool.map(one, jobs))
