@@ -21,8 +21,8 @@
 #   a1  the auto section in short parts, each (preset, batch) its own bench so an interrupted run keeps what
 #       finished: Qwen2.5-VL-7B shape batch 1 (γ 1/3/5), LLaVA-1.5-7B shape batch 1 and 4 (γ 1/3/5/8, trees
 #       (4,6,24) and (8,8,64)); 64 new tokens, Auto's best grid row re-timed in turns beside Auto and plain
-#   ad  LLaVA-1.5-7B shape, batch 1, both drafts: benchmarks/auto_diag.py (where Auto's rounds spend their time next
-#       to the same shapes run fixed; its cost table, shares and ranking; docs/auto.md)
+#   ad  LLaVA-1.5-7B shape, batch 1, both drafts: fixed shapes timed and written as hf-specmm auto-sim profiles
+#       (bench --write-profile; docs/auto.md)
 # The 7B presets time bf16 weights, as users run them (DTYPE=float32 for fp32): controlled acceptance
 # replays the plain greedy run's tokens, which needs every method to produce them; the presets' margin rule
 # (hf_specmm/bench/margins.py) keeps each greedy pick ahead of the runner-up by far more than bf16 rounding,
@@ -86,9 +86,11 @@ for s in $sections; do
           bench llava-1.5-7b-auto-batch$b --preset llava-1.5-7b-shape --batch-sizes $b --gammas 1 3 5 8 --tree 4,6,24 --tree 8,8,64 \
             "${lean[@]}"
         done ;;
-    ad) for kind in text_only feature_head; do
-          python3 benchmarks/auto_diag.py --preset llava-1.5-7b-shape --device cuda --dtype "${DTYPE:-bfloat16}" \
-            --draft-kind $kind 2>&1 | tee "$OUT/ad-$kind.txt"
+    ad) for kind in text_only feature_head; do  # the profiles Auto's simulator replays (docs/auto.md)
+          python3 -m hf_specmm.cli bench --preset llava-1.5-7b-shape --batch-sizes 1 --gammas 1 3 5 8 --tree 4,6,24 \
+            --tree 8,8,64 --draft-kind $kind --dtype "${DTYPE:-bfloat16}" --max-new-tokens 64 --warmup 1 --repeats 3 \
+            --acceptance-profile benchmarks/results/world-acceptance-profiles/world_profile_text-only-distilled.json --no-stock \
+            --device cuda --out "$OUT/ad-$kind" --write-profile "$OUT/profile-llava-$kind.json"
         done ;;
   esac
 done

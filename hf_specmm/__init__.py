@@ -18,6 +18,7 @@ from .hub import annotate_draft, draft_metadata, load_draft, push_draft_to_hub, 
 from .stats import SpecStats
 from .drafts.wrapper import Tree
 from .auto import Auto
+from . import simulator  # noqa: F401,E402  (sets hf_specmm.auto.simulate)
 from .targets import SUPPORTED_TARGETS, TargetFamily, register_target_family
 
 __version__ = "0.1.0"

@@ -99,16 +99,15 @@ def _speculative_generate(self: Any, inputs: torch.Tensor | None = None, generat
 
 
 def _plain_call(model: Any, plan: Any, inputs: Any, generation_config: Any, streamer: Any, start: float) -> Any:
-    """Stock ``generate`` without the draft (its output is plain generate's by definition), its steps timed into
-    the budget's costs; ``last_stats`` says so (``auto["shapes"] == ["plain generate"]``)."""
-    handle = plan.budget.timing_plain(model)
-    try:
-        result = _compat.stock_generate(model, inputs, generation_config=generation_config, streamer=streamer,
-                                        **plan.kwargs)
-    finally:
-        handle.remove()
+    """Stock ``generate`` without the draft (its output is plain generate's by definition), its steps told to the
+    budget; ``last_stats`` says so (``auto["shapes"] == ["plain generate"]``)."""
+    result = _compat.stock_generate(model, inputs, generation_config=generation_config, streamer=streamer,
+                                    **plan.kwargs)
     sequences = result if isinstance(result, torch.Tensor) else result.sequences
-    batch, steps = sequences.shape[0], max(len(plan.budget.plain_forwards) - 1, 0)
+    prompt = inputs if isinstance(inputs, torch.Tensor) else plan.kwargs.get("input_ids")
+    batch = sequences.shape[0]
+    steps = max(sequences.shape[1] - (prompt.shape[-1] if isinstance(prompt, torch.Tensor) else 0) - 1, 0)
+    plan.budget.close_plain_call(steps + 1, batch)
     # one token per row and forward (rows that stopped at EOS count their padding, as plain generate runs them)
     stats = SpecStats(batch_size=batch, target_forwards=batch * (steps + 1), generated_tokens=batch * (steps + 1),
                       tokens_per_round=[[1] * batch for _ in range(steps)], gammas=[0] * steps)

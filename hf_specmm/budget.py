@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from .trees.expand import TreeShape
 
@@ -17,6 +17,63 @@ class RoundBudget:
     tree: TreeShape | None = None
 
 
+@dataclass(frozen=True)
+class RoundOutcome:
+    """What a round did, per batch row (the one numbering a budget sees): ``live`` (generating at its start),
+    ``kept`` tokens (drafts + the target's; fewer than ``accepted`` + 1 where the row's end came inside its
+    accepted drafts), ``accepted`` drafts, ``drafted`` drafts, ``ended`` (the row's answer ended in the round:
+    EOS or a stop, not ``max_length``). ``gamma``: the drafted depth (0: a plain step); ``tree_paths``: for a tree
+    round, per batch row the (children, rank taken) of each node on its accepted path, computed when asked."""
+
+    gamma: int
+    live: list[bool]
+    kept: list[int]
+    accepted: list[int]
+    drafted: list[int]
+    ended: list[bool]
+    tree_paths: Callable[[], list[list[tuple[int, int]]]] | None = None
+
+    def paths(self) -> list[list[tuple[int, int | None]]]:
+        """Per live row, the nodes of its accepted path in depth order as (children tried, rank taken or None); a
+        row whose end came inside its accepted drafts stops there (nothing drafted past an end is a trial)."""
+        trees = self.tree_paths() if self.tree_paths is not None else None
+        out: list[list[tuple[int, int | None]]] = []
+        for i, live in enumerate(self.live):
+            if not live:
+                continue
+            n, ended = self.accepted[i], self.kept[i] <= self.accepted[i]
+            taken = self.kept[i] if ended else n
+            if trees is None:
+                path: list[tuple[int, int | None]] = [(1, 0)] * taken
+                if not ended and taken < self.drafted[i]:
+                    path.append((1, None))
+            else:
+                nodes = trees[i]
+                path = [(c, r) for c, r in nodes[:taken] if c > 0]
+                if not ended and taken < len(nodes) and nodes[taken][0] > 0:
+                    path.append((nodes[taken][0], None))
+            out.append(path)
+        return out
+
+
+@dataclass(frozen=True)
+class CallContext:
+    """What a draft wrapper that shapes rounds (``hf_specmm.Tree``, ``hf_specmm.Auto``) reads to build the call's
+    budget (its ``call_budget(budget, call)``, which refuses what it cannot honour before any forward): the target,
+    the draft's kind, the resolved generation config, where the caller set ``num_assistant_tokens`` (None:
+    nowhere), the target's vocabulary, which model has linear-attention layers ('target', 'draft', None), the
+    batch size and the device."""
+
+    target: Any
+    kind: Any
+    config: Any
+    gamma_source: str | None
+    vocab_size: int
+    stateful: str | None
+    batch: int
+    device: Any
+
+
 @dataclass
 class DraftBudget:
     """The call's budget. ``schedule``: ``constant`` keeps γ fixed; ``heuristic`` / ``heuristic_transient``
@@ -25,12 +82,16 @@ class DraftBudget:
     as stock does, so the next call starts from it; ``heuristic_transient`` starts from the configured γ on
     every call. ``confidence``: ``assistant_confidence_threshold``, a row stops drafting below it.
 
+    The loop asks :meth:`plan` before each round and tells :meth:`close` its :class:`RoundOutcome` after it;
+    ``generate`` asks :meth:`runs_plain` before the call and :meth:`report` after it. A budget that learns
+    (``hf_specmm.Auto``'s) overrides them.
+
     Example::
 
         >>> budget = DraftBudget(gamma=5, schedule="heuristic")
-        >>> budget.for_round(remaining=[3, 40], unfinished=[True, True])
-        RoundBudget(gamma=5)
-        >>> budget.update(kept=[6, 6], gamma_used=5); budget.gamma
+        >>> budget.plan(remaining=[3, 40], unfinished=[True, True])
+        RoundBudget(gamma=5, tree=None)
+        >>> budget.close(RoundOutcome(5, [True, True], [6, 6], [5, 5], [5, 5], [False, False])); budget.gamma
         7
     """
 
@@ -43,43 +104,26 @@ class DraftBudget:
     #: ``hf_specmm.Tree``'s shape (γ = its depth): each round drafts a tree, cut to the round's γ
     tree: TreeShape | None = None
 
-    def for_round(self, remaining: list[int], unfinished: list[bool]) -> RoundBudget:
+    def plan(self, remaining: list[int], unfinished: list[bool]) -> RoundBudget:
         """γ for a round where row i may still add ``remaining[i]`` tokens: one token of the longest
         unfinished row's room is the target's own (with one token left, a plain target step ends the call)."""
         if self.fixed_width:
             return RoundBudget(self.gamma)
         gamma = min(self.gamma, max(r for r, u in zip(remaining, unfinished) if u) - 1)
-        return RoundBudget(gamma, self._tree_of_depth(gamma))
+        return RoundBudget(gamma, self.tree.cut(gamma) if self.tree is not None and gamma >= 1 else None)
 
-    def _tree_of_depth(self, depth: int) -> TreeShape | None:
-        """The tree cut to ``depth`` levels (near ``max_length``), with no more nodes than it can hold."""
-        if self.tree is None or depth < 1:
-            return None
-        return self.tree.cut(depth)
-
-    def update(self, kept: list[int], gamma_used: int) -> None:
-        """After a round where the rows still running kept ``kept`` tokens each (drafts + the target's)."""
-        accepted = [k - 1 for k in kept if k]
+    def close(self, outcome: RoundOutcome) -> None:
+        """After a round: the heuristic schedules move γ by whether every live row kept all its drafts."""
+        accepted = [k - 1 for k, u in zip(outcome.kept, outcome.live) if u and k]
         if self.schedule.startswith("heuristic") and accepted:
-            self.gamma = self.gamma + 2 if min(accepted) == gamma_used else max(1, self.gamma - 1)
-
-    #: whether the drafter should report which pending tokens were its first choice (:attr:`Proposal.read`)
-    needs_first_choices = False
-
-    # hooks for a budget that learns from its rounds (``hf_specmm.Auto``'s); a fixed budget ignores them
-    def drafted(self) -> None:
-        """The round's drafts are proposed (its verification starts)."""
-
-    def observe(self, proposal: Any, accepted: Any, unfinished: list[bool], kept: list[int],
-                stopped: list[bool], rows: list[int] | None = None) -> None:
-        """The round's ``proposal`` and the verifier's ``accepted``, per cache row (``unfinished``: rows that
-        were generating; ``kept``: the tokens each kept, fewer than accepted + 1 where its end, EOS or
-        ``max_length``, came inside the accepted drafts; ``stopped``: rows that ended before ``max_length``;
-        ``rows``: the batch row of each cache row, None where they are the same)."""
+            self.gamma = self.gamma + 2 if min(accepted) == outcome.gamma else max(1, self.gamma - 1)
 
     def runs_plain(self) -> bool:
         """Whether the call is best run as plain ``generate`` (a budget that measured so; a fixed one never)."""
         return False
+
+    def close_plain_call(self, steps: int, rows: int) -> None:
+        """The call ran as plain ``generate``: ``steps`` decoding steps over ``rows`` rows."""
 
     def report(self) -> Any:
         """What the call's rounds did, for :class:`~hf_specmm.stats.SpecStats` (None: nothing to add)."""

@@ -12,13 +12,10 @@ from . import _compat
 from .devices import execution_device
 from .errors import IncompatibleDraftError, UnsupportedGenerationError
 from .drafts import DraftKind, kind_of
-from .budget import DraftBudget
+from .budget import CallContext, DraftBudget
 from .caches import backend_for
 from .prompt_checks import check_placeholders
 from .targets import target_spec
-from .drafts.wrapper import Tree
-from .trees.expand import TreeShape
-from .auto.wrapper import Auto
 from .vocab import VocabMap, check_vocab_compatible, draft_vocab_size, vocab_map
 
 DEFAULT_GAMMA = 5
@@ -178,70 +175,12 @@ def _gamma_source(kwargs: dict, generation_config: Any, target: Any) -> str | No
     return next((label for label, config in named[2:] if _chosen("num_assistant_tokens", {}, None, config)), None)
 
 
-def _check_tree(shape: TreeShape, config: Any, budget: DraftBudget, gamma_source: str | None, vocab: VocabMap,
-                stateful: str | None = None) -> None:
-    """Options with no meaning for a draft tree (see :class:`hf_specmm.Tree`): refused, naming the option."""
-    bad = None
-    if budget.schedule != "constant":
-        bad = (f"num_assistant_tokens_schedule={budget.schedule!r}: a tree's depth is fixed; use "
-               "num_assistant_tokens_schedule='constant' (or leave it unset)")
-    elif budget.confidence is not None:
-        bad = "assistant_confidence_threshold: a tree's shape is static; drop the threshold"
-    elif gamma_source is not None and budget.gamma != shape.depth:
-        bad = (f"num_assistant_tokens={budget.gamma} (from {gamma_source}): a tree's γ is its depth ({shape.depth}); "
-               "drop num_assistant_tokens or set it to the depth")
-    elif shape.top_k > vocab.target_vocab:
-        bad = (f"top_k={shape.top_k}: more children per node than the target's {vocab.target_vocab} token ids; use "
-               f"hf_specmm.Tree(draft, top_k=k) with k <= {vocab.target_vocab}")
-    elif config.cache_implementation == "static":
-        bad = "cache_implementation='static': draft trees run on the default dynamic cache; drop it"
-    elif stateful:
-        bad = (f"a {stateful} with linear-attention layers (Qwen3.5's Gated DeltaNet): a tree node's recurrent state "
-               "is its parent's plus its token, which one forward over the flattened tree does not compute; pass the "
-               "draft itself to draft a chain")
-    elif config.return_dict_in_generate and (config.output_attentions or config.output_hidden_states):
-        bad = ("output_attentions / output_hidden_states: a tree forward's per-node tensors have no plain-generate "
-               "layout (scores and logits are returned); drop them")
-    if bad is not None:
-        _fail(UnsupportedGenerationError, f"generate(assistant_model=hf_specmm.Tree(...)) cannot be used with {bad}.")
-
-
-def _check_auto(auto: Auto, kind: DraftKind, config: Any, budget: DraftBudget, gamma_source: str | None,
-                stateful: str | None) -> tuple[bool, bool]:
-    """Options with no meaning when each round's shape is chosen (see :class:`hf_specmm.Auto`): refused, naming
-    the option. Returns whether rounds may draft trees and be plain steps (neither with linear-attention layers:
-    a tree node's state is its parent's, and only chain rounds are tested with their rollback)."""
-    bad = None
-    if gamma_source is not None:
-        bad = (f"num_assistant_tokens={budget.gamma} (from {gamma_source}): Auto chooses γ each round; drop "
-               "num_assistant_tokens "
-               "(hf_specmm.Auto(draft, max_depth=...) bounds it)")
-    elif budget.schedule != "constant":
-        bad = (f"num_assistant_tokens_schedule={budget.schedule!r}: Auto chooses γ each round from measured costs; "
-               "drop the schedule")
-    elif budget.confidence is not None:
-        bad = "assistant_confidence_threshold: Auto chooses each round's shape; drop the threshold"
-    elif config.cache_implementation == "static":
-        bad = "cache_implementation='static': Auto's rounds change width; drop it (or use a fixed chain)"
-    if bad is not None:
-        _fail(UnsupportedGenerationError, f"generate(assistant_model=hf_specmm.Auto(...)) cannot be used with {bad}.")
-    per_node_outputs = config.return_dict_in_generate and (config.output_attentions or config.output_hidden_states)
-    trees = not per_node_outputs and stateful is None
-    plain = stateful is None
-    why = auto.uses(trees, plain)
-    if why is not None:
-        reason = ("output_attentions / output_hidden_states need chain rounds" if per_node_outputs else
-                  f"the {stateful}'s linear-attention layers need chain rounds")
-        _fail(UnsupportedGenerationError, f"hf_specmm.Auto(shapes=...): {why}, and {reason}.")
-    return trees, plain
-
-
 def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, streamer: Any, kwargs: dict) -> Plan:
     """Validate the call and return what the loop needs. Raises before any forward pass."""
     spec = target_spec(target, kwargs.get("tokenizer"))  # layout tokens read by name when it is given
-    shape = draft.shape if isinstance(draft, Tree) else None
-    auto = draft if isinstance(draft, Auto) else None
-    draft = draft.draft if isinstance(draft, (Tree, Auto)) else draft  # the inner draft's kind runs it, shaped
+    # a wrapper that shapes rounds (hf_specmm.Tree, hf_specmm.Auto) builds the call's budget; its draft's kind runs it
+    shaper = draft if callable(getattr(type(draft), "call_budget", None)) else None
+    draft = shaper.draft if shaper is not None else draft
     if not isinstance(draft, torch.nn.Module) or not hasattr(draft, "config"):
         _fail(IncompatibleDraftError, f"assistant_model must be a transformers model, got {type(draft).__name__}.")
     kwargs = dict(kwargs)
@@ -297,21 +236,13 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
         kwargs["stopping_criteria"], kwargs["stop_strings"] = criteria, None
     sources = (getattr(target, "generation_config", None), getattr(draft, "generation_config", None))
     budget = _resolve_budget(target, draft, generation_config, kwargs)
-    if budget.confidence is not None and (shape is not None or auto is not None
-                                          or config.cache_implementation == "static") \
+    if budget.confidence is not None and (shaper is not None or config.cache_implementation == "static") \
             and not _chosen("assistant_confidence_threshold", kwargs, generation_config, sources[1]):
         budget.confidence = None  # transformers' filled-in default, not the caller's: no threshold for fixed shapes
     chosen_gamma = _gamma_source(kwargs, generation_config, target)  # a γ the caller set conflicts with a shape
-    if shape is not None:
-        _check_tree(shape, config, budget, chosen_gamma, vocab, stateful)
-        budget.gamma, budget.tree = shape.depth, shape
-    if auto is not None:
-        trees, plain = _check_auto(auto, kind, config, budget, chosen_gamma, stateful)
-        # a drafter whose misses depend on the depth as much as on the token (so does a draft under rank-aware
-        # controlled acceptance): its answers' hard tokens would not tell every chain's rounds
-        by_token = kind.drafter.misses_by_token and not getattr(draft, "misses_by_depth", False)
-        budget = auto.budget(target, ids.shape[0], bool(config.do_sample), config.cache_implementation or "dynamic",
-                             trees, plain, ids.device, answers=by_token)
+    if shaper is not None:
+        budget = shaper.call_budget(budget, CallContext(target, kind, config, chosen_gamma, vocab.target_vocab,
+                                                        stateful, ids.shape[0], ids.device))
     for key in ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold"):
         kwargs.pop(key, None)  # consumed here; stock generate must not see an assisted-mode option
     if config.cache_implementation == "static":

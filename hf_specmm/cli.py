@@ -30,6 +30,8 @@ COMMANDS = {
     "demo": ("hf_specmm.world.demo", "Offline demo: the shipped miniature-world target, plain vs speculative."),
     "world-tau": ("hf_specmm.world.tau_table", "τ per task × γ × draft kind on held-out miniature-world scenes."),
     "world-task": ("hf_specmm.world.lmms_task", "Write the miniature world as an offline lmms-eval task folder."),
+    "auto-sim": ("hf_specmm.bench.sim_profile", "Simulate hf_specmm.Auto beside every fixed shape on a cost profile "
+                                                "(virtual clock, no model)."),
 }
 
 

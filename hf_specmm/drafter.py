@@ -132,10 +132,6 @@ class Proposal:
     start: RoundStart | None = None
     tree: DraftTree | None = None
     depth: int | None = None  # the round's γ (a tree's depth: its draft forwards); None: one per token
-    #: [B, k] per slot of the pending tokens the round read first (the newest last): 1 where the token was the
-    #: draft's first choice after the slots before it, 0 where not, -1 unknown (the first slot, a hole); None: not
-    #: reported (:attr:`Drafter.reports_first_choices`)
-    read: torch.Tensor | None = None
 
     @property
     def gamma(self) -> int:
@@ -174,15 +170,6 @@ class Drafter(ABC):
     #: True when :meth:`observe_verification` needs :meth:`watch` entered around verification forwards
     #: too (the loop skips the context otherwise: it is on the hot path)
     observes_verification: bool = False
-    #: set by the loop where the budget asks for it (:attr:`~hf_specmm.budget.DraftBudget.needs_first_choices`): a
-    #: drafter that can, then tells per pending slot it reads whether its token was the draft's first choice
-    #: (:attr:`Proposal.read`)
-    reports_first_choices: bool = False
-    #: True where a token the draft misses is missed whatever depth drafts it, so the answers' hard tokens fix
-    #: every chain's rounds (:mod:`hf_specmm.auto.runs`): exactly so for a draft that reads tokens only; measured
-    #: to hold closely for feature heads (EAGLE-1/-3), whose deeper levels read their own predicted features. False
-    #: for drafters whose misses depend on the depth as much (a block drafted at once; a depth-aware assistant)
-    misses_by_token: bool = True
     #: whether the drafts it read stay in its cache when accepted (see the module doc)
     keeps_read_drafts: bool = True
     #: the deepest chain or tree a round drafts (None: as deep as the budget asks)
@@ -200,8 +187,6 @@ class Drafter(ABC):
         self.state: Any = None
         #: the slots to read first next round: per-row tensors [A, k, ...], ``valid`` [A, k] last
         self.pending: tuple[torch.Tensor, ...] | None = None
-        #: what the last :meth:`read_pending` found of the pending tokens (:attr:`Proposal.read`), or None
-        self.pending_read: torch.Tensor | None = None
 
     @classmethod
     def check(cls, target: Any, draft: Any) -> None:
@@ -313,8 +298,7 @@ class Drafter(ABC):
             # d_γ is read next round, only if accepted (or now, see reads_last_draft)
             if j + 1 < gamma or self.reads_last_draft:
                 logits = self.read_draft(token)
-        return Proposal(torch.stack(tokens, 1), torch.stack(probs, 1) if probs[0] is not None else None, start,
-                        read=self.pending_read)
+        return Proposal(torch.stack(tokens, 1), torch.stack(probs, 1) if probs[0] is not None else None, start)
 
     def propose_tree(self, shape: TreeShape, select: "Selector", cur: torch.Tensor) -> Proposal:
         """Read the pending slots, then :func:`~hf_specmm.trees.expand_tree` from the root ``cur``, one
@@ -333,7 +317,7 @@ class Drafter(ABC):
 
         root = select.level_scores(root_logits[:, None], 0)[:, 0]
         tree = expand_tree(cur, root, step, shape)
-        return Proposal(tree.tokens[:, 1:], None, start, tree=tree, depth=shape.depth, read=self.pending_read)
+        return Proposal(tree.tokens[:, 1:], None, start, tree=tree, depth=shape.depth)
 
     def tree_levels(self, shape: TreeShape) -> LevelReader:
         """After the pending read: a :data:`LevelReader` appending each level's K frontier nodes to ``state`` in

@@ -34,7 +34,7 @@ import torch
 
 from . import _compat
 from .block import block_of
-from .budget import DraftBudget
+from .budget import DraftBudget, RoundOutcome
 from .caches import DynamicBackend, SlottedCache
 from .drafter import Drafter, Prompt, Proposal
 from .history import apply_processors
@@ -79,7 +79,6 @@ class SpeculativeDecoding:
     def __init__(self, drafter: Drafter, budget: DraftBudget, streamer: Any = None,
                  image_inputs: dict[str, Any] | None = None, backend: Any = None):
         self.drafter, self.budget, self.streamer = drafter, budget, streamer
-        drafter.reports_first_choices = budget.needs_first_choices  # (hf_specmm.Auto's answers, greedy)
         self.image_inputs = dict(image_inputs or {})
         self.backend = backend if backend is not None else DynamicBackend()
         self.stats = SpecStats()
@@ -154,7 +153,7 @@ class SpeculativeDecoding:
         """Draft, verify, accept, roll back: one target forward. Reads and advances ``call``."""
         rows, drafter, target_kv = call.rows, self.drafter, call.target_kv
         start_rows = rows.start_round()  # both numberings, once
-        budget = self.budget.for_round(start_rows.remaining, start_rows.unfinished)
+        budget = self.budget.plan(start_rows.remaining, start_rows.unfinished)
 
         # 1. draft d_1..d_γ (γ = 0: one token left for every row, a plain target step ends the call);
         #    a confidence threshold may end a row's drafts early (its length) or the whole round
@@ -163,7 +162,6 @@ class SpeculativeDecoding:
             proposal = drafter.propose(budget, call.select, call.cur)
         else:
             proposal = Proposal.empty(call.cur.shape[0], call.vocab_size, call.cur)
-        self.budget.drafted()
         gamma, lengths = proposal.gamma, call.select.round_lengths(proposal.gamma)
 
         # 2. verify: one target forward over the block [cur, d_1..d_γ] (or the tree rooted at cur) gives p_0..p_γ
@@ -186,9 +184,9 @@ class SpeculativeDecoding:
         del out
         self.stats.record_round(gamma, kept.kept, kept.accepted, kept.drafted, start_rows.remaining,
                                 start_rows.unfinished, tree=block.is_tree)
-        self.budget.observe(proposal, accepted, start_rows.unfinished_in_cache, rows.to_cache(kept.kept),
-                            rows.stopped(start_rows, kept.kept), rows.in_cache)
-        self.budget.update(kept.kept, gamma)
+        self.budget.close(RoundOutcome(gamma, start_rows.unfinished, kept.kept, kept.accepted, kept.drafted,
+                                       rows.ended(start_rows, kept.kept),
+                                       rows.tree_paths(proposal.tree, accepted) if block.is_tree else None))
 
         # 4. roll back both caches: each row keeps [cur, d_1..d_keep], keep = kept - 1; emitted[keep] is the new cur
         keep = (kept.in_cache - 1).clamp_min(0)

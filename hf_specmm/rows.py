@@ -14,7 +14,7 @@ kept of the verifier's acceptance, both numberings).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -104,10 +104,27 @@ class Rows:
         return KeptRows(kept, self.to_batch(accepted.n).tolist(), self.to_batch(drafted).tolist(),
                         accepted.n.new_tensor(self.to_cache(kept)))
 
-    def stopped(self, start: RoundRows, kept: list[int]) -> list[bool]:
-        """Per cache row: whether it stopped in the round before ``max_length`` (EOS, a stop string or another
+    def ended(self, start: RoundRows, kept: list[int]) -> list[bool]:
+        """Per batch row: whether it stopped in the round before ``max_length`` (EOS, a stop string or another
         stopping criterion), after :meth:`keep` (``kept`` per batch row)."""
-        return [start.unfinished[r] and not self.unfinished[r] and kept[r] < start.remaining[r] for r in self.in_cache]
+        return [u and not now and k < r for u, now, k, r in zip(start.unfinished, self.unfinished, kept, start.remaining)]
+
+    def tree_paths(self, tree: Any, accepted: "Acceptance") -> Callable[[], list[list[tuple[int, int]]]]:
+        """Per batch row, computed when called: (valid children, rank of the next path node among them) of each
+        node on the row's accepted tree path (one device transfer)."""
+        in_cache, batch = list(self.in_cache), self.batch_size
+
+        def paths() -> list[list[tuple[int, int]]]:
+            parents, valid, path = tree.parents, tree.valid, accepted.path.to(tree.parents.device)
+            nodes = torch.arange(parents.shape[1], device=parents.device)
+            child_of = (parents[:, None, :] == path[:, :, None]) & valid[:, None, :] & (nodes > 0)  # [A, D+1, N+1]
+            counts = child_of.sum(-1).tolist()
+            ranks = (child_of[:, :-1] & (nodes[None, None, :] < path[:, 1:, None])).sum(-1).tolist()
+            out: list[list[tuple[int, int]]] = [[] for _ in range(batch)]
+            for a, b in enumerate(in_cache):
+                out[b] = [(c, r) for c, r in zip(counts[a], ranks[a] + [0])]
+            return out
+        return paths
 
     def emit(self, block: torch.Tensor, counts: torch.Tensor) -> list[int]:
         """Offer ``counts`` [B] tokens of ``block`` [B, m] per row; returns how many each row kept."""

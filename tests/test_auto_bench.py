@@ -1,6 +1,5 @@
-"""``hf_specmm.Auto`` in the bench: rank-aware controlled acceptance (``--acceptance-profile``) and
-``--auto`` rows; a call that plain generate's own loop wins runs as plain generate. Timing numbers are not
-asserted (speed is measured with the CLI)."""
+"""``hf_specmm.Auto`` in the bench: rank-aware controlled acceptance (``--acceptance-profile``), ``--auto`` rows
+and ``--write-profile``. Timing numbers are not asserted (speed is measured with the CLI)."""
 
 from __future__ import annotations
 
@@ -12,9 +11,7 @@ import torch
 
 import hf_specmm
 from hf_specmm import cli
-from hf_specmm.auto import COSTS
 from hf_specmm.auto.acceptance import read_profile
-from hf_specmm.auto.calls import PROBES_LOST
 from hf_specmm.bench import BenchConfig, run_benchmark
 from conftest import batch_inputs, draft, target
 from test_trees_generate import generate
@@ -77,88 +74,6 @@ def test_profile_argument_numbers_and_files(tmp_path, capsys):
         run_benchmark(BenchConfig(preset="tiny", acceptance=0.5, acceptance_profile=[[0.5]]), progress=False)
 
 
-def test_a_call_plain_generate_wins_runs_as_plain_generate():
-    """Once plain generate's whole calls are measured faster than the speculative ones, calls run stock's loop
-    without the draft (the output is plain generate's); the 8th after the switch still runs speculatively."""
-    model = target("llava")
-    inputs = batch_inputs("llava", 2, with_images=False)
-    plain = model.generate(**inputs, max_new_tokens=12, do_sample=False)
-    COSTS.clear()
-    auto = hf_specmm.Auto(draft("llava", "random"), max_tokens=8, max_depth=3)
-    while True:  # calibrate
-        out, stats = generate(model, inputs, max_new_tokens=12, assistant_model=auto)
-        if stats.auto["calibration_rounds"] == 0 and stats.auto["shapes"] != ["plain generate"]:
-            break
-    (table,) = COSTS.tables.values()
-    assert table.overheads and all(o > 0 for o in table.overheads) and set(table.lengths) == {11.0}  # whole calls
-    assert table.stock and table.stock_calls  # one call ran as plain generate once calibrated: its steps timed
-    measured = list(table.stock)
-    table.stock_share = lambda: 1e-9  # plain generate's calls measured (as) free beside the speculative ones
-    table_of_pair = auto.acceptance(model)
-    table_of_pair.regimes.clear()  # whatever the calibration calls left: plain generate's first choice starts its gap
-    # and, where the random draft's ranking is plain steps (timing decides), its probes lost: the same schedule
-    table_of_pair.probes_lost, table_of_pair.probe_won = PROBES_LOST, None
-    shapes, choices = [], []
-    for _ in range(9):
-        out, stats = generate(model, inputs, max_new_tokens=12, assistant_model=auto)
-        assert torch.equal(out, plain)
-        shapes.append(stats.auto["shapes"][0] if stats.auto["shapes"] == ["plain generate"] else "speculative")
-        choices.append(stats.auto["whole_call"])  # how each call was chosen: the rule, the share, a check or not
-    assert shapes == ["plain generate"] * 7 + ["speculative", "plain generate"], shapes
-    assert [c["plain_generate"] for c in choices] == [s == "plain generate" for s in shapes]
-    assert [c["check"] for c in choices] == [s == "speculative" for s in shapes]
-    for c in choices:  # by the (faked) share, or by a ranking of plain steps, which reads no share
-        assert (c["by"], c["share"]) in (("share", 1e-9), ("plain steps ranked first", None)), c
-    assert table.stock != measured and all(t > 0 for t in table.stock)  # the plain calls' steps were timed
-
-
-def test_a_call_whose_rounds_would_all_be_plain_steps_runs_as_plain_generate():
-    """Where the loop would take plain steps only (a useless draft), plain generate's own loop does the same
-    cheaper: the call runs as plain generate however slow its step was once measured (noise must not keep the
-    loop's costlier plain steps)."""
-    model = target("llava")
-    inputs = batch_inputs("llava", 1, with_images=False)
-    plain = model.generate(**inputs, max_new_tokens=12, do_sample=False)
-    COSTS.clear()
-    auto = hf_specmm.Auto(draft("llava", "random"), max_tokens=8, max_depth=3)
-    for _ in range(8):  # calibrate
-        generate(model, inputs, max_new_tokens=12, assistant_model=auto)
-    (table,) = COSTS.tables.values()
-    for kind, widths in table.verify.items():  # costs that grow with width and drafting (no timing noise)
-        for width in widths:
-            widths[width] = [0.01 * width] * 3
-    for label in table.draft:
-        table.draft[label] = [0.01] * 3
-    table.kind_ratios.clear()  # and no realised factors learned against the timed curves
-    table.speed = 1.0
-    table.version += 1
-    table.stock_step_time = lambda: 1e3  # plain generate's step measured (as) very slow
-    pair = auto.acceptance(model)
-    pair.regimes.clear()
-    pair.probes_lost, pair.probe_won = PROBES_LOST, None  # the probes' evidence (timing decides it in calibration)
-    out, stats = generate(model, inputs, max_new_tokens=12, assistant_model=auto)
-    assert torch.equal(out, plain) and stats.auto["shapes"] == ["plain generate"]
-    assert stats.auto["whole_call"] == {"plain_generate": True, "by": "plain steps ranked first", "share": None,
-                                        "check": False}
-
-
-def test_auto_diag_script_runs_every_method_and_prints_the_cost_table(capsys):
-    """benchmarks/auto_diag.py is what a GPU run starts with (gpu_bench.sh ad): it must not fail there."""
-    module = benchmark_script("auto_diag")
-    COSTS.clear()
-    from hf_specmm.auto.budget import AutoBudget
-
-    methods = AutoBudget.drafted, AutoBudget.observe
-    assert module.main(["--preset", "tiny", "--max-new-tokens", "24", "--auto-calls", "1", "--turns", "1",
-                        "--slow-calibration", "0.001"]) == 0
-    assert (AutoBudget.drafted, AutoBudget.observe) == methods  # the emulation is undone
-    out = capsys.readouterr().out
-    for line in ("chain 5 ", "Auto [5] ", "Auto [0, 5] ", "Auto [5, tree 4,6,32] ", "verification ms by width:",
-                 "drafting ms by shape:", "realised shares:"):
-        assert line in out, line
-    COSTS.clear()
-
-
 def test_the_world_bench_times_as_many_prompts_as_asked():
     """benchmarks/auto_world.py --prompts N: N prompts over every task (it once drew 27 for 32: four tasks assumed)."""
     from hf_specmm.world.tasks import TASKS
@@ -184,3 +99,18 @@ def benchmark_script(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_bench_write_profile_replays_in_the_simulator(tmp_path):
+    """``hf-specmm bench --write-profile``: a profile from the run's fixed-shape timings that auto-sim takes."""
+    from hf_specmm.auto import check_sim_profile, simulate
+
+    path = tmp_path / "p.json"
+    assert cli.main(["bench", "--preset", "tiny", "--gammas", "1", "3", "--tree", "2,3,6", "--batch-sizes", "1",
+                     "--max-new-tokens", "12", "--repeats", "1", "--warmup", "0", "--no-stock", "--acceptance", "0.6",
+                     "--out", str(tmp_path / "out"), "--write-profile", str(path)]) == 0
+    profile = json.loads(path.read_text())
+    check_sim_profile(profile)
+    assert set(profile["verify_ms"]) == {"1", "2", "4", "7"} and profile["acceptance"] == 0.6
+    assert profile["draft_ms"]["step"] > 0 and profile["answer_tokens"] == [12, 12]
+    assert simulate(profile, calls=3, max_tokens=8, max_depth=3)["auto_tokens_per_s"] > 0

@@ -1,5 +1,5 @@
-"""``hf_specmm.Auto``: each round takes the shape (plain step, chain, tree) with the highest expected tokens per
-second on the hardware at hand, from measured costs and learned acceptance (docs/auto.md)."""
+"""``hf_specmm.Auto``: each round takes the shape (plain step, chain, tree) that its recent rounds and its prior
+say is fastest on the machine at hand (docs/auto.md)."""
 
 from __future__ import annotations
 
@@ -9,15 +9,14 @@ from typing import Any, Sequence
 
 import torch
 
-from ..devices import execution_device
+from ..budget import CallContext, DraftBudget
 from ..drafts.wrapper import DraftWrapper, Tree
+from ..errors import UnsupportedGenerationError
 from ..trees.expand import TreeShape
-from .acceptance import AcceptanceTable
+from .acceptance import AcceptanceTable, check_profile
 from .budget import AutoBudget
-from .costs import CostTable
-from .policy import CostAwarePolicy, FixedPolicy, Shape, cost_aware_policy
-from .store import COSTS, batch_bucket, cost_key
-
+from .shapes import MAX_DEPTH, candidates, parse_shapes
+from .store import COSTS, check_path, cost_key, model_name
 
 #: the learned acceptance per (target, draft) pair, weakly held: {target: {draft: {sampling: AcceptanceTable}}}
 _ACCEPTANCE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -25,35 +24,32 @@ _ACCEPTANCE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 class Auto(DraftWrapper):
     """Wraps any draft (text-only, image-adapter, vlm, feature head, ``TextOnly(...)``) so that every round
-    drafts the shape with the highest expected tokens per second: a plain target step (nothing drafted), a
-    chain of γ ≤ ``max_depth`` or a tree (top_k 2/4/8, depth ≤ ``max_depth``, at most ``max_tokens`` nodes).
+    drafts the shape with the highest estimated tokens per second: a plain target step (nothing drafted), a
+    chain of γ ≤ ``max_depth`` or a tree of the grid (top_k 2/4/8, depth 3/4/6/8 ≤ ``max_depth``, 8-64 nodes
+    ≤ ``max_tokens``); a whole call runs as plain ``generate`` where that is estimated fastest.
 
-    The expectation is E[tokens per round] / E[seconds per round]:
+    - **Acceptance** by depth and rank, learned from every round's verification, for the process, per (target,
+      draft) pair, greedy and sampling apart; ``prior``: a profile ``prior[d][r]`` (as ``hf-specmm world-tau
+      --profile`` writes) to start from.
+    - **Costs**: each shape's rate from its own recent rounds, a round-time model over shapes as the prior for
+      shapes not yet run; per (target, draft, device, dtype, batch bucket, cache kind), for the process and, with
+      ``costs_file`` (a JSON file), across processes: read and checked before the first call's first forward,
+      merged into the file after each call.
+    - **Decision**: the highest optimistic rate (UCB); evidence fades, so a machine, draft or workload that
+      changes is followed (docs/auto.md has the rule and its constants).
 
-    - **costs, measured**: the target's verification time by block width and the draft's time per shape,
-      timed on the real rounds of the first call for each (target, draft, device, dtype, batch bucket, cache
-      kind) — its first rounds take calibration shapes, a run of rounds each — then kept up to date by every
-      round, for the process (and in ``costs_file``, a JSON file, when given: loaded before the first call,
-      written once a calibration completes);
-    - **acceptance, learned**: how often the target's token is the draft's r-th choice at depth d, updated
-      from every round's verification and kept across calls for this (target, draft) pair (for the process,
-      whichever ``Auto`` wraps the draft), greedy and sampling apart; ``prior``: a profile ``prior[d][r]`` (as ``hf-specmm world-tau --profile`` writes) for
-      the first rounds, else a neutral prior.
+    Outputs are those of plain ``generate``: each round is verified as a fixed chain or tree would be (greedy
+    identical; sampling keeps the target's distribution: a round's shape depends only on earlier rounds).
+    ``last_stats(model).auto`` reports the shapes taken and the predicted and measured tokens per second.
 
-    Where nothing drafted pays (a useless draft, a draft as costly as the target, an overhead-bound machine)
-    rounds are plain target steps, with a rare probe of the best drafted shape. Outputs are those of plain
-    ``generate``: each round is verified as a fixed chain or tree would be (greedy identical; sampling keeps
-    the target's distribution: a round's shape depends only on earlier rounds). ``last_stats(model).auto``
-    reports the shapes taken and the predicted and measured tokens per second.
-
-    ``shapes``: rounds take these shapes in turn instead (ints: chains, 0 a plain step; ``TreeShape``: trees),
-    for tests and for measuring an acceptance profile; the acceptance is learned all the same.
+    ``shapes``: rounds take these shapes in turn instead (ints 0..``MAX_DEPTH``: chains, 0 a plain step;
+    ``TreeShape``: trees), for tests and for measuring an acceptance profile; the acceptance is learned all the
+    same. ``max_depth`` is at most :data:`~hf_specmm.auto.shapes.MAX_DEPTH`.
 
     Refused before any work, naming the option: ``num_assistant_tokens`` (Auto chooses γ: use ``max_depth``),
     ``num_assistant_tokens_schedule`` other than ``'constant'``, ``assistant_confidence_threshold``,
     ``cache_implementation='static'``. With ``output_attentions`` / ``output_hidden_states`` and
-    ``return_dict_in_generate`` only plain steps and chains are taken (a tree forward's per-node tensors have
-    no plain-generate layout).
+    ``return_dict_in_generate`` only plain steps and chains are taken.
 
     Example::
 
@@ -74,74 +70,82 @@ class Auto(DraftWrapper):
             raise ValueError(f"Auto(draft): draft is already a {type(draft).__name__}; wrap the draft itself once")
         if not isinstance(draft, torch.nn.Module):
             raise TypeError(f"Auto(draft): draft must be a draft model (torch.nn.Module), got {type(draft).__name__}")
-        for name, value, low in (("max_tokens", max_tokens, 1), ("max_depth", max_depth, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"Auto {name} must be an integer >= {low}, got {value!r}")
+        for name, value, high in (("max_tokens", max_tokens, None), ("max_depth", max_depth, MAX_DEPTH)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (high and value > high):
+                raise ValueError(f"Auto {name} must be an integer >= 1{f' and <= {high}' if high else ''}, "
+                                 f"got {value!r}")
         if prior is not None:
             check_profile(prior, "Auto prior")
         self.draft = draft
         self.max_tokens, self.max_depth = max_tokens, max_depth
-        self.costs_file, self.prior = costs_file, [list(map(float, row)) for row in prior] if prior else None
-        self.shapes = None if shapes is None else list(FixedPolicy(shapes).shapes)  # checked here
-        if self.shapes is not None:
-            for s in self.shapes:
-                if s.gamma < 0 or (s.tree is None and s.gamma > max_tokens) or (s.tree and s.tree.nodes > max_tokens):
-                    raise ValueError(f"Auto shapes: {s.label} drafts more than max_tokens={max_tokens}")
+        self.costs_file = None if costs_file is None else check_path(costs_file)
+        self.prior = [list(map(float, row)) for row in prior] if prior else None
+        self.shapes = None if shapes is None else parse_shapes(shapes, max_tokens)
 
     def acceptance(self, target: Any, sampling: bool = False) -> AcceptanceTable:
         """The acceptance learned for ``target`` with this draft (greedy or ``sampling``), for the process: every
         ``Auto`` around the same draft shares it (the first one's ``prior`` starts it)."""
         tables = _ACCEPTANCE.setdefault(target, weakref.WeakKeyDictionary()).setdefault(self.draft, {})
         if sampling not in tables:
-            tables[sampling] = AcceptanceTable(depth=max(self.max_depth, 1), ranks=8, prior=self.prior)
+            tables[sampling] = AcceptanceTable(depth=MAX_DEPTH, ranks=8, prior=self.prior)
         return tables[sampling]
 
-    def budget(self, target: Any, batch: int, sampling: bool, cache: str, trees: bool, plain: bool,
-               device: torch.device, answers: bool = False) -> AutoBudget:
-        """The call's budget: the policy, this pair's acceptance, the cost table of the call's key. ``answers``:
-        the draft misses a token whatever depth drafts it (:attr:`~hf_specmm.drafter.Drafter.misses_by_token`): its
-        rounds record the answers' hard tokens, whose rounds rank chains (:mod:`hf_specmm.auto.runs`)."""
-        draft_device = execution_device(self.draft)
-        dtype, path = getattr(target, "dtype", None), self.costs_file
-
-        known: dict[int, tuple[str, CostTable]] = {}  # by batch bucket: asked every round
-
-        def tables(rows: int) -> tuple[str, CostTable]:  # the cost table of a round's live rows' batch bucket
-            bucket = batch_bucket(rows)
-            if bucket not in known:
-                key = cost_key(target, self.draft, device, dtype, rows, cache)
-                known[bucket] = key, COSTS.table(key, path)
-            return known[bucket]
-
-        if self.shapes is not None:
-            policy: CostAwarePolicy | FixedPolicy = FixedPolicy(self.shapes)
-        else:
-            policy = cost_aware_policy(self.max_tokens, self.max_depth, plain, trees)
-        save = None if path is None else (lambda keys: COSTS.save(path, keys))
-        return AutoBudget(policy, self.acceptance(target, sampling), tables, batch, (device, draft_device), save,
-                          answers=answers, first_choices=not sampling)
-
-    def uses(self, trees: bool, plain: bool) -> str | None:
-        """Why this Auto cannot run with trees / plain steps unavailable (its fixed ``shapes`` need them)."""
+    def check(self, trees: bool, plain: bool, vocab_size: int, stateful: str | None) -> None:
+        """Before any forward: this Auto's fixed ``shapes`` can run (trees and plain steps available, a tree's
+        top_k within the vocabulary). ``stateful``: 'target' or 'draft' where that model has linear-attention
+        layers (then neither trees nor plain steps are available)."""
         for s in self.shapes or ():
-            if s.tree is not None and not trees:
-                return f"shape {s.label} is a tree"
-            if s.gamma == 0 and not plain:
-                return "shape 'plain' needs plain steps"
-        return None
+            why = None
+            if s.tree is not None and s.tree.top_k > vocab_size:
+                why = f"shape {s.label} has top_k={s.tree.top_k} > the vocabulary's {vocab_size} tokens"
+            elif (s.tree is not None and not trees) or (s.gamma == 0 and not plain):
+                what = f"shape {s.label} is a tree" if s.tree is not None else "shape 0 is a plain step"
+                why = f"{what}, which " + (f"the {stateful}'s linear-attention layers (Gated DeltaNet) cannot roll "
+                                           "back" if stateful else "this call cannot take (see docs/auto.md)")
+            if why is not None:
+                raise UnsupportedGenerationError(f"hf_specmm.Auto(shapes=...): {why}; drop that shape")
+
+    def call_budget(self, budget: DraftBudget, call: CallContext) -> AutoBudget:
+        """The call's budget, after refusing (before any forward, naming the option) what has no meaning when each
+        round's shape is chosen. Trees and plain steps are taken where the drafter can and no model has
+        linear-attention layers (a tree node's state is its parent's; only chain rounds roll such layers back)."""
+        bad, config = None, call.config
+        if call.gamma_source is not None:
+            bad = (f"num_assistant_tokens={budget.gamma} (from {call.gamma_source}): Auto chooses γ each round; drop "
+                   "num_assistant_tokens (hf_specmm.Auto(draft, max_depth=...) bounds it)")
+        elif budget.schedule != "constant":
+            bad = (f"num_assistant_tokens_schedule={budget.schedule!r}: Auto chooses γ each round from measured "
+                   "costs; drop the schedule")
+        elif budget.confidence is not None:
+            bad = "assistant_confidence_threshold: Auto chooses each round's shape; drop the threshold"
+        elif config.cache_implementation == "static":
+            bad = "cache_implementation='static': Auto's rounds change width; drop it (or use a fixed chain)"
+        if bad is not None:
+            raise UnsupportedGenerationError(f"generate(assistant_model=hf_specmm.Auto(...)) cannot be used with {bad}.")
+        per_node = config.return_dict_in_generate and (config.output_attentions or config.output_hidden_states)
+        trees = not per_node and call.stateful is None
+        plain = call.stateful is None
+        self.check(trees, plain, call.vocab_size, call.stateful)
+        return self.budget(call.target, call.batch, bool(config.do_sample), config.cache_implementation or "dynamic",
+                           trees, plain, call.device, call.vocab_size)
+
+    def budget(self, target: Any, batch: int, sampling: bool, cache: str, trees: bool, plain: bool,
+               device: torch.device, vocab_size: int | None = None) -> AutoBudget:
+        """The call's budget: this pair's acceptance, the cost tables of the call's key by batch bucket (a costs
+        file read and its entries for this pair checked here, before any forward)."""
+        dtype, path = getattr(target, "dtype", None), self.costs_file
+        pair = f"{model_name(target)} | {model_name(self.draft)}"
+        if path is not None:
+            COSTS.check(path, pair)
+        grid = [s for s in candidates(self.max_tokens, self.max_depth, plain, trees)
+                if s.tree is None or vocab_size is None or s.tree.top_k <= vocab_size]
+
+        def tables(rows: int) -> tuple[str, Any]:
+            key = cost_key(pair, device, dtype, rows, cache)
+            return key, COSTS.table(key, path)
+
+        save = None if path is None else (lambda keys: COSTS.save(path, keys))
+        return AutoBudget(grid, self.acceptance(target, sampling), tables, batch, self.shapes, save)
 
 
-def check_profile(profile: Any, what: str) -> None:
-    """A profile is a non-empty list of depths, each a non-empty list of probabilities summing to at most 1."""
-    if not isinstance(profile, (list, tuple)) or not profile:
-        raise ValueError(f"{what} must be a non-empty list of depths, each a list of probabilities by rank")
-    for d, row in enumerate(profile, 1):
-        if not isinstance(row, (list, tuple)) or not row or not all(
-                isinstance(p, (int, float)) and not isinstance(p, bool) and 0 <= p <= 1 for p in row):
-            raise ValueError(f"{what}: depth {d} must be a non-empty list of probabilities in [0, 1], got {row!r}")
-        if sum(row) > 1 + 1e-6:
-            raise ValueError(f"{what}: depth {d}'s probabilities sum to {sum(row):.3f} > 1 (they are exclusive: the "
-                             "target's token is at most one rank)")
-
-
-__all__ = ["Auto", "Shape", "check_profile"]
+__all__ = ["Auto", "check_profile"]

@@ -90,6 +90,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int_at_least(0), default=0, help="seed of weights, prompts and acceptance draws")
     parser.add_argument("--out", type=_out_folder, default=Path("bench-results"),
                         help="folder for bench.json/.md/.png (checked writable before any work)")
+    parser.add_argument("--write-profile", type=_profile_file, metavar="P.json",
+                        help="also write an hf-specmm auto-sim profile from the fixed-shape rows' timings (the first "
+                             "draft kind; docs/auto.md)")
 
 
 def _out_folder(text: str) -> Path:
@@ -98,12 +101,17 @@ def _out_folder(text: str) -> Path:
     return Path(output_folder(text))
 
 
+def _profile_file(text: str) -> Path:
+    from ..cli import output_file
+
+    return Path(output_file(text))
+
+
 def _profile(text: str) -> list[list[float]]:
     """An argparse ``type=`` for ``--acceptance-profile`` (numbers or a JSON file), checked."""
     import argparse
 
-    from ..auto.acceptance import read_profile
-    from ..auto.wrapper import check_profile
+    from ..auto.acceptance import check_profile, read_profile
 
     try:
         profile = read_profile(text)
@@ -174,6 +182,19 @@ def run(args: argparse.Namespace) -> int:
     except SpecMMError as err:  # e.g. a --tree wider than the preset's vocabulary: refused before that call's forward
         raise _refuse(str(err)) from None
     paths = write_outputs(result, args.out)
+    if args.write_profile is not None:
+        import sys
+
+        from .sim_profile import profile_from_rows
+
+        kind = result["rows"][0]["draft_kind"]
+        chains = [r["acceptance"] for r in result["rows"] if r.get("draft_kind") == kind and not r.get("tree")
+                  and r.get("acceptance") is not None]
+        acceptance = config.acceptance_profile or config.acceptance or (round(sorted(chains)[len(chains) // 2], 4)
+                                                                          if chains else 0.0)
+        command = "hf-specmm bench " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "hf-specmm bench"
+        profile = profile_from_rows(result["rows"], kind, acceptance, command)
+        args.write_profile.write_text(json.dumps(profile, indent=1) + "\n")
     print(format_table(result))
     for row in result["rows"]:
         if row.get("stock_error"):

@@ -46,8 +46,8 @@ class BenchConfig:
     #: also time hf_specmm.Auto(draft, max_tokens=auto_max_tokens) per draft kind, in turns with the first γ step
     auto: bool = False
     auto_max_tokens: int = 64
-    #: untimed calls of each Auto row before its timing, at most (its costs' calibration ends in them)
-    auto_calibration_calls: int = 12
+    #: untimed calls of each Auto row before its timing (a process's first calls)
+    auto_calibration_calls: int = 2
     #: passes of the evaluation of each Auto row (0: none): the grid's best row of its draft kind and batch re-timed
     #: in turns beside Auto and plain (see :func:`~hf_specmm.bench.runner.evaluate_auto`)
     auto_eval_repeats: int = 0

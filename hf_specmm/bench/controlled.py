@@ -86,13 +86,6 @@ class _Controlled:
     root: torch.Tensor | None = None  # [B] position of the running round's root
     fresh: bool = True  # a target forward ran since the last draft forward: the next one reads a new root
 
-    @property
-    def misses_by_depth(self) -> bool:
-        """Whether a token's hit depends on its depth in the round (rank-aware control: the profile's per-depth
-        rank probabilities read one draw), not on the token alone: ``hf_specmm.Auto`` then ranks chains by its
-        per-depth table, not by the answers' hard tokens (:mod:`hf_specmm.auto.runs`)."""
-        return self.profile is not None
-
     def _controlled_tokens(self, positions: torch.Tensor) -> torch.Tensor:
         """The proposal [B] (or [B, L]) for slots of row b at ``positions[b]`` ([B] or [B, L]). Device-side
         gathers only: no host sync added to the draft step (reference and hits live on the draft's device)."""

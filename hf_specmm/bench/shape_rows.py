@@ -41,14 +41,12 @@ def tree_row(step: StepInputs, method: OursMethod, name: str, timed: dict[str, A
 
 
 def calibrate_auto(step: StepInputs, method: OursMethod) -> int:
-    """Untimed calls of an Auto row until one runs without calibration rounds (its cost table is complete:
-    Auto measures costs once per process and key); returns how many it took."""
-    for calls in range(1, step.config.auto_calibration_calls + 1):
+    """``auto_calibration_calls`` untimed calls of an Auto row (a user's process after its first calls);
+    returns how many."""
+    for _ in range(step.config.auto_calibration_calls):
         method()
-        if method.stats[-1].auto["calibration_rounds"] == 0:
-            break
     method.stats.clear()
-    return calls
+    return step.config.auto_calibration_calls
 
 
 def auto_row(step: StepInputs, method: OursMethod, name: str, timed: dict[str, Any],

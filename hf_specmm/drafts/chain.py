@@ -95,18 +95,7 @@ class LMDrafter(Drafter):
     def read_pending(self, cur: torch.Tensor) -> torch.Tensor:
         assert self.pending is not None
         ids, valid = self.pending
-        width = ids.shape[1]
-        if not self.reports_first_choices or width < 2:
-            self.pending_read = None
-            return self.forward(ids, None if bool(valid.all()) else valid)
-        # every slot's logits: the draft's first choice for each pending token after the first (a full round's
-        # token after its drafts, plain steps' tokens: no round drafted them), one forward as before
-        logits = self.forward(ids, None if bool(valid.all()) else valid, keep=width)
-        first = logits[:, :-1].argmax(-1) == ids[:, 1:]  # (forward returns them on the ids' device)
-        known = valid[:, :-1] & valid[:, 1:]
-        read = torch.where(known, first.long(), -1)
-        self.pending_read = torch.cat([read.new_full((ids.shape[0], 1), -1), read], dim=1)
-        return logits[:, -1]
+        return self.forward(ids, None if bool(valid.all()) else valid)
 
     def read_draft(self, token: torch.Tensor) -> torch.Tensor:
         return self.forward(token[:, None], None)

@@ -8,7 +8,8 @@ from typing import Any
 
 import torch
 
-from ..errors import UnsupportedGenerationError
+from ..budget import CallContext, DraftBudget
+from ..errors import IncompatibleDraftError, UnsupportedGenerationError
 from ..trees.expand import TreeShape
 
 
@@ -76,6 +77,40 @@ class Tree(DraftWrapper):
             raise TypeError(f"Tree(draft): draft must be a draft model (torch.nn.Module), got {type(draft).__name__}")
         self.shape = TreeShape(top_k=top_k, depth=depth, nodes=nodes)  # checked: clear errors on bad shapes
         self.draft = draft
+
+    def call_budget(self, budget: DraftBudget, call: CallContext) -> DraftBudget:
+        """The call's budget: every round this tree (γ its depth). Options with no tree meaning are refused here,
+        before any forward, naming the option."""
+        shape, kind, config = self.shape, call.kind, call.config
+        if not kind.drafter.drafts_trees:
+            raise IncompatibleDraftError(
+                f"hf_specmm.Tree: the {kind.name!r} draft kind's drafter ({kind.drafter.__name__}) does not draft trees "
+                "(its Drafter.drafts_trees is False); pass the draft itself to draft a chain")
+        bad = None
+        if budget.schedule != "constant":
+            bad = (f"num_assistant_tokens_schedule={budget.schedule!r}: a tree's depth is fixed; use "
+                   "num_assistant_tokens_schedule='constant' (or leave it unset)")
+        elif budget.confidence is not None:
+            bad = "assistant_confidence_threshold: a tree's shape is static; drop the threshold"
+        elif call.gamma_source is not None and budget.gamma != shape.depth:
+            bad = (f"num_assistant_tokens={budget.gamma} (from {call.gamma_source}): a tree's γ is its depth "
+                   f"({shape.depth}); drop num_assistant_tokens or set it to the depth")
+        elif shape.top_k > call.vocab_size:
+            bad = (f"top_k={shape.top_k}: more children per node than the target's {call.vocab_size} token ids; use "
+                   f"hf_specmm.Tree(draft, top_k=k) with k <= {call.vocab_size}")
+        elif config.cache_implementation == "static":
+            bad = "cache_implementation='static': draft trees run on the default dynamic cache; drop it"
+        elif call.stateful:
+            bad = (f"a {call.stateful} with linear-attention layers (Qwen3.5's Gated DeltaNet): a tree node's "
+                   "recurrent state is its parent's plus its token, which one forward over the flattened tree does not "
+                   "compute; pass the draft itself to draft a chain")
+        elif config.return_dict_in_generate and (config.output_attentions or config.output_hidden_states):
+            bad = ("output_attentions / output_hidden_states: a tree forward's per-node tensors have no plain-generate "
+                   "layout (scores and logits are returned); drop them")
+        if bad is not None:
+            raise UnsupportedGenerationError(f"generate(assistant_model=hf_specmm.Tree(...)) cannot be used with {bad}.")
+        budget.gamma, budget.tree = shape.depth, shape
+        return budget
 
     @property
     def generation_config(self) -> None:

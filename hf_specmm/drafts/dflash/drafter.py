@@ -55,7 +55,6 @@ class DFlashDrafter(Drafter):
 
     observes_prefill = True
     observes_verification = True
-    misses_by_token = False  # see Drafter.misses_by_token
     keeps_read_drafts = False  # the block is scratch: only the target's true features stay
 
     def __init__(self, draft: Any, vocab: VocabMap):

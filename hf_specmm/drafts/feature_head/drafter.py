@@ -46,7 +46,6 @@ class FeatureHeadDrafter(Drafter):
     observes_prefill = True
     observes_verification = True
     keeps_read_drafts = False
-    misses_by_token = True  # closely, though deeper levels read predicted features (docs/auto-design.md)
 
     def __init__(self, draft: Any, vocab: VocabMap, positions: PositionRule = ROPE_1D):
         super().__init__(draft, vocab, draft, positions)

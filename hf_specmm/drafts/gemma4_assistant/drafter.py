@@ -51,7 +51,6 @@ class Gemma4AssistantDrafter(Drafter):
 
     observes_prefill = True
     observes_verification = True
-    misses_by_token = False  # see Drafter.misses_by_token
     keeps_read_drafts = False
 
     def __init__(self, draft: Any, vocab: VocabMap):

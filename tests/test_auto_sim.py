@@ -1,0 +1,102 @@
+"""``hf-specmm auto-sim`` / ``hf_specmm.auto.simulate``: Auto's own budget on a virtual clock beside every fixed
+shape. Fixed shapes equal their closed forms, runs are deterministic per seed, bad profiles are refused naming
+the key, and Auto meets its goals on shipped profiles (a reduced number of calls)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hf_specmm import cli
+from hf_specmm.auto import check_sim_profile, simulate
+from hf_specmm.auto.shapes import Shape
+from hf_specmm.simulator import Machine
+
+PROFILES = Path(__file__).resolve().parents[1] / "benchmarks" / "profiles"
+
+
+def flat(alpha: float = 0.7, **extra) -> dict:
+    profile = {"verify_ms": {"1": 10, "9": 18}, "draft_ms": {"first": 2, "step": 1}, "overhead_ms": {"round": 0.5},
+               "acceptance": alpha, "answer_tokens": [3000, 3000]}
+    profile.update(extra)
+    return profile
+
+
+def test_fixed_chains_equal_the_closed_forms():
+    """A chain of γ with one α: (1 − α^(γ+1)) / (1 − α) tokens per round, verify(γ+1) + first + (γ−1)·step +
+    overhead ms per round."""
+    alpha = 0.7
+    result = simulate(flat(alpha), calls=2, seed=3, max_tokens=4, max_depth=4)
+    machine = Machine(check_sim_profile(flat(alpha)), 0)
+    for gamma in (1, 2, 4):
+        round_ms = 10 + 8 * gamma / 8 + 2 + (gamma - 1) * 1 + 0.5
+        assert machine.seconds(Shape(gamma), 1) == pytest.approx(round_ms / 1e3)
+        tau = (1 - alpha ** (gamma + 1)) / (1 - alpha)
+        assert result["fixed"][f"chain {gamma}"] == pytest.approx(tau / (round_ms / 1e3), rel=0.03), gamma
+    assert result["fixed"]["plain"] == pytest.approx(1 / 0.010, rel=1e-3)  # plain generate: no round overhead
+
+
+def test_runs_are_deterministic_per_seed_and_report_every_key():
+    profile = json.loads((PROFILES / "tiny-text-only.json").read_text())
+    profile["noise"] = 0.1
+    a = simulate(profile, calls=12, seed=1, max_tokens=16, max_depth=4)
+    assert a == simulate(profile, calls=12, seed=1, max_tokens=16, max_depth=4)
+    assert a != simulate(profile, calls=12, seed=2, max_tokens=16, max_depth=4)
+    assert {"auto_over_best", "auto_over_plain", "best_shape", "fixed", "auto_tokens_per_s"} <= set(a)
+    assert a["fixed"][a["best_shape"]] == max(a["fixed"].values()) and "tree 4,3,16" in a["fixed"]
+    assert len(a["auto_shapes_by_call"]) == 12
+
+
+@pytest.mark.parametrize("change, key", [
+    (dict(verify_ms=None), "verify_ms"), (dict(draft_ms=None), "draft_ms"), (dict(acceptance=None), "acceptance"),
+    (dict(verify_ms={"1": -1}), "verify_ms.1"), (dict(verify_ms={"0": 1}), "verify_ms"),
+    (dict(overhead_ms={"round": float("inf")}), "overhead_ms.round"), (dict(colour=1), "colour"),
+    (dict(acceptance=[[0.8, 0.5]]), "acceptance"), (dict(acceptance=[0.5]), "acceptance"),
+    (dict(acceptance_drift=[[10, 2.0]]), "acceptance_drift"), (dict(answer_tokens=[5, 2]), "answer_tokens"),
+    (dict(cold={"factor": 2}), "cold"), (dict(drift=[[-1, 2.0]]), "drift")])
+def test_bad_profiles_are_refused_naming_the_key(change, key, tmp_path, capsys):
+    profile = flat()
+    for k, v in change.items():
+        if v is None:
+            profile.pop(k)
+        else:
+            profile[k] = v
+    with pytest.raises(ValueError, match=f"'{key}'"):
+        check_sim_profile(profile)
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(profile))
+    assert cli.main(["auto-sim", "--profile", str(path), "--calls", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and key in err and "Traceback" not in err
+
+
+def test_the_cli_prints_a_last_line_and_json(tmp_path, capsys):
+    path = tmp_path / "p.json"
+    path.write_text("{not json")
+    assert cli.main(["auto-sim", "--profile", str(path)]) == 2
+    assert "p.json" in capsys.readouterr().err
+    path.write_text(json.dumps(flat(answer_tokens=[8, 24])))
+    assert cli.main(["auto-sim", "--profile", str(path), "--calls", "6", "--skip", "2"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("auto-sim: auto/best=") and " auto/plain=" in last and " best=" in last
+    assert cli.main(["auto-sim", "--profile", str(path), "--calls", "6", "--batch", "2", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["batch"] == 2 and data["skip"] == 0 and data["fixed"]["plain"] > 0
+
+
+@pytest.mark.parametrize("name", ["h200-llava-7b-feature-head", "tiny-text-only", "cpu-proxy-text-only"])
+def test_auto_meets_its_goals_on_shipped_profiles(name):
+    """Reduced from docs/auto.md's goals (400 calls, 5 seeds): 120 calls, one seed, the first 40 left out."""
+    result = simulate(str(PROFILES / f"{name}.json"), calls=120, seed=0, skip=40)
+    assert result["auto_over_best"] >= 0.93 and result["auto_over_plain"] >= 0.97, result["auto_over_best"]
+
+
+def test_after_the_acceptance_falls_to_zero_auto_runs_plain_generate():
+    profile = json.loads((PROFILES / "tiny-text-only.json").read_text())
+    profile["acceptance_drift"] = [[20, 0.0]]
+    profile["overhead_ms"]["round"] = 0.0  # drafting pays before the drift
+    result = simulate(profile, calls=70, seed=0, skip=40)
+    assert result["best_shape"] == "plain" and result["auto_over_plain"] >= 0.95
+    assert result["auto_shapes_by_call"][-20:] == ["plain generate"] * 20
