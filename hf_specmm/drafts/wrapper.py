@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..budget import CallContext, DraftBudget
-from ..errors import IncompatibleDraftError, UnsupportedGenerationError
+from ..errors import UnsupportedGenerationError
 from ..trees.expand import TreeShape
 
 
@@ -81,11 +81,7 @@ class Tree(DraftWrapper):
     def call_budget(self, budget: DraftBudget, call: CallContext) -> DraftBudget:
         """The call's budget: every round this tree (γ its depth). Options with no tree meaning are refused here,
         before any forward, naming the option."""
-        shape, kind, config = self.shape, call.kind, call.config
-        if not kind.drafter.drafts_trees:
-            raise IncompatibleDraftError(
-                f"hf_specmm.Tree: the {kind.name!r} draft kind's drafter ({kind.drafter.__name__}) does not draft trees "
-                "(its Drafter.drafts_trees is False); pass the draft itself to draft a chain")
+        shape, config = self.shape, call.config
         bad = None
         if budget.schedule != "constant":
             bad = (f"num_assistant_tokens_schedule={budget.schedule!r}: a tree's depth is fixed; use "
