@@ -92,7 +92,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="folder for bench.json/.md/.png (checked writable before any work)")
     parser.add_argument("--write-profile", type=_profile_file, metavar="P.json",
                         help="also write an hf-specmm auto-sim profile from the fixed-shape rows' timings (the first "
-                             "draft kind; docs/auto.md)")
+                             "draft kind; docs/auto.md; default: none written)")
 
 
 def _out_folder(text: str) -> Path:

@@ -76,18 +76,19 @@ def profile_from_rows(rows: list[dict[str, Any]], kind: str, acceptance: Any, so
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ..cli import int_at_least
 
-    parser.add_argument("--profile", type=Path, help="the profile (JSON, docs/auto.md); required unless --from-bench")
+    parser.add_argument("--profile", type=Path,
+                        help="the profile (JSON, docs/auto.md); required unless --from-bench (default: none)")
     parser.add_argument("--calls", type=int_at_least(1), default=400, help="calls simulated")
     parser.add_argument("--batch", type=int_at_least(1), default=1, help="rows per call")
     parser.add_argument("--seed", type=int_at_least(0), default=0, help="the draws' seed")
     parser.add_argument("--skip", type=int_at_least(0), default=0, help="figures leave out the first N calls")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--from-bench", type=Path, metavar="BENCH_JSON",
-                        help="instead: write --write-profile from a bench.json's rows of --draft-kind")
-    parser.add_argument("--draft-kind", help="with --from-bench: the rows' draft kind")
+                        help="instead: write --write-profile from a bench.json's rows of --draft-kind (default: off)")
+    parser.add_argument("--draft-kind", help="with --from-bench: the rows' draft kind (default: none)")
     parser.add_argument("--acceptance", help="with --from-bench: the profile's acceptance (a number, or a JSON file "
                                              "as hf-specmm world-tau --profile writes); default: the chains' rate")
-    parser.add_argument("--write-profile", type=Path, help="with --from-bench: the profile file written")
+    parser.add_argument("--write-profile", type=Path, help="with --from-bench: the profile file written (default: none)")
 
 
 def run(args: argparse.Namespace) -> int:
