@@ -239,7 +239,7 @@ def test_device_map_auto_dispatches_the_target_and_stays_lossless(tmp_path, caps
 def test_reference_ids_outside_the_drafts_vocabulary_are_misses():
     """A random target may pick a reserved/extra id (LLaVA-1.5-7B: 64 rows past a 32000-id draft). No draft can
     propose it, so it is a miss for every method; the override never indexes past the draft's logits
-    (before the fix: a device-side assert on CUDA at batch 4 of the 7B preset)."""
+    (which is a device-side assert on CUDA)."""
     from hf_specmm import testing
 
     target = testing.tiny_target("llava")
