@@ -275,7 +275,7 @@ def simulate(profile: dict[str, Any] | str, calls: int = 400, batch: int = 1, se
             out.append(run_call(m, lengths, budget, fixed))
             if budget is not None:
                 shapes = [e[0] for e in budget.log] or ["plain generate"]
-                taken.append(max(set(shapes), key=shapes.count))
+                taken.append(max(dict.fromkeys(shapes), key=shapes.count))  # a tie: the first taken
         results[strategy] = out
 
     def rate(rows: list[tuple[int, float]]) -> float:
