@@ -11,7 +11,9 @@ call's state (:class:`CallState`), which every ``round`` takes.
 
 The seams, each a module of its own:
 
-- the **budget** (:mod:`hf_specmm.budget`): how much a drafter may propose this round;
+- the **budget** (:mod:`hf_specmm.budget`): how much a drafter may propose each round, asked once per call
+  (``start``) and once at each round's end with its :class:`~hf_specmm.budget.RoundOutcome` (``close``, which
+  returns the next round's);
 - the **selector** (:mod:`hf_specmm.selector`): how a drafter picks a token (processors, choice, history);
 - the **block** (:mod:`hf_specmm.block`): what the target verifies, writing its own mask and positions into
   the target's cache: a chain, or a draft tree (ancestor mask, positions by depth);
@@ -21,7 +23,8 @@ The seams, each a module of its own:
 - the **cache backend** (:mod:`hf_specmm.caches`): the target's and every drafter's caches come from one
   backend (dynamic today; a static backend keeps fixed shapes, so the round can be compiled);
 - the **rows** (:mod:`hf_specmm.rows`): batch rows and the rows still in the caches, converted once per round
-  each way (``Rows.start_round``, ``Rows.keep``).
+  each way (``Rows.start_round``, ``Rows.keep``): the budget and the statistics see batch rows only, the caches
+  and the drafter cache rows only.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import torch
 
 from . import _compat
 from .block import block_of
-from .budget import DraftBudget, RoundOutcome
+from .budget import DraftBudget, RoundBudget, RoundOutcome
 from .caches import DynamicBackend, SlottedCache
 from .drafter import Drafter, Prompt, Proposal
 from .history import apply_processors
@@ -91,9 +94,13 @@ class SpeculativeDecoding:
         graphs = _compat.compiled_graph_count()
         try:
             call = self.prefill(target, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs)
+            next_round = self.budget.start(call.rows.remaining(), list(call.rows.unfinished))
             while call.rows.any_unfinished():
-                self.round(call)
+                if next_round is None:
+                    raise RuntimeError(f"{type(self.budget).__name__} gave no round while rows are unfinished")
+                outcome = self.round(call, next_round)
                 self.drop_finished_rows(call)
+                next_round = self.budget.close(outcome)  # the one budget call of a round, at its end
         finally:
             self.backend.close()  # linear-attention capture hooks come off the models
         self.stats.graphs_compiled = _compat.compiled_graph_count() - graphs
@@ -149,11 +156,11 @@ class SpeculativeDecoding:
             do_sample=do_sample, processors=logits_processor, outputs=outputs, cur=cur,
             vocab_size=logits.shape[-1], device=device)
 
-    def round(self, call: CallState) -> None:
-        """Draft, verify, accept, roll back: one target forward. Reads and advances ``call``."""
+    def round(self, call: CallState, budget: RoundBudget) -> RoundOutcome:
+        """Draft, verify, accept, roll back: one target forward, drafting what ``budget`` allows. Reads and advances
+        ``call``; returns what the round did, per batch row (for the call's budget)."""
         rows, drafter, target_kv = call.rows, self.drafter, call.target_kv
         start_rows = rows.start_round()  # both numberings, once
-        budget = self.budget.plan(start_rows.remaining, start_rows.unfinished)
 
         # 1. draft d_1..d_γ (γ = 0: one token left for every row, a plain target step ends the call);
         #    a confidence threshold may end a row's drafts early (its length) or the whole round
@@ -178,15 +185,13 @@ class SpeculativeDecoding:
 
         # 3. accept n drafts + the bonus token per row; a row keeps what plain generate would (EOS, max_length)
         accepted = block.verify(proposal, scores, lengths, call.do_sample)
-        kept = rows.keep(accepted, block.drafted(proposal, lengths, start_rows.room), start_rows)
-        call.outputs.record(out, kept.kept, block.along_path(scores, accepted), block.along_path(logits, accepted),
+        kept = rows.keep(accepted, block.drafted(proposal, lengths, start_rows.room), start_rows, gamma, proposal.tree)
+        outcome = kept.outcome  # batch rows
+        call.outputs.record(out, outcome.kept, block.along_path(scores, accepted), block.along_path(logits, accepted),
                             target_kv, start)
         del out
-        self.stats.record_round(gamma, kept.kept, kept.accepted, kept.drafted, start_rows.remaining,
+        self.stats.record_round(gamma, outcome.kept, outcome.accepted, outcome.drafted, start_rows.remaining,
                                 start_rows.unfinished, tree=block.is_tree)
-        self.budget.close(RoundOutcome(gamma, start_rows.unfinished, kept.kept, kept.accepted, kept.drafted,
-                                       rows.ended(start_rows, kept.kept),
-                                       rows.tree_paths(proposal.tree, accepted) if block.is_tree else None))
 
         # 4. roll back both caches: each row keeps [cur, d_1..d_keep], keep = kept - 1; emitted[keep] is the new cur
         keep = (kept.in_cache - 1).clamp_min(0)
@@ -194,8 +199,9 @@ class SpeculativeDecoding:
         call.cur = accepted.token_at(keep)
         if gamma > 0:
             drafter.accept(proposal, keep, call.cur, accepted.path)
-        elif rows.any_unfinished():  # a plain step mid-call (hf_specmm.Auto): the draft reads the token later
+        elif rows.any_unfinished():  # a plain step mid-call (a budget may plan γ 0): the draft reads the token later
             drafter.follow(call.cur)
+        return outcome
 
     def drop_finished_rows(self, call: CallState) -> None:
         """Finished rows leave both caches, so later rounds run only the others; not while every per-step

@@ -8,7 +8,8 @@ order: finished rows leave the caches in groups). :class:`Rows` maps between the
 ``in_cache[a]`` is the batch row of cache row a, :meth:`Rows.to_batch` scatters a per-cache-row tensor to
 the batch, :meth:`Rows.to_cache` gathers a per-batch-row list for the cache rows. A round converts in two
 calls: :meth:`Rows.start_round` (what the rows may do, both numberings) and :meth:`Rows.keep` (what they
-kept of the verifier's acceptance, both numberings).
+kept of the verifier's acceptance: the round's :class:`~hf_specmm.budget.RoundOutcome` in batch rows, for the
+budget and the statistics, and the kept tokens per cache row, for the caches).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
+from .budget import RoundOutcome
 from .history import RowHistory, stop_counts, to_batch
 
 if TYPE_CHECKING:
@@ -38,13 +40,11 @@ class RoundRows:
 
 @dataclass(frozen=True)
 class KeptRows:
-    """What the rows kept of a round: per batch row (host ints) the tokens ``kept`` (0 once finished), the drafts
-    the verifier ``accepted`` and the drafts ``drafted``; ``in_cache`` [A]: ``kept`` per cache row (a tensor on
-    the acceptance's device, for the caches' rollback)."""
+    """What the rows kept of a round, in each numbering once: ``outcome`` per batch row (host lists: the tokens
+    kept, 0 once finished, the drafts accepted and drafted, ...), ``in_cache`` [A]: the tokens kept per cache row
+    (a tensor on the acceptance's device, for the caches' rollback)."""
 
-    kept: list[int]
-    accepted: list[int]
-    drafted: list[int]
+    outcome: RoundOutcome
     in_cache: torch.Tensor
 
 
@@ -96,18 +96,20 @@ class Rows:
         remaining, unfinished = self.remaining(), list(self.unfinished)
         return RoundRows(remaining, unfinished, self.to_cache([r - 1 for r in remaining]), self.to_cache(unfinished))
 
-    def keep(self, accepted: "Acceptance", drafted: torch.Tensor, start: RoundRows) -> KeptRows:
+    def keep(self, accepted: "Acceptance", drafted: torch.Tensor, start: RoundRows, gamma: int,
+             tree: Any = None) -> KeptRows:
         """Offer each cache row's emitted tokens (none for a finished row) to the stopping criteria, as the batch
-        rows they are (:meth:`emit`); ``drafted`` [A]: drafts each cache row proposed (the statistics' count)."""
+        rows they are (:meth:`emit`); ``drafted`` [A]: drafts each cache row proposed, ``gamma`` the round's depth,
+        ``tree`` its :class:`~hf_specmm.trees.DraftTree` (None: a chain)."""
         unfinished = torch.tensor(start.unfinished_in_cache, device=accepted.n.device)
         kept = self.emit(self.to_batch(accepted.emitted), self.to_batch(accepted.offered(unfinished)))
-        return KeptRows(kept, self.to_batch(accepted.n).tolist(), self.to_batch(drafted).tolist(),
-                        accepted.n.new_tensor(self.to_cache(kept)))
-
-    def ended(self, start: RoundRows, kept: list[int]) -> list[bool]:
-        """Per batch row: whether it stopped in the round before ``max_length`` (EOS, a stop string or another
-        stopping criterion), after :meth:`keep` (``kept`` per batch row)."""
-        return [u and not now and k < r for u, now, k, r in zip(start.unfinished, self.unfinished, kept, start.remaining)]
+        # ended: stopped in the round before max_length (EOS, a stop string or another stopping criterion)
+        ended = [u and not now and k < r for u, now, k, r in zip(start.unfinished, self.unfinished, kept,
+                                                                 start.remaining)]
+        outcome = RoundOutcome(gamma, start.unfinished, kept, self.to_batch(accepted.n).tolist(),
+                               self.to_batch(drafted).tolist(), ended, self.remaining(), list(self.unfinished),
+                               self.tree_paths(tree, accepted) if tree is not None else None)
+        return KeptRows(outcome, accepted.n.new_tensor(self.to_cache(kept)))
 
     def tree_paths(self, tree: Any, accepted: "Acceptance") -> Callable[[], list[list[tuple[int, int]]]]:
         """Per batch row, computed when called: (valid children, rank of the next path node among them) of each

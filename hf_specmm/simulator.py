@@ -204,6 +204,8 @@ def run_call(m: Machine, lengths: list[int], budget: AutoBudget | None, fixed: S
     done, live = [1] * len(lengths), [n > 1 for n in lengths]
     plain_call = fixed == PLAIN or (budget is not None and budget.runs_plain())
     steps = 1
+    # as the loop: the first round's budget once, then one close per round, which returns the next round's
+    plan = budget.start([top - d for d in done], live) if budget is not None and not plain_call else None
     while any(live):
         remaining = [top - d for d in done]
         rows = sum(live)
@@ -214,8 +216,7 @@ def run_call(m: Machine, lengths: list[int], budget: AutoBudget | None, fixed: S
             live = [u and d < n for u, d, n in zip(live, done, lengths)]
             continue
         room = max(r for r, u in zip(remaining, live) if u) - 1
-        if budget is not None:
-            plan = budget.plan(remaining, live)
+        if plan is not None:
             shape = Shape(plan.gamma, plan.tree)
         else:
             shape = fixed.fit(room)  # type: ignore[union-attr]
@@ -230,10 +231,11 @@ def run_call(m: Machine, lengths: list[int], budget: AutoBudget | None, fixed: S
             done[i] += k
             kept.append(k), accepted.append(n), drafted.append(shape.gamma), paths.append(path)
             ended.append(done[i] >= lengths[i] and lengths[i] < top)
+        started, live = live, [u and d < n for u, d, n in zip(live, done, lengths)]
         if budget is not None:
             trees = (lambda paths=paths: [[(c, max(r, 0)) for c, r in q] for q in paths]) if shape.tree else None
-            budget.close(RoundOutcome(shape.gamma, live, kept, accepted, drafted, ended, trees))
-        live = [u and d < n for u, d, n in zip(live, done, lengths)]
+            plan = budget.close(RoundOutcome(shape.gamma, started, kept, accepted, drafted, ended,
+                                             [top - d for d in done], live, trees))
     if budget is not None:
         if plain_call:
             budget.close_plain_call(steps, len(lengths))
@@ -273,7 +275,7 @@ def simulate(profile: dict[str, Any] | str, calls: int = 400, batch: int = 1, se
             out.append(run_call(m, lengths, budget, fixed))
             if budget is not None:
                 shapes = [e[0] for e in budget.log] or ["plain generate"]
-                taken.append(max(set(shapes), key=shapes.count))
+                taken.append(max(dict.fromkeys(shapes), key=shapes.count))  # a tie: the first taken
         results[strategy] = out
 
     def rate(rows: list[tuple[int, float]]) -> float:

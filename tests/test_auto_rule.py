@@ -81,13 +81,14 @@ def run_rounds(budget: AutoBudget, clock: Clock, seconds: dict[str, float], toke
                rounds: int) -> list[str]:
     """Rounds of one row whose shapes take ``seconds[label]`` (default 1) and keep ``tokens[label]``."""
     taken = []
+    plan = budget.start([1000], [True])
     for _ in range(rounds):
-        plan = budget.plan([1000], [True])
         shape = Shape(plan.gamma, plan.tree)
         taken.append(shape.label)
         clock.now += seconds.get(shape.label, 1.0)
         kept = tokens.get(shape.label, 1)
-        budget.close(RoundOutcome(shape.gamma, [True], [kept], [kept - 1], [shape.gamma], [False]))
+        plan = budget.close(RoundOutcome(shape.gamma, [True], [kept], [kept - 1], [shape.gamma], [False], [1000],
+                                         [True]))
     return taken
 
 
@@ -117,15 +118,15 @@ def test_cold_first_rounds_do_not_condemn_a_shape():
     seen = {"chain 4": 0}
 
     taken = []
+    plan = budget.start([1000], [True])
     for _ in range(200):
-        plan = budget.plan([1000], [True])
         label = Shape(plan.gamma).label
         cold = label == "chain 4" and seen["chain 4"] < COLD_ROUNDS
         seen["chain 4"] += label == "chain 4"
         clock.now += (20.0 if cold else 1.2) if label == "chain 4" else 1.0
         kept = 4 if label == "chain 4" else 1
-        budget.close(RoundOutcome(plan.gamma, [True], [kept], [kept - 1], [plan.gamma], [False]))
         taken.append(label)
+        plan = budget.close(RoundOutcome(plan.gamma, [True], [kept], [kept - 1], [plan.gamma], [False], [1000], [True]))
     assert taken[100:].count("chain 4") > 90
 
 
@@ -145,10 +146,10 @@ def test_whole_calls_are_arms_speculative_first_then_plain_once_then_the_faster(
 
 def test_a_round_outcome_reads_each_rows_path():
     outcome = RoundOutcome(3, [True, True, False, True], [4, 2, 0, 2], [3, 1, 0, 3], [3, 3, 0, 3],
-                           [False, False, False, True])
+                           [False, False, False, True], [9, 11, 0, 0], [True, True, False, False])
     # row 0 took all 3 drafts; row 1 one, the second rejected; row 3 ended after its second draft (kept 2 ≤ 3)
     assert outcome.paths() == [[(1, 0)] * 3, [(1, 0), (1, None)], [(1, 0)] * 2]
-    tree = RoundOutcome(2, [True], [2], [1], [5], [False], lambda: [[(2, 1), (3, 0), (0, 0)]])
+    tree = RoundOutcome(2, [True], [2], [1], [5], [False], [9], [True], lambda: [[(2, 1), (3, 0), (0, 0)]])
     assert tree.paths() == [[(2, 1), (3, None)]]
 
 

@@ -104,11 +104,12 @@ class AutoBudget(DraftBudget):
                      "predicted": predicted if shape == choice else None}
         return RoundBudget(shape.gamma, shape.tree)
 
-    def close(self, outcome: RoundOutcome) -> None:
+    def close(self, outcome: RoundOutcome) -> RoundBudget | None:
         if outcome.gamma:
             self.acceptance.observe(outcome.paths())
         if self.open is not None:
             self.open["tokens"] = sum(k for k, u in zip(outcome.kept, outcome.live) if u)
+        return self.plan(outcome.remaining, outcome.unfinished) if any(outcome.unfinished) else None
 
     def _time_round(self, now: float | None) -> None:
         """The running round ends at ``now`` (None: with the call, untimed): into its table and the log."""
