@@ -86,7 +86,12 @@ def _import_engine_checkpoint(name: str, folder: Path, importer: Any, target: An
             if file.endswith(".safetensors"):
                 folder = Path(_compat.hub_file(name, file, **hub_kwargs)).parent
     _check_weight_files(folder, f"checkpoint {name}")
-    return importer(folder, target, name).eval()
+    try:  # each importer compares the config with the target before it reads a weight
+        return importer(folder, target, name).eval()
+    except DraftTargetError:
+        raise
+    except IncompatibleDraftError as err:
+        raise DraftTargetError(f"{folder / 'config.json'}: {err}") from err
 
 
 _HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only")

@@ -7,6 +7,7 @@ refuses the same draft at ``generate`` when it was loaded without a target."""
 from __future__ import annotations
 
 import copy
+import json
 import re
 
 import pytest
@@ -157,3 +158,30 @@ def test_a_matching_draft_still_loads_and_is_checked_once_loaded(tmp_path):
     save_file(tensors, str(tmp_path / "head" / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(DraftLoadError, match=re.escape("d2t maps draft ids to target ids")):
         hf_specmm.load_draft(tmp_path / "head", target=model)
+
+
+def test_imported_layouts_are_checked_against_the_target_before_their_weights_are_read(tmp_path, monkeypatch):
+    """speculators' DFlash and EAGLE-3 layouts (read by hf_specmm's importers, not from_pretrained): refused as a
+    DraftTargetError naming the folder's config.json, before a weight is read."""
+    from hf_specmm.drafts.dflash import dflash_draft_for, formats, save_speculators_dflash
+
+    glimmer = target("muse_glimmer")
+    dflash = save_speculators_dflash(dflash_draft_for(glimmer, block_size=4, target_layer_ids=[0, 1]),
+                                     tmp_path / "dflash", glimmer, verifier="org/tiny-muse-glimmer")
+    wide = testing.tiny_target("llava", vocab_size=256)
+    eagle3 = tmp_path / "eagle3"
+    hf_specmm.FeatureHeadDraft.for_target(wide, variant="eagle3", aux_layers=[0, 1, 2]).save_pretrained(
+        eagle3, format="speculators")
+
+    def read(*args, **kwargs):
+        raise Allocated("load_file")
+
+    monkeypatch.setattr(formats, "load_file", read)
+    with pytest.raises(Allocated):  # the sentinel holds: its own target passes the check
+        hf_specmm.load_draft(dflash, target=glimmer)
+    config = json.loads((dflash / "config.json").read_text())
+    (dflash / "config.json").write_text(json.dumps({**config, "mask_token_id": 10_000}))  # past the target's table
+    for folder, needle in ((dflash, "mask_token_id (10000)"), (eagle3, "target vocabulary of 256 ids")):
+        with pytest.raises(DraftTargetError) as info:
+            hf_specmm.load_draft(folder, target=glimmer if folder == dflash else target("llava"))
+        assert str(folder / "config.json") in str(info.value) and needle in str(info.value), str(info.value)
