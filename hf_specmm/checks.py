@@ -15,7 +15,7 @@ from .drafts import DraftKind, kind_of
 from .budget import CallContext, DraftBudget
 from .caches import backend_for
 from .prompt_checks import check_placeholders
-from .targets import target_spec
+from .targets import TargetSpec, target_spec
 from .vocab import VocabMap, check_vocab_compatible, draft_vocab_size, vocab_map
 
 DEFAULT_GAMMA = 5
@@ -128,6 +128,30 @@ def _check_config(config: Any, kwargs: dict, batch: int, streamer: Any) -> None:
         _fail(UnsupportedGenerationError, f"generate(assistant_model=...) cannot be used with {bad}.")
 
 
+def check_pairing(target: Any, draft: Any, spec: TargetSpec | None = None, tokenizer: Any = None,
+                  draft_tokenizer: Any = None) -> DraftKind:
+    """The rule of whether ``draft`` can draft for ``target``, from what both declare (configs, tensor shapes): its
+    kind (one the target's family does not refuse), the kind's own :meth:`~hf_specmm.drafter.Drafter.check` (hidden
+    sizes, target layers, image widths, placeholder ids, ...) and, for a kind with its own vocabulary, that it covers
+    the target's text ids. Raises :class:`~hf_specmm.errors.IncompatibleDraftError`; returns the kind.
+
+    ``generate`` applies it to the draft it is given; ``load_draft(..., target=...)`` to the draft a checkpoint
+    declares, laid out on the meta device before any tensor is allocated (value checks a kind makes on tensors, a
+    vocabulary map's entries, wait for the loaded draft)."""
+    spec = target_spec(target, tokenizer) if spec is None else spec
+    kind = kind_of(draft)
+    why = dict(spec.family.refused_draft_kinds).get(kind.name)
+    if why is not None:
+        _fail(IncompatibleDraftError, f"a {kind.name} draft cannot speculate for a {type(target).__name__} target: "
+              f"{why}. Use a text-only draft (a small text LM of the family) or a vlm draft (a smaller model of "
+              "the family, or the target itself).")
+    kind.drafter.check(target, draft)  # first: a draft that is no kind's (no LM head) may have no vocabulary either
+    # a kind scoring with the target's LM head proposes from the target's vocabulary: nothing to compare
+    if kind.target_vocab_size is None:
+        check_vocab_compatible(spec, draft, tokenizer, draft_tokenizer)
+    return kind
+
+
 def _check_draft(draft: Any, kind: DraftKind, ids: torch.Tensor, config: Any, vocab: VocabMap, kwargs: dict) -> None:
     if execution_device(draft).type == "meta":  # offloaded weights of a dispatched draft are fine
         _fail(IncompatibleDraftError, "The draft's weights are on the meta device (not loaded); load it on a real "
@@ -196,17 +220,8 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
             _fail(IncompatibleDraftError if role == "draft" else UnsupportedGenerationError,
                   f"generate(assistant_model=...) cannot roll back the {role} {type(model).__name__}: {why}. "
                   "Use a model whose stateful layers are Gated DeltaNet linear attention (Qwen3.5) or attention only.")
-    kind = kind_of(draft)
-    why = dict(spec.family.refused_draft_kinds).get(kind.name)
-    if why is not None:
-        _fail(IncompatibleDraftError, f"a {kind.name} draft cannot speculate for a {type(target).__name__} target: "
-              f"{why}. Use a text-only draft (a small text LM of the family) or a vlm draft (a smaller model of "
-              "the family, or the target itself).")
-    kind.drafter.check(target, draft)  # first: a draft that is no kind's (no LM head) may have no vocabulary either
-    # a kind scoring with the target's LM head proposes from the target's vocabulary: nothing to compare
+    kind = check_pairing(target, draft, spec, tokenizer, draft_tokenizer)
     own_vocab = kind.target_vocab_size is None
-    if own_vocab:
-        check_vocab_compatible(spec, draft, tokenizer, draft_tokenizer)
     ids = _input_ids(inputs, kwargs)
     config = _compat.resolve_generation_config(target, generation_config, kwargs)
     _check_config(config, kwargs, ids.shape[0], streamer)

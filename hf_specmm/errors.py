@@ -29,6 +29,13 @@ class DraftLoadError(SpecMMError):
     """A draft checkpoint that cannot be loaded: missing, corrupt, or not in safetensors."""
 
 
+class DraftTargetError(DraftLoadError, IncompatibleDraftError):
+    """A draft checkpoint made for another target: ``load_draft(..., target=...)`` compares what its config.json and
+    weight headers declare with the target before any of its tensors is allocated. Both a
+    :class:`DraftLoadError` (the checkpoint is refused) and an :class:`IncompatibleDraftError` (the same rule
+    ``generate`` applies to a draft passed without a target check)."""
+
+
 def check_strict_load(info: dict[str, Any], what: str) -> None:
     """Raise :class:`DraftLoadError` if ``from_pretrained(..., output_loading_info=True)`` reported missing,
     unexpected or mis-shaped weights: transformers only warns, and a partly random model would make every

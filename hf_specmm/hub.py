@@ -18,9 +18,10 @@ from . import _compat
 from .drafts.cards import (annotate_draft, card_template, draft_kind, draft_metadata,  # noqa: F401  (public API)
                            push_draft_to_hub, render_model_card, save_draft)
 from .drafts.checkpoints import index_shards, read_config_json, weight_files
-from .drafts.declared import check_declared_fields, check_declared_shapes, check_model_type, config_field_error
+from .drafts.declared import (check_declared_fields, check_declared_shapes, check_model_type, config_field_error,
+                              meta_layout)
 from .drafts.registry import check_checkpoint_config, draft_kinds, get_kind, importer_for, kind_of, loading_class
-from .errors import DraftLoadError, SpecMMError, check_strict_load
+from .errors import DraftLoadError, DraftTargetError, IncompatibleDraftError, SpecMMError, check_strict_load
 
 _WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
 _CONVERT = ("hf_specmm loads drafts from safetensors only (a pickle checkpoint can run code when loaded). "
@@ -85,7 +86,12 @@ def _import_engine_checkpoint(name: str, folder: Path, importer: Any, target: An
             if file.endswith(".safetensors"):
                 folder = Path(_compat.hub_file(name, file, **hub_kwargs)).parent
     _check_weight_files(folder, f"checkpoint {name}")
-    return importer(folder, target, name).eval()
+    try:  # each importer compares the config with the target before it reads a weight
+        return importer(folder, target, name).eval()
+    except DraftTargetError:
+        raise
+    except IncompatibleDraftError as err:
+        raise DraftTargetError(f"{folder / 'config.json'}: {err}") from err
 
 
 _HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only")
@@ -197,8 +203,11 @@ def load_draft(repo_or_path: str | Path, *, target: PreTrainedModel | None = Non
     else:
         files = weight_files(Path(name).expanduser(), f"local draft folder {Path(name).expanduser().resolve()}")
     cls = loading_class(config)  # the registered kind that loads this config (AutoModelForCausalLM last)
-    if files is not None:
-        check_declared_shapes(cls, config, files, name)
+    laid_out = meta_layout(cls, config) if files is not None else None  # shapes only: nothing allocated
+    if laid_out is not None:
+        check_declared_shapes(laid_out, config, files, name)
+        if target is not None:  # what the checkpoint declares against the target, before any tensor is allocated
+            _check_for_target(target, laid_out, config_file or name, before=True)
     kwargs.setdefault("ignore_mismatched_sizes", True)  # mis-shaped weights are reported by name, then refused
     try:
         model, info = cls.from_pretrained(name, output_loading_info=True, use_safetensors=True,
@@ -209,7 +218,22 @@ def load_draft(repo_or_path: str | Path, *, target: PreTrainedModel | None = Non
         raise DraftLoadError(f"draft checkpoint {name}: its config.json describes a {cls.__name__} that cannot be "
                              f"built or loaded from its weights ({type(err).__name__}: {err})") from err
     check_strict_load(info, f"draft checkpoint {name}")
-    kind = kind_of(model)  # a class no draft kind claims is refused now, naming the kinds
-    if target is not None:  # checked now, before any forward (generate checks it again)
-        kind.drafter.check(target, model)
+    kind_of(model)  # a class no draft kind claims is refused now, naming the kinds
+    if target is not None:  # the loaded draft too (a vocabulary map's values, a class not laid out on meta)
+        _check_for_target(target, model, config_file or name, before=False)
     return model.eval()
+
+
+def _check_for_target(target: Any, draft: Any, source: Any, before: bool) -> None:
+    """:func:`~hf_specmm.checks.check_pairing` (the rule ``generate`` applies) on the checkpoint's draft: on its
+    meta-device layout (``before``: no tensor allocated yet) or the loaded draft; refused as a
+    :class:`~hf_specmm.errors.DraftTargetError` naming the checkpoint's file."""
+    from .checks import check_pairing
+
+    try:
+        check_pairing(target, draft)
+    except DraftTargetError:
+        raise
+    except IncompatibleDraftError as err:
+        when = " Refused before any of its tensors was allocated." if before else ""
+        raise DraftTargetError(f"draft checkpoint {source}: {err}{when}") from err

@@ -50,7 +50,8 @@ def check_vocab_compatible(
     if vd < end:
         raise IncompatibleDraftError(
             f"The draft's vocabulary ({vd} ids) does not cover the target's text vocabulary "
-            f"({end} ordinary text ids of {spec.vocab_size}; reserved ids {sorted(spec.reserved_ids)}). "
+            f"({end} ordinary text ids of {spec.vocab_size}; reserved ids {sorted(spec.reserved_ids)}): the draft's "
+            f"vocab_size is {vd}, the target's {spec.vocab_size}. "
             "Use a draft that shares the target's tokenizer (e.g. a Llama/Vicuna draft for LLaVA-1.5, "
             "a Qwen2 draft for LLaVA-OneVision-qwen2)."
         )

@@ -121,3 +121,45 @@ def test_the_answer_cache_takes_its_own_lines_and_skips_a_cut_last_one(tmp_path)
         cache.write_text(text)
         with pytest.raises(TrainingInputError, match=r"cache\.jsonl, line 1: not a line of hf-specmm train's"):
             read_response_cache(cache)
+
+
+class _WorkBegan(Exception):
+    """Raised by a patched work function once it has seen what the run made before it."""
+
+
+def test_every_output_folder_exists_before_the_work_starts(work, tmp_path, monkeypatch):
+    """Each sub-command that writes results makes their folder (missing, several levels deep) when the run starts,
+    before the first measurement or model load: what the work would write at its end cannot fail for want of it."""
+    from hf_specmm import cli
+    from hf_specmm.bench import runner
+    from hf_specmm.train import run as train_run
+    from hf_specmm.world import demo, lmms_task, tau_table
+
+    seen: dict[str, list[bool]] = {}
+
+    def began(name: str, *folders: Path):
+        def work_function(*args, **kwargs):
+            seen[name] = [folder.is_dir() for folder in folders]
+            raise _WorkBegan(name)
+        return work_function
+
+    out = tmp_path / "out"
+    cases = {
+        "bench": (runner, "run_benchmark", [out / "bench" / "a", out / "profile" / "b"],
+                  ["bench", "--preset", "tiny", "--out", str(out / "bench" / "a"),
+                   "--write-profile", str(out / "profile" / "b" / "p.json")]),
+        "world-tau": (tau_table, "tau_table", [out / "tau" / "a"], ["world-tau", "--output", str(out / "tau" / "a" / "t")]),
+        "demo": (demo, "load_world_models", [out / "demo" / "a"], ["demo", "--no-plot", "--output-dir",
+                                                                  str(out / "demo" / "a")]),
+        "world-task": (lmms_task, "eval_examples", [out / "task" / "a"], ["world-task", str(out / "task" / "a")]),
+        "train": (train_run, "load_target", [out / "train" / "a", out / "cache" / "b"],
+                  ["train", "--target", str(work / "target"), "--data", str(work / "data.jsonl"), "--output-dir",
+                   str(out / "train" / "a"), "--response-cache", str(out / "cache" / "b" / "answers.jsonl"),
+                   "--draft-config", "tiny", "--steps", "1", "--no-progress"]),
+    }
+    for name, (module, function, folders, argv) in cases.items():
+        monkeypatch.setattr(module, function, began(name, *folders))
+        assert not any(folder.exists() for folder in folders)
+        with pytest.raises(_WorkBegan, match=name):
+            cli.main(argv)
+        assert seen[name] == [True] * len(folders), (name, seen[name])

@@ -173,8 +173,10 @@ def run(args: argparse.Namespace) -> int:
         config.validate()
     except ValueError as err:  # BenchConfig's own checks (e.g. a draft kind the preset's target cannot take)
         raise _refuse(str(err)) from None
-    try:  # made now, before any model is built (a given --out was checked while parsing)
+    try:  # made now, before any model is built (a given --out / --write-profile was checked while parsing)
         check_writable(args.out, "--out folder", create=True)
+        if args.write_profile is not None:
+            check_writable(args.write_profile.parent, "--write-profile folder", create=True)
     except argparse.ArgumentTypeError as error:
         raise _refuse(str(error)) from None
     try:

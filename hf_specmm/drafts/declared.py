@@ -105,20 +105,25 @@ def _fields_of(config: Any, value: int) -> list[str]:
     return found
 
 
-def check_declared_shapes(cls: Any, config: Any, files: list[Path], source: str) -> None:
-    """The tensors ``cls`` builds from ``config``, laid out on the meta device, against the weight files' headers:
-    a tensor both hold with another shape is refused, naming both shapes and the config field of the differing
-    size, before any tensor is allocated. Tensors only one side holds are the strict load's to report."""
-    if getattr(config, "auto_map", None):  # laying it out could run the checkpoint's code: the strict load checks it
-        return
+def meta_layout(cls: Any, config: Any) -> Any | None:
+    """The model ``cls`` builds from ``config``, laid out on the meta device (shapes, no storage), or None where it
+    cannot be: a config that names the checkpoint's own code (laying it out could run it), or a class that fails on
+    meta (the strict load and the checks after it then cover what this would have)."""
+    if getattr(config, "auto_map", None):
+        return None
     try:
         with torch.device("meta"):
             if hasattr(cls, "from_config"):  # an Auto class: transformers' own class for this model_type
-                model = cls.from_config(config, trust_remote_code=False)
-            else:
-                model = cls(config)
-    except Exception:  # a class that cannot be laid out on meta: the strict load still compares every shape
-        return
+                return cls.from_config(config, trust_remote_code=False)
+            return cls(config)
+    except Exception:
+        return None
+
+
+def check_declared_shapes(model: Any, config: Any, files: list[Path], source: str) -> None:
+    """The tensors of ``model`` (the :func:`meta_layout` of ``config``) against the weight files' headers: a tensor
+    both hold with another shape is refused, naming both shapes and the config field of the differing size, before
+    any tensor is allocated. Tensors only one side holds are the strict load's to report."""
     declared = header_shapes(files)
     wrong, fields = [], set()
     for name, tensor in model.state_dict().items():

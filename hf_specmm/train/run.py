@@ -149,6 +149,16 @@ def run_plan(cfg: TrainConfig, procs: Processes, kind: str, stages: tuple[int, .
     return line
 
 
+def _make_folders(*folders: Path) -> None:
+    """The run's output folder and its answer cache's, made when the run starts (checked writable while parsing by
+    ``hf-specmm train``): an unwritable one is refused before any work, not after training."""
+    for folder in folders:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise TrainingInputError(f"cannot make the folder {folder} ({err.strerror or err})") from None
+
+
 def train_draft(cfg: TrainConfig, echo: Callable[[str], Any] | None = None) -> TrainResult:
     """Distil a draft from the target and measure it on held-out prompts. ``echo`` (e.g. ``print``) gets
     :func:`run_plan`'s line on the main process, before any forward pass.
@@ -186,6 +196,7 @@ def train_draft(cfg: TrainConfig, echo: Callable[[str], Any] | None = None) -> T
         state.update({k: v for k, v in saved.items() if k not in ("config", "config_fields")})
     cache = Path(cfg.response_cache) if cfg.response_cache else out.resolve().parent / "hf_specmm_responses.jsonl"
     read_response_cache(cache)  # a file that is not this cache is refused now, not appended to later
+    _make_folders(out, cache.parent)  # before any model is loaded: nothing can fail to be written at the end
     # 3. models (no forward pass), the draft checked against the target
     target, processor = load_target(cfg.target, cfg.device, cfg.dtype, **placement,
                                     trust_remote_code=cfg.trust_remote_code)

@@ -88,6 +88,10 @@ def load_speculators_dflash(path: str | Path, target: Any = None, name: str | No
         raise DraftLoadError(f"{where} is not a speculators dflash checkpoint (speculators_model_type "
                              f"{config.get('speculators_model_type')!r})")
     draft_config = _draft_config(config, where)
+    cls = SpeculatorsDFlashModel if needs_extension(draft_config) else DFLASH_CLASSES[0]
+    if target is not None:  # what the config declares against the target, laid out on meta: nothing allocated yet
+        with torch.device("meta"):
+            check_target(target, cls(draft_config))
     weights: dict[str, torch.Tensor] = {}
     for file in weight_files(folder, f"speculators dflash checkpoint {where}"):
         weights.update(load_file(file))
@@ -105,7 +109,7 @@ def load_speculators_dflash(path: str | Path, target: Any = None, name: str | No
         _refuse(where, f"fuses {fc.shape[1] // draft_config.hidden_size} target layers but lists "
                         f"{len(draft_config.target_layer_ids)} in aux_hidden_state_layer_ids (the verifier's last layer "
                         "implied, as speculators' converter leaves it); list every layer it reads.")
-    model = (SpeculatorsDFlashModel if needs_extension(draft_config) else DFLASH_CLASSES[0])(draft_config)
+    model = cls(draft_config)
     expected = set(model.state_dict())
     missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
     if missing or unexpected:

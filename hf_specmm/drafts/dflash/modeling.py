@@ -47,12 +47,13 @@ def check_target(target: Any, draft: Any) -> None:
     layers = text.num_hidden_layers
     bad = [i for i in config.target_layer_ids if not -1 <= i < layers]  # -1: the embedding output (hidden_states[0])
     if bad:
-        raise IncompatibleDraftError(f"The DFlash drafter reads target layers {list(config.target_layer_ids)}, but "
+        raise IncompatibleDraftError(f"The DFlash drafter reads target layers {list(config.target_layer_ids)} "
+                                     f"(target_layer_ids), but "
                                      f"{type(target).__name__} has {layers} decoder layers ({bad} out of range): it was "
                                      "made for another target.")
     if config.hidden_size != text.hidden_size:
-        raise IncompatibleDraftError(f"The DFlash drafter's hidden size ({config.hidden_size}) is not the target's "
-                                     f"({text.hidden_size}): it was made for another target.")
+        raise IncompatibleDraftError(f"The DFlash drafter's hidden size (hidden_size {config.hidden_size}) is not the "
+                                     f"target's ({text.hidden_size}): it was made for another target.")
     if target.get_input_embeddings() is None or target.get_output_embeddings() is None:
         raise IncompatibleDraftError(f"{type(target).__name__} exposes no input embedding / LM head for a DFlash "
                                      "drafter to embed and score with.")
@@ -61,7 +62,7 @@ def check_target(target: Any, draft: Any) -> None:
         raise IncompatibleDraftError(f"The DFlash drafter's mask_token_id ({config.mask_token_id}) is outside the "
                                      f"target's embedding table ({rows} rows): it was made for another tokenizer.")
     d2t = getattr(draft, "d2t", None)
-    if d2t is not None:  # a reduced draft vocabulary (extended.SpeculatorsDFlashModel)
+    if d2t is not None and not d2t.is_meta:  # a reduced vocabulary's map (extended.SpeculatorsDFlashModel), loaded
         from ..feature_head.validation import check_vocab_maps
 
         check_vocab_maps(d2t, draft.t2d, "The DFlash drafter's draft vocabulary", vocab=target_vocab_size(draft, target),

@@ -221,18 +221,22 @@ class Eagle3FeatureHead(FeatureHeadDraft):
         vocab = int(target.get_input_embeddings().weight.shape[0])
         problems = []
         if int(text.hidden_size) != int(config.layer_config.hidden_size):
-            problems.append(f"hidden size {text.hidden_size} (the head's is {config.layer_config.hidden_size})")
+            problems.append(f"hidden size {text.hidden_size} (the head's layer_config.hidden_size is "
+                            f"{config.layer_config.hidden_size})")
         if vocab != self.t2d.numel():
-            problems.append(f"vocabulary of {vocab} ids (the head maps {self.t2d.numel()})")
+            problems.append(f"vocabulary of {vocab} ids (the head maps {self.t2d.numel()}: its "
+                            "layer_config.vocab_size)")
         if max(config.aux_layers) > layers or (config.target_num_layers and config.target_num_layers != layers):
             problems.append(f"{layers} decoder layers (the head reads the inputs of layers {config.aux_layers}"
-                            + (f" of a {config.target_num_layers}-layer target)" if config.target_num_layers else ")"))
+                            + (f" of a {config.target_num_layers}-layer target" if config.target_num_layers else "")
+                            + ": its aux_layers / target_num_layers)")
         if problems:
             raise IncompatibleDraftError(
                 f"This EAGLE-3 head was made for {made_for}, not for this {type(target).__name__}: the target has "
                 + "; ".join(problems) + ". Use a head made for this target (FeatureHeadDraft.for_target(target, "
                 "variant='eagle3'), then train it).")
-        check_vocab_maps(self.d2t, self.t2d, f"This EAGLE-3 head (made for {made_for})", vocab, IncompatibleDraftError)
+        if not self.d2t.is_meta:  # the maps' entries (a head laid out before loading has only their shapes)
+            check_vocab_maps(self.d2t, self.t2d, f"This EAGLE-3 head (made for {made_for})", vocab, IncompatibleDraftError)
         if config.target_fingerprint is not None:
             super().check_target(target)
 

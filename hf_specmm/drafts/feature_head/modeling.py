@@ -153,7 +153,8 @@ class FeatureHeadDraft(DraftCheckpointMixin, PreTrainedModel):
         problem = fingerprint_mismatch(saved, target_fingerprint(target))
         if problem is not None:
             raise IncompatibleDraftError(
-                f"This FeatureHeadDraft was made for {made_for}; the target's {problem}. A feature head reads the "
+                f"This FeatureHeadDraft was made for {made_for} (its target_fingerprint); the target's {problem}. A "
+                "feature head reads the "
                 "target's hidden states and uses its embedding and LM head, so it only drafts for that target: "
                 "use a head made for this target (FeatureHeadDraft.for_target(target), then train it).")
 

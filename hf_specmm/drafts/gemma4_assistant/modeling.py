@@ -65,11 +65,13 @@ def check_target(target: Any, draft: Any) -> None:
         mine, theirs = _head_shape(own, layer), _head_shape(text, producers[layer_type])
         if mine != theirs:
             raise IncompatibleDraftError(
-                f"the Gemma 4 assistant's layer {layer} ({layer_type}) has (head_dim, kv heads) {mine} but {name}'s "
+                f"the Gemma 4 assistant's layer {layer} ({layer_type}) has (head_dim, num_key_value_heads) {mine} but "
+                f"{name}'s "
                 f"shared {layer_type} K/V has {theirs}: use the assistant released with this target.")
     if own.vocab_size != text.vocab_size:
         raise IncompatibleDraftError(
-            f"the Gemma 4 assistant scores {own.vocab_size} ids but {name} has {text.vocab_size}: use the assistant "
+            f"the Gemma 4 assistant scores {own.vocab_size} ids (text_config.vocab_size) but {name} has "
+            f"{text.vocab_size}: use the assistant "
             "released with this target.")
     attention = str(getattr(draft.config, "_attn_implementation", None) or "")
     if "flash" in attention:  # each row reads its own kept slots of the shared K/V through a 4-D additive mask

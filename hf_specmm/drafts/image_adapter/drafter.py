@@ -39,13 +39,14 @@ class ImageAdapterDrafter(LMDrafter):
         made_for = draft.config.target or draft.config.target_class or "another target"
         if draft.config.image_feature_dim != width:
             raise IncompatibleDraftError(
-                f"This ImageAdapterDraft reads image embeddings of width {draft.config.image_feature_dim} (made "
-                f"for {made_for}), but the target's are {width} wide. Use a draft made for this target "
+                f"This ImageAdapterDraft reads image embeddings of width {draft.config.image_feature_dim} "
+                f"(image_feature_dim; made for {made_for}), but the target's are {width} wide (its text config's "
+                "hidden_size). Use a draft made for this target "
                 "(ImageAdapterDraft.for_target(target, ...)).")
         if draft.config.image_token_id not in spec.placeholder_ids:
             raise IncompatibleDraftError(
-                f"This ImageAdapterDraft expects image token id {draft.config.image_token_id} (made for "
-                f"{made_for}), but the target's placeholder ids are {sorted(spec.placeholder_ids)}. "
+                f"This ImageAdapterDraft expects image token id {draft.config.image_token_id} (image_token_id; made "
+                f"for {made_for}), but the target's placeholder ids are {sorted(spec.placeholder_ids)}. "
                 "Use a draft made for this target.")
 
     @classmethod
