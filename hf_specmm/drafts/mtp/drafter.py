@@ -7,6 +7,9 @@ with a zero feature. An MTP layer reads pairs (f_t, x_{t+1}) only, each at the p
 one position back. The cache numbers every later slot by the count of slots before it, which is then exactly
 that numbering (the pending pair (f(cur), next) at cur's position). transformers' ``MtpModel`` numbers a pair by
 its token's position instead: one more everywhere, the same relative positions in a text prompt.
+
+A draft of several MTP layers proposes with layer k at draft step k (step 0: the pending read; then one step per
+drafted token or tree level), and with its last layer at every step past it; every layer reads every slot.
 """
 
 from __future__ import annotations
@@ -21,6 +24,24 @@ from ..feature_head.drafter import FeatureHeadDrafter
 
 class MtpDrafter(FeatureHeadDrafter):
     """:class:`FeatureHeadDrafter` without the prompt's first slot, its slots at their features' positions."""
+
+    step = 0  #: the round's draft step: which MTP layer proposes (the draft clamps it to its last layer)
+
+    def model_kwargs(self) -> dict[str, Any]:
+        return {"step": self.step} if self.model.config.num_layers > 1 else {}
+
+    def read_pending(self, cur: torch.Tensor) -> torch.Tensor:
+        self.step = 0
+        return super().read_pending(cur)
+
+    def read_draft(self, token: torch.Tensor) -> torch.Tensor:
+        self.step += 1
+        return super().read_draft(token)
+
+    def read_level(self, tokens: torch.Tensor, parents: torch.Tensor, attention_mask: Any,
+                   position_ids: torch.Tensor) -> torch.Tensor:
+        self.step += 1
+        return super().read_level(tokens, parents, attention_mask, position_ids)
 
     @classmethod
     def check(cls, target: Any, draft: Any) -> None:

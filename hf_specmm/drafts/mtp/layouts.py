@@ -43,6 +43,11 @@ _LAYER = re.compile(r"layers\.(\d+)\.(.+)$")  # a text decoder layer's key, afte
 _SHARED = ("shared_head.head.weight", "embed_tokens.weight")  # the target's own LM head / embedding, bound instead
 
 
+def layer_name(k: int, name: str) -> str:
+    """The draft's name of MTP layer ``k``'s parameter ``name`` (layer 0's as a one-layer draft names it)."""
+    return name if k == 0 else f"later_layers.{k - 1}.{name}"
+
+
 def checkpoint_files(name: str,
                      fetch: Callable[[str], Path | None]) -> tuple[Path, dict[str, Any], dict[str, list[str]] | None]:
     """The target checkpoint's config.json (as data) and its safetensors files: ``(config path, config, weight_map
@@ -93,8 +98,8 @@ def mtp_keys(keys: list[str], num_hidden_layers: int) -> dict[str, tuple[str, in
         if match is not None:
             layer, rest = match.groups()
             if layer is not None:
-                found[key] = ("vllm", int(layer), f"body.layers.0.{rest}")
-            else:
+                found[key] = ("vllm", int(layer), layer_name(int(layer), f"body.layers.0.{rest}"))
+            else:  # fc, the input norms and the output norm: shared by every layer (see read_mtp)
                 found[key] = ("vllm", 0, _VLLM_NAMES.get(rest, f"<unknown {rest}>"))
             continue
         match = _LAYER.match(key[len(decoder):]) if key.startswith(decoder) else None
@@ -104,9 +109,10 @@ def mtp_keys(keys: list[str], num_hidden_layers: int) -> dict[str, tuple[str, in
         if rest in _SHARED:
             found[key] = ("transformers", layer, "")
         elif rest in _HF_NAMES:
-            found[key] = ("transformers", layer, _HF_NAMES[rest])
+            found[key] = ("transformers", layer, layer_name(layer, _HF_NAMES[rest]))
         else:
-            found[key] = ("transformers", layer, "body.layers.0." + rest.removeprefix("transformer_block."))
+            found[key] = ("transformers", layer,
+                          layer_name(layer, "body.layers.0." + rest.removeprefix("transformer_block.")))
     return found
 
 
@@ -151,17 +157,17 @@ def read_mtp(name: str, target: Any, fetch: Callable[[str], Path | None]) -> Any
         extra = next((k for k, (_, layer, _) in found.items() if layer >= count), next(iter(found)))
         raise DraftLoadError(f"{config_path}: {field}={count}, but the MTP tensors hold layers {layers} "
                              f"({where[extra]}: {extra})")
-    if count != 1:
-        raise DraftLoadError(f"{config_path}: {field}={count}: hf_specmm reads single-layer MTP checkpoints only "
-                             "(one layer reused at every step)")
     hidden_first = bool(text.get("mtp_hidden_states_first", raw.get("mtp_hidden_states_first", False)))
-    draft = MtpDraft.for_target(target, target_name=name, hidden_first=hidden_first, source=name, layout=layouts[0])
+    draft = MtpDraft.for_target(target, count, target_name=name, hidden_first=hidden_first, source=name,
+                                layout=layouts[0])
     wanted: dict[str, str] = {}
     for key, (_, _, param) in found.items():
         if param and param in wanted:  # two names of one tensor (eh_proj and input_proj, ...): which is meant?
             raise DraftLoadError(f"{where[key]}: MTP tensors {wanted[param]} and {key} are both the layer's {param}")
         if param:
             wanted[param] = key
+        if param and layouts[0] == "vllm" and not key.startswith("mtp.layers."):
+            wanted.update({layer_name(k, param): key for k in range(1, count)})  # vLLM: one fc and norms for all
     expected = draft.state_dict()
     unknown = [key for param, key in wanted.items() if param not in expected]
     if unknown:

@@ -16,14 +16,62 @@ The target's embedding and LM head are used, never stored or copied.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from ... import _compat
 from ..feature_head.configuration import FeatureHeadDraftConfig
-from ..feature_head.modeling import FeatureHeadDraft, family_body, head_config_fields
+from ..feature_head.modeling import FeatureHeadDraft, FeatureHeadOutput, family_body, head_config_fields
+
+#: per-layer lists of a text config, one entry per MTP layer in the draft's config (Step3.7's MLP kinds, limits)
+_PER_LAYER = ("layer_types", "mlp_layer_types", "swiglu_limits", "swiglu_limits_shared", "layer_rope_theta",
+              "max_window_layers")
+
+
+def layer_config(text: Any, k: int) -> Any:
+    """``text`` (the draft's config of all its MTP layers) cut to MTP layer ``k`` alone."""
+    one = copy.deepcopy(text)
+    layers = text.num_hidden_layers
+    one.num_hidden_layers = 1
+    for name in _PER_LAYER:
+        value = getattr(text, name, None)
+        if isinstance(value, list) and len(value) == layers:
+            setattr(one, name, value[k:k + 1])
+    return one
+
+
+def build_layer(module: nn.Module, text: Any, k: int) -> None:
+    """Give ``module`` MTP layer ``k``'s parts: ``fc``, ``pre_fc_norm_embedding`` / ``pre_fc_norm_hidden`` and a
+    one-layer family ``body`` (its decoder layer and output norm) whose layer reads and writes cache layer ``k``."""
+    hidden = text.hidden_size
+    module.fc = nn.Linear(2 * hidden, hidden, bias=False)
+    module.body = family_body(layer_config(text, k))
+    for part in module.body.layers[0].modules():  # the cache layer it writes: k of the draft's cache
+        if isinstance(getattr(part, "layer_idx", None), int):
+            part.layer_idx = k
+    norm = type(module.body.norm)  # the family's RMSNorm (Qwen3.5's is 1 + w, zero-initialised)
+    module.pre_fc_norm_embedding = norm(hidden, eps=text.rms_norm_eps)
+    module.pre_fc_norm_hidden = norm(hidden, eps=text.rms_norm_eps)
+
+
+def fuse(module: nn.Module, hidden_first: bool, inputs_embeds: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+    """``module.fc([norm_e(embedding); norm_h(feature)])`` (the other order with ``hidden_first``)."""
+    dtype = module.fc.weight.dtype
+    embeds = module.pre_fc_norm_embedding(inputs_embeds.to(dtype))
+    hidden = module.pre_fc_norm_hidden(features.to(device=inputs_embeds.device, dtype=dtype))
+    return module.fc(torch.cat([hidden, embeds] if hidden_first else [embeds, hidden], -1))
+
+
+class MtpLayerModules(nn.Module):
+    """MTP layer k >= 1 of a multi-layer draft: the parts :func:`build_layer` gives it."""
+
+    def __init__(self, text: Any, k: int):
+        super().__init__()
+        build_layer(self, text, k)
 
 
 class MtpDraftConfig(FeatureHeadDraftConfig):
@@ -59,20 +107,48 @@ class MtpDraft(FeatureHeadDraft):
     slot_lag = 1  #: its drafter puts a slot at its feature's position, one before its token's (see drafter.py)
 
     def build_modules(self, config: MtpDraftConfig) -> None:
-        text = config.text_config
-        hidden = text.hidden_size
-        self.fc = nn.Linear(2 * hidden, hidden, bias=False)
-        self.body = family_body(text)
-        norm = type(self.body.norm)  # the family's RMSNorm (Qwen3.5's is 1 + w, zero-initialised)
-        self.pre_fc_norm_embedding = norm(hidden, eps=text.rms_norm_eps)
-        self.pre_fc_norm_hidden = norm(hidden, eps=text.rms_norm_eps)
+        build_layer(self, config.text_config, 0)
+        # layers 1.. of a multi-layer checkpoint, each with its own input norms, fc and output norm
+        self.later_layers = nn.ModuleList(MtpLayerModules(config.text_config, k)
+                                          for k in range(1, config.text_config.num_hidden_layers))
 
     def fuse_step(self, inputs_embeds: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         """``fc([norm_e(embedding); norm_h(feature)])`` (the other order with ``hidden_first``)."""
-        dtype = self.fc.weight.dtype
-        embeds = self.pre_fc_norm_embedding(inputs_embeds.to(dtype))
-        hidden = self.pre_fc_norm_hidden(features.to(device=inputs_embeds.device, dtype=dtype))
-        return self.fc(torch.cat([hidden, embeds] if self.config.hidden_first else [embeds, hidden], -1))
+        return fuse(self, self.config.hidden_first, inputs_embeds, features)
+
+    @property
+    def mtp_layers(self) -> list[nn.Module]:
+        """The modules of MTP layer 0, 1, ... (each with ``fc``, the input norms and a one-layer ``body``)."""
+        return [self, *self.later_layers]
+
+    def forward(self, features: torch.Tensor, inputs_embeds: torch.Tensor | None = None,
+                input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, cache: Any = None, use_cache: bool = False,
+                logits_to_keep: int = 0, step: int = 0, **kwargs: Any) -> FeatureHeadOutput:
+        """:meth:`FeatureHeadDraft.forward`; ``step``: the draft step (0: the pending slots' read, then one per
+        drafted token or tree level), whose outputs are MTP layer ``min(step, layers - 1)``'s.
+
+        Every layer reads every slot into its own layers of the cache (each layer's K/V always cover the same
+        slots: one numbering, one rollback). Later layers run first: the text model reads the cache's length and
+        mask sizes off cache layer 0, which must still be the slots before this call's."""
+        if len(self.later_layers) == 0:
+            return super().forward(features, inputs_embeds, input_ids, attention_mask, position_ids, cache,
+                                   use_cache, logits_to_keep, **kwargs)
+        if cache is None:  # the name before transformers 5.24
+            cache = kwargs.pop("past_key_values", None)
+        if inputs_embeds is None:
+            inputs_embeds = self.embed(input_ids)
+        chosen = min(step, len(self.later_layers))
+        hidden = out = None
+        for k in reversed(range(len(self.later_layers) + 1)):
+            layer = self.mtp_layers[k]
+            run = layer.body(inputs_embeds=fuse(layer, self.config.hidden_first, inputs_embeds, features),
+                             attention_mask=attention_mask, position_ids=position_ids,
+                             **_compat.cache_kwargs(cache), use_cache=use_cache, **kwargs)
+            if k == chosen:
+                hidden, out = run.last_hidden_state, run
+        logits = self.lm_logits(hidden[:, -logits_to_keep:]) if logits_to_keep else None
+        return FeatureHeadOutput(hidden_states=hidden, logits=logits, cache=_compat.output_cache(out))
 
     def save_pretrained(self, save_directory: Any, *args: Any, format: str = "hf_specmm", **kwargs: Any) -> None:
         """``format="hf_specmm"`` (default: config, safetensors, model card) or ``"speculators"`` (speculators'
@@ -91,15 +167,28 @@ class MtpDraft(FeatureHeadDraft):
     @classmethod
     def for_target(cls, target: PreTrainedModel, num_layers: int = 1, target_name: str | None = None,
                    hidden_first: bool = False, source: str | None = None, layout: str | None = None,
-                   **unused: Any) -> "MtpDraft":
-        """A randomly initialised MTP layer sized for ``target`` (its text family's full-attention decoder layer),
-        attached to it. ``num_layers``: 1 (one layer reused at every step)."""
-        if num_layers != 1 or unused:
-            raise ValueError(f"an MTP draft has one layer, reused at every step (num_layers={num_layers!r}"
-                             f"{'; ' + ', '.join(sorted(unused)) if unused else ''}): multi-layer MTP checkpoints "
-                             "are not read by hf_specmm")
+                   mlp_layer_types: list[str] | None = None, **unused: Any) -> "MtpDraft":
+        """Randomly initialised MTP layers sized for ``target`` (its text family's full-attention decoder layer),
+        attached to it. ``num_layers``: how many (draft step k runs layer k; past the last, the last one again).
+        ``mlp_layer_types``: each layer's MLP kind where the family has several (Step3.7's ``mtp_mlp_layer_types``;
+        default: the target's config's ``mtp_mlp_layer_types``, else its first layer's kind)."""
+        if unused:
+            raise ValueError(f"MtpDraft.for_target takes no {', '.join(sorted(unused))}")
+        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+            raise ValueError(f"num_layers must be an integer >= 1 (the MTP layers), got {num_layers!r}")
         fields = head_config_fields(target, 1, target_name, kind="mtp")
-        if isinstance(fields["text_config"].get("layer_types"), list):  # a hybrid's MTP layer is full attention
-            fields["text_config"]["layer_types"] = ["full_attention"]
+        text = fields["text_config"]
+        if isinstance(text.get("layer_types"), list):  # a hybrid's MTP layer is full attention
+            text["layer_types"] = ["full_attention"]
+        for name in _PER_LAYER:  # every MTP layer as the one-layer config's
+            if isinstance(text.get(name), list) and len(text[name]) == 1:
+                text[name] = text[name] * num_layers
+        mlp_layer_types = mlp_layer_types or getattr(target.config.get_text_config(), "mtp_mlp_layer_types", None)
+        if isinstance(text.get("mlp_layer_types"), list) and isinstance(mlp_layer_types, list):
+            if len(mlp_layer_types) != num_layers:
+                raise ValueError(f"mlp_layer_types={mlp_layer_types!r} names {len(mlp_layer_types)} MTP layers, "
+                                 f"not {num_layers}")
+            text["mlp_layer_types"] = list(mlp_layer_types)
+        text["num_hidden_layers"] = num_layers
         config = MtpDraftConfig(hidden_first=hidden_first, source=source, layout=layout, **fields)
         return cls(config).to_target_device(target)
