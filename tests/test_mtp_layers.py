@@ -1,5 +1,5 @@
-"""Multi-layer MTP checkpoints: draft step k runs MTP layer k, every later step the last layer, every layer reading
-every slot. Read from vLLM's layout (``mtp.layers.{k}``, one ``fc`` and norms for all) and transformers'
+"""Multi-layer MTP checkpoints: draft step k runs MTP layer k, every later step the last layer; layer k reads layer
+k - 1's outputs as transformers' ``MtpModel`` chains them. Read from vLLM's layout (``mtp.layers.{k}``, one ``fc`` and norms for all) and transformers'
 (``layers.{N+k}.eh_proj`` ..., per layer); the proposals of a round equal an uncached reference of that rule; greedy
 parity at batch 3 (left padding, a row without an image) with chains, trees, static caches and sampling (χ²);
 a declared count the tensors contradict is refused naming the file and the tensor."""
@@ -54,23 +54,28 @@ def test_reads_every_layer_and_keeps_greedy_parity(tmp_path, model, layout):
 
 
 def reference(draft, model, ids: torch.Tensor, gamma: int) -> list[torch.Tensor]:
-    """The rule, written out without a cache for one text row: slot i reads (f_i, x_{i+1}) at position i; every
-    MTP layer runs over all slots; step s's logits are layer min(s, n - 1)'s at the last slot, whose output and
-    token make the next slot."""
+    """The chain, written out as transformers' ``MtpModel`` runs it, without a cache, for one text row of L tokens:
+    layer k reads the pairs (layer k - 1's output at t, or the target's f_t for layer 0; x_{t+k+1}), t < L, at
+    step k; past the last layer, the last one continues its own sequence with its output fed back."""
     with torch.no_grad():
         hidden = model.model.language_model(input_ids=ids).last_hidden_state[0]
-        tokens = ids[0, 1:].tolist() + [int(model.lm_head(hidden[-1]).argmax())]
-        features, proposals = list(hidden), []
+        x = ids[0].tolist() + [int(model.lm_head(hidden[-1]).argmax())]
+        length, layers = ids.shape[1], draft.mtp_layers
+        outputs, proposals = [], []
         for step in range(gamma):
-            layer = draft.mtp_layers[min(step, len(draft.mtp_layers) - 1)]
+            layer = layers[min(step, len(layers) - 1)]
+            if step < len(layers):
+                features = hidden if step == 0 else outputs[step - 1]
+                tokens = x[step + 1: step + 1 + length]
+            else:
+                features, tokens = torch.cat([features, outputs[-1][-1:]]), tokens + [x[-1]]
             embeds = model.get_input_embeddings()(torch.tensor(tokens))
-            fused = layer.fc(torch.cat([layer.pre_fc_norm_embedding(embeds),
-                                        layer.pre_fc_norm_hidden(torch.stack(features))], -1))
+            fused = layer.fc(torch.cat([layer.pre_fc_norm_embedding(embeds), layer.pre_fc_norm_hidden(features)], -1))
             out = layer.body(inputs_embeds=fused[None], position_ids=torch.arange(len(tokens))[None],
-                             use_cache=False).last_hidden_state
-            proposals.append(model.lm_head(out[0, -1]))
-            tokens.append(int(proposals[-1].argmax()))
-            features.append(out[0, -1])
+                             use_cache=False).last_hidden_state[0]
+            outputs.append(out)
+            proposals.append(model.lm_head(out[-1]))
+            x.append(int(proposals[-1].argmax()))
     return proposals
 
 

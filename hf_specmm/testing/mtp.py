@@ -20,20 +20,21 @@ _HF = {"fc.weight": "eh_proj.weight", "pre_fc_norm_embedding.weight": "enorm.wei
 
 
 def mtp_from_target(target: PreTrainedModel, noise: float = 0.0, seed: int = 0, layers: int = 1,
-                    shared: bool = False) -> MtpDraft:
+                    shared: bool = False, copy_layer: int = -1, mlp_layer_types: list[str] | None = None) -> MtpDraft:
     """MTP layers that are each the target's last decoder layer and final norm, ``fc`` passing the normed embedding
     through (the feature half zero): each drafts like a one-layer cut of the target, agreeing in part. ``noise``
     perturbs their matrices (relative to each weight's std; each layer differently); ``shared``: every layer's
-    ``fc`` and norms are layer 0's (vLLM's layout stores them once)."""
+    ``fc`` and norms are layer 0's (vLLM's layout stores them once). ``copy_layer``: the target layer copied (of
+    the MLP kind ``mlp_layer_types`` gives, where the family has several)."""
     lm = language_model(target)
-    draft = MtpDraft.for_target(target, layers)
+    draft = MtpDraft.for_target(target, layers, mlp_layer_types=mlp_layer_types)
     hidden = draft.config.text_config.hidden_size
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for layer in draft.mtp_layers:
             layer.fc.weight.zero_()
             layer.fc.weight[:, :hidden] = torch.eye(hidden)
-            layer.body.layers[0].load_state_dict(lm.layers[-1].state_dict())
+            layer.body.layers[0].load_state_dict(lm.layers[copy_layer].state_dict())
             layer.body.norm.load_state_dict(lm.norm.state_dict())
         for p in draft.parameters():
             if noise > 0 and p.dim() > 1:

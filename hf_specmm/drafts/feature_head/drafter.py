@@ -116,6 +116,7 @@ class FeatureHeadDrafter(Drafter):
                          attention_mask=mask_to(mask, self.device),
                          position_ids=inputs["position_ids"].to(self.device), cache=self.state.cache,
                          use_cache=True, **self.model_kwargs())
+        self.model_output = out  # what a subclass reads beyond the predicted features (an MTP draft's layers)
         last = out.hidden_states[:, -keep:]
         if not logits:
             return last, None

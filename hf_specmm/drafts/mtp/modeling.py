@@ -17,6 +17,7 @@ The target's embedding and LM head are used, never stored or copied.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -46,13 +47,15 @@ def layer_config(text: Any, k: int) -> Any:
 
 def build_layer(module: nn.Module, text: Any, k: int) -> None:
     """Give ``module`` MTP layer ``k``'s parts: ``fc``, ``pre_fc_norm_embedding`` / ``pre_fc_norm_hidden`` and a
-    one-layer family ``body`` (its decoder layer and output norm) whose layer reads and writes cache layer ``k``."""
+    one-layer family ``body`` (its decoder layer and output norm). Layer k reads and writes cache layer
+    ``layers - 1 - k``: the layers run in order and the text model reads the cache's length and mask sizes off
+    cache layer 0, which must still hold the slots before the call until the last layer runs."""
     hidden = text.hidden_size
     module.fc = nn.Linear(2 * hidden, hidden, bias=False)
     module.body = family_body(layer_config(text, k))
-    for part in module.body.layers[0].modules():  # the cache layer it writes: k of the draft's cache
+    for part in module.body.layers[0].modules():
         if isinstance(getattr(part, "layer_idx", None), int):
-            part.layer_idx = k
+            part.layer_idx = text.num_hidden_layers - 1 - k
     norm = type(module.body.norm)  # the family's RMSNorm (Qwen3.5's is 1 + w, zero-initialised)
     module.pre_fc_norm_embedding = norm(hidden, eps=text.rms_norm_eps)
     module.pre_fc_norm_hidden = norm(hidden, eps=text.rms_norm_eps)
@@ -64,6 +67,42 @@ def fuse(module: nn.Module, hidden_first: bool, inputs_embeds: torch.Tensor, fea
     embeds = module.pre_fc_norm_embedding(inputs_embeds.to(dtype))
     hidden = module.pre_fc_norm_hidden(features.to(device=inputs_embeds.device, dtype=dtype))
     return module.fc(torch.cat([hidden, embeds] if hidden_first else [embeds, hidden], -1))
+
+
+def slot_before(out: torch.Tensor, before: torch.Tensor, valid: torch.Tensor | None, chained: bool) -> torch.Tensor:
+    """[B, k, H]: at each slot, a layer's output ``out`` at the slot before it: the block's previous slot where
+    that is a real one, else ``before`` (the slot before the block; a row's first after its left holes). Not
+    ``chained``: ``before`` [B, k, H] itself (each slot's own previous slot, outside the block)."""
+    if not chained:
+        return before
+    previous = torch.cat([before, out[:, :-1]], 1)
+    if valid is None:
+        return previous
+    real = torch.nn.functional.pad(valid, (1, 0), value=False)[:, :-1]
+    return torch.where(real[..., None], previous, before)
+
+
+def hide_first(mask: Any, k: int) -> Any:
+    """``mask`` (the cache's 2-D slot mask, or a 4-D mask of full attention) without each row's first ``k`` real
+    slots as keys: MTP layer k's first k slots read an output of layer k - 1 that no layer k - 1 slot made from
+    real inputs (transformers' ``MtpModel`` starts layer k's sequence k tokens later)."""
+    if mask is None or k == 0 or isinstance(mask, dict):  # the prompt's first slot is a hole: a mask always exists
+        return mask
+    if mask.dim() == 2:
+        real = mask.bool()
+    else:  # [B, 1, Q, KV]: what the first query reads (a full-attention draft: every real earlier slot)
+        real = mask[:, :, :1] if mask.dtype == torch.bool else mask[:, :, :1] == 0
+    first = real & (real.long().cumsum(-1) <= k)
+    if mask.dtype == torch.bool:
+        return mask & ~first
+    return mask.masked_fill(first, 0 if mask.dim() == 2 else torch.finfo(mask.dtype).min)
+
+
+@dataclass
+class MtpOutput(FeatureHeadOutput):
+    """:class:`FeatureHeadOutput` and ``layer_states`` [B, k, layers, H]: every MTP layer's output."""
+
+    layer_states: torch.Tensor | None = None
 
 
 class MtpLayerModules(nn.Module):
@@ -124,31 +163,43 @@ class MtpDraft(FeatureHeadDraft):
     def forward(self, features: torch.Tensor, inputs_embeds: torch.Tensor | None = None,
                 input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, cache: Any = None, use_cache: bool = False,
-                logits_to_keep: int = 0, step: int = 0, **kwargs: Any) -> FeatureHeadOutput:
-        """:meth:`FeatureHeadDraft.forward`; ``step``: the draft step (0: the pending slots' read, then one per
-        drafted token or tree level), whose outputs are MTP layer ``min(step, layers - 1)``'s.
+                logits_to_keep: int = 0, step: int = 0, before: torch.Tensor | None = None,
+                valid: torch.Tensor | None = None, chained: bool = True, **kwargs: Any) -> "MtpOutput":
+        """:meth:`FeatureHeadDraft.forward` over k slots; with several MTP layers (the module docstring's chain):
 
-        Every layer reads every slot into its own layers of the cache (each layer's K/V always cover the same
-        slots: one numbering, one rollback). Later layers run first: the text model reads the cache's length and
-        mask sizes off cache layer 0, which must still be the slots before this call's."""
-        if len(self.later_layers) == 0:
-            return super().forward(features, inputs_embeds, input_ids, attention_mask, position_ids, cache,
-                                   use_cache, logits_to_keep, **kwargs)
+        - ``step``: the draft step (0: the pending slots' read, then one per drafted token or tree level); the
+          outputs are layer ``min(step, layers - 1)``'s, all layers' in ``layer_states`` [B, k, layers, H];
+        - ``before`` [B, 1 or k, layers - 1, H]: layers 0 .. L-2's outputs at the slot before the block (None:
+          nothing before, the prompt); ``chained``: the slots follow each other (``valid`` [B, k]: left holes),
+          else each slot's own slot before is ``before``'s (a tree level: each node's parent)."""
+        n = len(self.later_layers) + 1
+        if n == 1:
+            out = super().forward(features, inputs_embeds, input_ids, attention_mask, position_ids, cache,
+                                  use_cache, logits_to_keep, **kwargs)
+            return MtpOutput(**out, layer_states=out.hidden_states[:, :, None])
         if cache is None:  # the name before transformers 5.24
             cache = kwargs.pop("past_key_values", None)
         if inputs_embeds is None:
             inputs_embeds = self.embed(input_ids)
-        chosen = min(step, len(self.later_layers))
-        hidden = out = None
-        for k in reversed(range(len(self.later_layers) + 1)):
-            layer = self.mtp_layers[k]
-            run = layer.body(inputs_embeds=fuse(layer, self.config.hidden_first, inputs_embeds, features),
-                             attention_mask=attention_mask, position_ids=position_ids,
+        chosen = min(step, n - 1)
+        if before is None:
+            before = features.new_zeros(features.shape[0], 1, n - 1, features.shape[-1])
+        outs: list[torch.Tensor] = []
+        last = None
+        for k, layer in enumerate(self.mtp_layers):
+            if k == 0 or (k == chosen and step > k):  # layer 0, or the last layer past its step: the fed feature
+                feed = features
+            else:  # layer k reads layer k - 1's output at the slot before
+                feed = slot_before(outs[k - 1], before[:, :, k - 1], valid, chained)
+            run = layer.body(inputs_embeds=fuse(layer, self.config.hidden_first, inputs_embeds, feed),
+                             attention_mask=hide_first(attention_mask, k), position_ids=position_ids,
                              **_compat.cache_kwargs(cache), use_cache=use_cache, **kwargs)
-            if k == chosen:
-                hidden, out = run.last_hidden_state, run
+            outs.append(run.last_hidden_state)
+            last = run if k == chosen else last
+        hidden = outs[chosen]
         logits = self.lm_logits(hidden[:, -logits_to_keep:]) if logits_to_keep else None
-        return FeatureHeadOutput(hidden_states=hidden, logits=logits, cache=_compat.output_cache(out))
+        return MtpOutput(hidden_states=hidden, logits=logits, cache=_compat.output_cache(last),
+                         layer_states=torch.stack(outs, 2))
 
     def save_pretrained(self, save_directory: Any, *args: Any, format: str = "hf_specmm", **kwargs: Any) -> None:
         """``format="hf_specmm"`` (default: config, safetensors, model card) or ``"speculators"`` (speculators'
