@@ -147,3 +147,45 @@ def test_saved_and_refused(tmp_path, model):
     config["text_config"]["mtp_num_hidden_layers"] = 3
     (folder / "config.json").write_text(json.dumps(config))
     refused(folder, "mtp_num_hidden_layers=3", "layers [0, 1]", "model-mtp.safetensors")
+
+
+def test_qwen3_5_moe_mtp_layer_with_per_expert_tensors(tmp_path):
+    """Qwen3.5-MoE's MTP layer in vLLM's layout, its experts stored one tensor each (as its checkpoints do): read
+    into the MoE decoder layer's fused experts, equal to the layer written; the draft steps on the target's
+    features. (Qwen3.5-MoE is no target family: ``enable`` refuses it, so nothing generates with it.)"""
+    import transformers
+
+    from hf_specmm.testing import qwen3_5
+
+    if not hasattr(transformers, "Qwen3_5MoeForConditionalGeneration"):
+        pytest.skip("this transformers has no Qwen3.5-MoE")
+    text = {**qwen3_5.text_fields(), "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
+            "num_experts": 4, "num_experts_per_tok": 2}
+    text.pop("intermediate_size")
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=4, patch_size=4, spatial_merge_size=2,
+                  temporal_patch_size=2, out_hidden_size=qwen3_5.HIDDEN, num_position_embeddings=64)
+    config = transformers.Qwen3_5MoeConfig(text_config=text, vision_config=vision, image_token_id=qwen3_5.IMAGE_ID,
+                                           tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = transformers.Qwen3_5MoeForConditionalGeneration._from_config(config, attn_implementation="sdpa").eval()
+    made = testing.mtp_from_target(model, noise=0.3)
+    assert made.body.layers[0].mlp.experts.gate_up_proj.shape[0] == 4
+    folder = testing.write_mtp_checkpoint(model, made, tmp_path / "moe", experts="per_expert")
+    stored = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+    assert "mtp.layers.0.mlp.experts.3.up_proj.weight" in stored and "mtp.layers.0.mlp.gate.weight" in stored
+    draft = hf_specmm.load_draft(str(folder), kind="mtp", target=model)
+    for name, tensor in made.state_dict().items():
+        assert torch.equal(draft.state_dict()[name], tensor), name
+    ids = torch.randint(3, 90, (1, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        features = model.model.language_model(input_ids=ids).last_hidden_state
+        out = draft(features=features, input_ids=ids, logits_to_keep=1)
+        expected = made(features=features, input_ids=ids, logits_to_keep=1)
+    assert torch.equal(out.logits, expected.logits) and out.logits.isfinite().all()
+    with pytest.raises(Exception, match="Qwen3_5MoeForConditionalGeneration"):
+        hf_specmm.enable(model)
+    # an expert missing: named with its file
+    _drop = stored.pop("mtp.layers.0.mlp.experts.2.gate_proj.weight")
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": stored}))
+    with pytest.raises(DraftLoadError, match=f"{_drop}.*experts of body.layers.0.mlp.experts.gate_up_proj"):
+        hf_specmm.load_draft(str(folder), kind="mtp", target=model)

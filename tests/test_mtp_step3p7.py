@@ -6,6 +6,8 @@ greedy output equals plain ``generate`` at batch 3 with images, left padding and
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -25,9 +27,10 @@ if not _compat.STEP3P7_SUPPORTED:
 STOCK_MTP = versions.INSTALLED >= Version("5.25.0.dev0")
 
 
-def checkpoint(folder, layers: int, mlp: str):
+def checkpoint(folder, layers: int, mlp: str, experts: str | None = None):
     """A tiny Step3.7 saved with ``layers`` MTP layers of MLP kind ``mlp`` (copies of a target layer of that kind,
-    perturbed), and the target loaded back from it (as a user loads it: its config declares the MTP layers)."""
+    perturbed; ``experts="step3p7"``: MoE tensors under Step3.7's own names), and the target loaded back from it
+    (as a user loads it: its config declares the MTP layers)."""
     from transformers import Step3p7ForConditionalGeneration
 
     base = testing.tiny_target(FAMILY, eos_bias=-30.0)
@@ -37,7 +40,9 @@ def checkpoint(folder, layers: int, mlp: str):
     testing.write_mtp_checkpoint(base, made, folder, layout="transformers", count=layers,
                                  count_field="num_nextn_predict_layers",
                                  extra_config={"mtp_layer_types": ["full_attention"] * layers,
-                                               "mtp_mlp_layer_types": [mlp] * layers})
+                                               "mtp_mlp_layer_types": [mlp] * layers}, experts=experts)
+    stored = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+    assert any(k.endswith(f"layers.{len(kinds)}.moe.gate_proj.weight") for k in stored) == (experts == "step3p7")
     return Step3p7ForConditionalGeneration.from_pretrained(folder).eval(), made, kinds
 
 
@@ -59,9 +64,9 @@ def stock_proposals(model, inputs):
     return out, seen[0][0]
 
 
-@pytest.mark.parametrize("layers, mlp", ((1, "sparse"), (3, "dense")))
-def test_first_round_equals_stocks_use_mtp_and_greedy_parity(tmp_path, layers, mlp):
-    model, made, kinds = checkpoint(tmp_path / "ckpt", layers, mlp)
+@pytest.mark.parametrize("layers, mlp, experts", ((1, "sparse", None), (1, "sparse", "step3p7"), (3, "dense", None)))
+def test_first_round_equals_stocks_use_mtp_and_greedy_parity(tmp_path, layers, mlp, experts):
+    model, made, kinds = checkpoint(tmp_path / "ckpt", layers, mlp, experts)
     draft = hf_specmm.load_draft(str(tmp_path / "ckpt"), kind="mtp", target=model)
     assert draft.config.num_layers == layers and draft.config.text_config.mlp_layer_types == [mlp] * layers
     for name, tensor in made.state_dict().items():

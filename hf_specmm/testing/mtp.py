@@ -54,31 +54,57 @@ def _split(name: str) -> tuple[int, str]:
     return 0, name
 
 
-def mtp_tensors(draft: MtpDraft, layout: str, decoder_prefix: str, num_hidden_layers: int) -> dict[str, torch.Tensor]:
+def stored_experts(name: str, tensor: torch.Tensor, experts: str | None) -> dict[str, torch.Tensor]:
+    """A decoder layer's tensor ``name`` as a checkpoint stores it: ``experts=None`` as transformers holds it,
+    "per_expert" (``mlp.experts.{e}.gate_proj.weight`` ...), "step3p7" (Step3.7's ``moe.*`` / ``share_expert.*``)."""
+    if experts is None:
+        return {name: tensor}
+    fused = name.rsplit("experts.", 1)
+    if len(fused) == 2 and fused[1] in ("gate_up_proj", "down_proj"):
+        halves = tensor.chunk(2, dim=1) if fused[1] == "gate_up_proj" else (tensor,)
+        projs = ("gate_proj", "up_proj") if fused[1] == "gate_up_proj" else ("down_proj",)
+        if experts == "step3p7":
+            return {f"moe.{proj}.weight": half for proj, half in zip(projs, halves)}
+        return {f"{fused[0]}experts.{e}.{proj}.weight": half[e] for proj, half in zip(projs, halves)
+                for e in range(half.shape[0])}
+    if experts == "step3p7":
+        renames = {"mlp.gate.weight": "moe.gate.weight", "mlp.gate.e_score_correction_bias": "moe.router_bias"}
+        if name.startswith("mlp.shared_experts."):
+            return {"share_expert." + name.removeprefix("mlp.shared_experts."): tensor}
+        return {renames.get(name, name): tensor}
+    return {name: tensor}
+
+
+def mtp_tensors(draft: MtpDraft, layout: str, decoder_prefix: str, num_hidden_layers: int,
+                experts: str | None = None) -> dict[str, torch.Tensor]:
     """The draft's tensors under the checkpoint names of ``layout`` ("vllm" or "transformers"; the latter's
     layer k as layer ``num_hidden_layers + k`` of the text decoder at ``decoder_prefix``). vLLM's layout keeps
-    layer 0's ``fc`` and norms only (shared by every layer)."""
+    layer 0's ``fc`` and norms only (shared by every layer). ``experts``: how MoE experts are stored
+    (:func:`stored_experts`)."""
     out = {}
     for name, tensor in draft.state_dict().items():
         k, rest = _split(name)
         if layout == "vllm":
             if k and rest in _VLLM:
                 continue
-            key = _VLLM.get(rest) or f"mtp.layers.{k}." + rest.removeprefix("body.layers.0.")
+            prefix = "" if rest in _VLLM else f"mtp.layers.{k}."
         else:
-            inner = _HF.get(rest) or rest.removeprefix("body.layers.0.")
-            key = f"{decoder_prefix}layers.{num_hidden_layers + k}.{inner}"
-        out[key] = tensor.detach().clone().contiguous()
+            prefix = f"{decoder_prefix}layers.{num_hidden_layers + k}."
+        if rest in _VLLM:
+            names = {(_VLLM if layout == "vllm" else _HF)[rest]: tensor}
+        else:
+            names = stored_experts(rest.removeprefix("body.layers.0."), tensor, experts)
+        out.update({prefix + key: value.detach().clone().contiguous() for key, value in names.items()})
     return out
 
 
 def write_mtp_checkpoint(target: PreTrainedModel, draft: MtpDraft, folder: str | Path, layout: str = "vllm",
                          count: int | None = 1, count_field: str | None = None,
-                         extra_config: dict | None = None) -> Path:
+                         extra_config: dict | None = None, experts: str | None = None) -> Path:
     """``target`` saved to ``folder`` in shards (an index), its MTP layers ``draft`` in a shard of its own under
     ``layout``'s names, the layer count declared in the text config (``count=None``: not declared; the field:
     ``mtp_num_hidden_layers`` for vLLM's layout, ``num_mtp_layers`` for transformers'; ``extra_config``: further
-    text-config fields)."""
+    text-config fields; ``experts``: how MoE experts are stored, :func:`stored_experts`)."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
@@ -88,7 +114,7 @@ def write_mtp_checkpoint(target: PreTrainedModel, draft: MtpDraft, folder: str |
     table = next(k for k in index["weight_map"] if k.endswith("embed_tokens.weight") and "vision" not in k)
     prefix = table[: -len("embed_tokens.weight")]
     depth = target.config.get_text_config().num_hidden_layers
-    tensors = mtp_tensors(draft, layout, prefix, depth)
+    tensors = mtp_tensors(draft, layout, prefix, depth, experts)
     save_file(tensors, str(folder / "model-mtp.safetensors"), metadata={"format": "pt"})
     index["weight_map"].update({key: "model-mtp.safetensors" for key in tensors})
     index_path.write_text(json.dumps(index, indent=1))
