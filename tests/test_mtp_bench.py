@@ -1,6 +1,6 @@
-"""``hf-specmm bench --draft-kind mtp`` on the Step3.7- and Qwen3.5-shaped tiny presets: a random MTP layer of the
-target's shape, on the same controlled acceptance pattern as the feature head (the same rounds, τ and acceptance),
-lossless at batch 1 and 2 (left padding)."""
+"""``hf-specmm bench --draft-kind mtp`` on the tiny presets (LLaVA-, Step3.7- and Qwen3.5-shaped): a random MTP
+layer of the target's shape, on the same controlled acceptance pattern as the feature head (the same rounds, τ and
+acceptance), lossless at batch 1 and 2 (left padding)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from hf_specmm.bench import BenchConfig, run_benchmark
 from hf_specmm.bench.presets import PRESETS
 
 
-@pytest.mark.parametrize("preset", ("tiny-step3.7", "tiny-qwen3.5"))
+@pytest.mark.parametrize("preset", ("tiny", "tiny-step3.7", "tiny-qwen3.5"))
 def test_bench_runs_the_mtp_kind_on_the_preset(preset):
     if preset not in PRESETS:
         pytest.skip(f"{preset} needs a transformers with its model family")
     result = run_benchmark(BenchConfig(preset=preset, gammas=[3], batch_sizes=[1, 2], acceptance=0.7,
-                                       max_new_tokens=24, repeats=1, warmup=0, stock=False,
+                                       max_new_tokens=40, repeats=1, warmup=0, stock=False,
                                        draft_kinds=["feature_head", "mtp"]), progress=False)
     rows = {(r["draft_kind"], r["batch"]): r for r in result["rows"]}
     for batch in (1, 2):

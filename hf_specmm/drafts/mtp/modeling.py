@@ -12,6 +12,11 @@ the two input norms and an ``fc`` without bias, so the MTP draft is one: the sam
 trees, static caches and ``Auto``. The layer is the target family's decoder layer of full attention (a hybrid
 target's MTP layer is one, as vLLM builds it), inside the family's text model (its rotary embedding and masks).
 The target's embedding and LM head are used, never stored or copied.
+
+Several MTP layers (``later_layers``, each with its own ``fc``, norms and one-layer body) chain as transformers'
+``MtpModel`` runs them: layer k's slot reads layer k - 1's output at the slot before (``[norm_e(emb(x)); norm_h(
+g^{k-1})]``), and draft step k proposes with layer k (past the last, the last again, its own output fed back).
+Every layer writes every slot into its own cache layers, so all share one slot numbering and rollback.
 """
 
 from __future__ import annotations
@@ -135,7 +140,7 @@ class MtpDraftConfig(FeatureHeadDraftConfig):
 
 
 class MtpDraft(FeatureHeadDraft):
-    """A target's MTP layer (one step per draft token, its normed output fed back). Pass it as ``assistant_model``
+    """A target's MTP layer(s) (one step per draft token, the normed output fed back). Pass it as ``assistant_model``
     after ``hf_specmm.enable``; read it from the target's own checkpoint with
     ``hf_specmm.load_draft(<target folder or Hub id>, kind="mtp", target=model)``, or make a fresh one to train
     with :meth:`for_target`."""
