@@ -248,11 +248,17 @@ def test_qwen3_5_proposals_equal_vllms_forward(qwen_mtp):
         torch.testing.assert_close(seen[step][0][proposable], expected.float()[proposable], rtol=1e-4, atol=1e-4)
 
 
-def test_qwen3_5_hybrid_rollback_keeps_parity(qwen_mtp):
+@pytest.mark.parametrize("layers", (1, 2))
+def test_qwen3_5_hybrid_rollback_keeps_parity(qwen_mtp, tmp_path, layers):
     """Batch 3 with images, left padding and a row without an image: the target's linear-attention states roll back
-    as for every draft kind."""
+    as for every draft kind (with one MTP layer and with two, vLLM's layout)."""
     family = "qwen3_5"
     qwen, _, draft = qwen_mtp
+    if layers > 1:
+        made = testing.mtp_from_target(qwen, noise=0.1, layers=layers, shared=True)
+        folder = testing.write_mtp_checkpoint(qwen, made, tmp_path / "q", count=layers)
+        draft = hf_specmm.load_draft(str(folder), kind="mtp", target=qwen)
+        assert draft.config.text_config.layer_types == ["full_attention"] * layers
     inputs = testing.make_inputs(family, testing.tiny_processor(family),
                                  ["describe the image", "what color is the sky and the tree ?", "hi"],
                                  [testing.tiny_image(0), None, testing.tiny_image(2)])

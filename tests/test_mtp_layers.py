@@ -179,21 +179,3 @@ def test_qwen3_5_moe_mtp_layer_with_per_expert_tensors(tmp_path):
     with pytest.raises(DraftLoadError, match=f"{_drop}.*experts of body.layers.0.mlp.experts.gate_up_proj"):
         hf_specmm.load_draft(str(folder), kind="mtp", target=model)
 
-
-def test_qwen3_5_two_layers_keep_parity_with_the_hybrid_rollback(tmp_path):
-    """Qwen3.5 with two MTP layers in vLLM's layout, batch 3 with images, left padding and a row without an image:
-    the target's linear-attention states roll back as for one layer."""
-    if not testing.HYBRID_FAMILIES:
-        pytest.skip("this transformers has no Qwen3.5")
-    family = "qwen3_5"
-    qwen = testing.tiny_target(family, eos_bias=-30.0)
-    made = testing.mtp_from_target(qwen, noise=0.1, layers=2, shared=True)
-    folder = testing.write_mtp_checkpoint(qwen, made, tmp_path / "q", count=2)
-    draft = hf_specmm.load_draft(str(folder), kind="mtp", target=qwen)
-    assert draft.config.num_layers == 2 and draft.config.text_config.layer_types == ["full_attention"] * 2
-    inputs = testing.make_inputs(family, testing.tiny_processor(family),
-                                 ["describe the image", "what color is the sky and the tree ?", "hi"],
-                                 [testing.tiny_image(0), None, testing.tiny_image(2)])
-    plain = _compat.stock_generate(qwen, **inputs, max_new_tokens=NEW, do_sample=False)
-    out, stats = generate(qwen, inputs, assistant_model=draft, num_assistant_tokens=4)
-    assert torch.equal(out, plain) and stats.accepted_tokens > 0
