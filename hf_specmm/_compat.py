@@ -116,9 +116,9 @@ from transformers.cache_utils import CacheLayerMixin, LinearAttentionCacheLayerM
 #: Gemma 4 / Gemma 4 Unified targets are supported from 5.24 on: 5.17 has the model classes, but its Gemma 4
 #: processors import torchvision, so the offline fixtures (and the families) are not verified there
 GEMMA4_SUPPORTED = _INSTALLED >= Version("5.24.0.dev0")
-#: Step3.7 targets from 5.25 on: 5.17's Step3p7ForConditionalGeneration takes neither ``pixel_values`` nor
-#: ``num_local_patches`` (text only), so the family is neither registered nor verified before
-STEP3P7_SUPPORTED = _INSTALLED >= Version("5.25.0.dev0")
+#: Step3.7 targets on every supported transformers (5.17 has the class; its forward takes ``pixel_values``,
+#: ``pixel_values_local`` and ``num_local_patches``, and plain ``generate`` runs image prompts)
+STEP3P7_SUPPORTED = _INSTALLED >= Version("5.17.0")
 
 #: the KV cache's keyword in a model's forward, its outputs and generate's model_kwargs (renamed in 5.24)
 CACHE_KWARG = "cache" if _INSTALLED >= Version("5.24.0.dev0") else "past_key_values"

@@ -29,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "one-layer DFlash drafter, gemma4_assistant = a random Gemma 4 assistant fitted to the "
                              "target (tiny-gemma4 only), mtp = a random MTP layer of the target's shape (a Qwen3.5 "
                              "checkpoint's) (default: text_only)")
+    parser.add_argument("--mtp-layers", type=int_at_least(1), default=1,
+                        help="MTP layers of the mtp kind's draft (draft step k runs layer k, later steps the last; "
+                             "Step3.7 checkpoints carry 3) (default: 1)")
     parser.add_argument("--gammas", type=int_at_least(1), nargs="+", default=[5],
                         help="block sizes γ to measure (draft tokens per round, each >= 1)")
     parser.add_argument("--batch-sizes", type=int_at_least(1), nargs="+", default=[1],
@@ -142,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
     # checked before any model is built: each of these would otherwise fail minutes later
     if len(set(args.draft_kinds)) != len(args.draft_kinds):
         raise _refuse(f"--draft-kind {' '.join(args.draft_kinds)} names a kind twice")
+    if args.mtp_layers != 1 and "mtp" not in args.draft_kinds:
+        raise _refuse(f"--mtp-layers {args.mtp_layers} sizes the mtp kind's draft: add mtp to --draft-kind")
     if args.acceptance is not None and args.do_sample:
         raise _refuse("--acceptance is for greedy decoding; drop --do-sample")
     if args.acceptance_draws != "fixed" and args.acceptance is None and args.acceptance_profile is None:
@@ -165,7 +170,8 @@ def run(args: argparse.Namespace) -> int:
                              prompt_tokens=args.prompt_tokens, with_image=not args.no_image, device=args.device,
                              device_map=args.device_map,
                              dtype=args.dtype, warmup=args.warmup, repeats=args.repeats, stock=not args.no_stock,
-                             seed=args.seed, draft_kinds=args.draft_kinds, compile=args.compile,
+                             seed=args.seed, draft_kinds=args.draft_kinds, mtp_layers=args.mtp_layers,
+                             compile=args.compile,
                              trees=[[shape.top_k, shape.depth, shape.nodes] for shape in args.tree],
                              acceptance_profile=args.acceptance_profile, auto=args.auto,
                              auto_max_tokens=args.auto_max_tokens, auto_eval_repeats=args.auto_eval_repeats,

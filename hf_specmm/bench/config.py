@@ -37,6 +37,7 @@ class BenchConfig:
     stock: bool = True
     seed: int = 0
     draft_kinds: list[str] = field(default_factory=lambda: ["text_only"])  # a row per kind, timed side by side
+    mtp_layers: int = 1  # the mtp kind's MTP layers (draft step k runs layer k; Step3.7 checkpoints carry 3)
     compile: bool = False  # also time plain and hf_specmm with a static cache + torch.compile (stock's switch)
     #: [K, D, N] shapes: hf_specmm.Tree(draft, K, D, N) rows per draft kind, timed in turns with each batch's
     #: first γ step (its chain rows and plain); γ of a tree row is its depth D
@@ -79,6 +80,8 @@ class BenchConfig:
         if not self.draft_kinds or any(k not in DRAFT_KINDS for k in self.draft_kinds) \
                 or len(set(self.draft_kinds)) != len(self.draft_kinds):
             problems.append(f"draft_kinds={self.draft_kinds} (distinct values among {DRAFT_KINDS})")
+        if int(self.mtp_layers) < 1 or (self.mtp_layers != 1 and "mtp" not in self.draft_kinds):
+            problems.append(f"mtp_layers={self.mtp_layers} (an integer >= 1, for draft_kinds with 'mtp')")
         if GEMMA4_ASSISTANT in self.draft_kinds and self.preset not in ASSISTANT_PRESETS:
             why = NO_ASSISTANT.get(self.preset, "its target is not a Gemma 4 (an assistant reads a Gemma 4 target's "
                                                 "shared K/V and hidden state)")

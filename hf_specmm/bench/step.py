@@ -28,12 +28,12 @@ def _n_params(model: Any) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def _build_draft(kind: str, preset: Any, seed: int) -> Any:
+def _build_draft(kind: str, preset: Any, seed: int, mtp_layers: int = 1) -> Any:
     """The draft of ``kind``: the preset's small LM (``text_only``), a randomly initialised one-layer
     ``FeatureHeadDraft`` sized for the preset's target (``feature_head``), one-layer DFlash drafter
     (``dflash``, blocks of :data:`DFLASH_BLOCK`), Gemma 4 assistant (``gemma4_assistant``; the config's
-    validation allows it on :data:`~.presets_gemma4.ASSISTANT_PRESETS` only) or MTP layer (``mtp``: the target's
-    full-attention decoder layer between the MTP input norms and ``fc``, as a Qwen3.5 checkpoint carries it)."""
+    validation allows it on :data:`~.presets_gemma4.ASSISTANT_PRESETS` only) or MTP layers (``mtp``: ``mtp_layers``
+    of the target's full-attention decoder layer between the MTP input norms and ``fc``, as checkpoints carry them)."""
     if kind == SMALL_LM:
         return preset.draft
     if kind == GEMMA4_ASSISTANT:
@@ -45,7 +45,9 @@ def _build_draft(kind: str, preset: Any, seed: int) -> Any:
 
     with torch.random.fork_rng(devices=[]):  # the head's init depends on the seed only
         torch.manual_seed(seed + 1)
-        return (MtpDraft if kind == "mtp" else FeatureHeadDraft).for_target(preset.target)
+        if kind == "mtp":
+            return MtpDraft.for_target(preset.target, mtp_layers)
+        return FeatureHeadDraft.for_target(preset.target)
 
 
 def _vocab_size(draft: Any, target: Any) -> int:
@@ -62,7 +64,7 @@ class BenchmarkRun:
         self.device = execution_device(self.target)  # where its inputs go (a dispatched target's first layer)
         api.disable(self.target)
         self.spec = target_spec(self.target)
-        self.drafts = {kind: _build_draft(kind, preset, config.seed) for kind in config.draft_kinds}
+        self.drafts = {kind: _build_draft(kind, preset, config.seed, config.mtp_layers) for kind in config.draft_kinds}
         self.vocabs = {kind: VocabMap(self.spec, _vocab_size(d, self.target), self.device) for kind, d in self.drafts.items()}
         # the target ids every compared draft can propose: any other reference id is a miss for all of them alike
         self.proposable = torch.stack([v.proposable.cpu() for v in self.vocabs.values()]).all(0)

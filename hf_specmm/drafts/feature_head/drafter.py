@@ -115,12 +115,17 @@ class FeatureHeadDrafter(Drafter):
         out = call(features=features.to(self.device).contiguous(), inputs_embeds=embeds.to(self.device).contiguous(),
                          attention_mask=mask_to(mask, self.device),
                          position_ids=inputs["position_ids"].to(self.device), cache=self.state.cache,
-                         use_cache=True)
+                         use_cache=True, **self.model_kwargs())
+        self.model_output = out  # what a subclass reads beyond the predicted features (an MTP draft's layers)
         last = out.hidden_states[:, -keep:]
         if not logits:
             return last, None
         scores = self.vocab.to_target(self.model.lm_logits(last).to(device=self.state.device, dtype=torch.float32))
         return last, scores[:, -1] if tree_mask is None else scores
+
+    def model_kwargs(self) -> dict[str, Any]:
+        """Further keyword arguments of the head's forward (none here; an MTP draft's step)."""
+        return {}
 
     def prefill(self, prompt: Prompt, first_tokens: torch.Tensor, new_cache: CacheFactory) -> None:
         embeds, features = self.prompt_capture

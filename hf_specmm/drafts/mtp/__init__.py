@@ -30,12 +30,18 @@ def _import_speculators(folder: Any, target: Any, name: str | None = None) -> Mt
     return import_mtp(MtpDraft, folder, target, name)
 
 
+def _layers_text(count: int, layer: str) -> str:
+    if count == 1:
+        return f"1 × {layer} + norm, reused at every step"
+    return f"{count} × ({layer} + norm): draft step k runs layer k, every later step the last one"
+
+
 def _card_rows(draft: MtpDraft) -> str:
     text, config = draft.config.text_config, draft.config
     layer = type(draft.body.layers[0]).__name__
     read = f"read from {config.source} ({config.layout} layout)" if config.source else "trained by hf_specmm"
     return (f"| MTP layer | fc {2 * text.hidden_size} → {text.hidden_size} over [norm(embedding); norm(feature)] + "
-            f"1 × {layer} + norm, reused at every step; {sum(p.numel() for p in draft.parameters()):,} "
+            f"{_layers_text(draft.config.num_layers, layer)}; {sum(p.numel() for p in draft.parameters()):,} "
             f"parameters; {read} |\n"
             f"| needs | its target ({config.target or config.target_class}): uses that target's token embedding and "
             "LM head (not stored here; checked by a fingerprint when attached) and its last hidden states |\n")

@@ -12,6 +12,10 @@ Two layouts, told apart by the tensors' names and declared by the checkpoint's c
   ``num_mtp_layers`` or ``num_nextn_predict_layers``. ``shared_head.head`` and ``embed_tokens`` copies are the
   target's LM head and embedding, which the draft binds instead (not read).
 
+Several MTP layers: layer k is draft step k's (the draft's ``later_layers.{k-1}`` for k >= 1); vLLM's layout
+stores one ``fc`` and set of norms for all of them (each layer gets them). MoE layers' experts are fused as
+transformers' decoder layers hold them, from one tensor per expert or Step3.7's stacked ``moe.*`` (:mod:`.experts`).
+
 Only the shards that hold MTP tensors are opened, and only those tensors are read. Every problem (no MTP
 tensors, no declared count, a count the tensors contradict, a shard the index names that is absent, a tensor
 whose shape does not fit the target) is a :class:`~hf_specmm.errors.DraftLoadError` naming the file and the
@@ -29,6 +33,7 @@ import torch
 
 from ...errors import DraftLoadError, IncompatibleDraftError
 from ..checkpoints import read_checked_tensors, read_config_json
+from . import experts
 
 #: config fields that declare a checkpoint's MTP layer count (the text config's, or the top-level config's)
 COUNT_FIELDS = ("mtp_num_hidden_layers", "num_nextn_predict_layers", "num_mtp_layers")
@@ -41,6 +46,11 @@ _HF_NAMES = {"eh_proj.weight": "fc.weight", "input_proj.weight": "fc.weight",
              "shared_head.norm.weight": "body.norm.weight", "post_norm.weight": "body.norm.weight"}
 _LAYER = re.compile(r"layers\.(\d+)\.(.+)$")  # a text decoder layer's key, after the decoder's prefix
 _SHARED = ("shared_head.head.weight", "embed_tokens.weight")  # the target's own LM head / embedding, bound instead
+
+
+def layer_name(k: int, name: str) -> str:
+    """The draft's name of MTP layer ``k``'s parameter ``name`` (layer 0's as a one-layer draft names it)."""
+    return name if k == 0 else f"later_layers.{k - 1}.{name}"
 
 
 def checkpoint_files(name: str,
@@ -93,8 +103,8 @@ def mtp_keys(keys: list[str], num_hidden_layers: int) -> dict[str, tuple[str, in
         if match is not None:
             layer, rest = match.groups()
             if layer is not None:
-                found[key] = ("vllm", int(layer), f"body.layers.0.{rest}")
-            else:
+                found[key] = ("vllm", int(layer), layer_name(int(layer), "body.layers.0." + experts.layer_name(rest)))
+            else:  # fc, the input norms and the output norm: shared by every layer (see read_mtp)
                 found[key] = ("vllm", 0, _VLLM_NAMES.get(rest, f"<unknown {rest}>"))
             continue
         match = _LAYER.match(key[len(decoder):]) if key.startswith(decoder) else None
@@ -104,9 +114,10 @@ def mtp_keys(keys: list[str], num_hidden_layers: int) -> dict[str, tuple[str, in
         if rest in _SHARED:
             found[key] = ("transformers", layer, "")
         elif rest in _HF_NAMES:
-            found[key] = ("transformers", layer, _HF_NAMES[rest])
+            found[key] = ("transformers", layer, layer_name(layer, _HF_NAMES[rest]))
         else:
-            found[key] = ("transformers", layer, "body.layers.0." + rest.removeprefix("transformer_block."))
+            inner = experts.layer_name(rest.removeprefix("transformer_block."))
+            found[key] = ("transformers", layer, layer_name(layer, "body.layers.0." + inner))
     return found
 
 
@@ -151,35 +162,43 @@ def read_mtp(name: str, target: Any, fetch: Callable[[str], Path | None]) -> Any
         extra = next((k for k, (_, layer, _) in found.items() if layer >= count), next(iter(found)))
         raise DraftLoadError(f"{config_path}: {field}={count}, but the MTP tensors hold layers {layers} "
                              f"({where[extra]}: {extra})")
-    if count != 1:
-        raise DraftLoadError(f"{config_path}: {field}={count}: hf_specmm reads single-layer MTP checkpoints only "
-                             "(one layer reused at every step)")
     hidden_first = bool(text.get("mtp_hidden_states_first", raw.get("mtp_hidden_states_first", False)))
-    draft = MtpDraft.for_target(target, target_name=name, hidden_first=hidden_first, source=name, layout=layouts[0])
+    draft = MtpDraft.for_target(target, count, target_name=name, hidden_first=hidden_first, source=name,
+                                layout=layouts[0])
     wanted: dict[str, str] = {}
+    pieces: dict[str, dict[tuple, str]] = {}  # fused MoE tensors, from several stored ones (experts.py)
     for key, (_, _, param) in found.items():
+        param, part = experts.split_part(param)
+        if part is not None:
+            pieces.setdefault(param, {})[part] = key
+            continue
         if param and param in wanted:  # two names of one tensor (eh_proj and input_proj, ...): which is meant?
             raise DraftLoadError(f"{where[key]}: MTP tensors {wanted[param]} and {key} are both the layer's {param}")
         if param:
             wanted[param] = key
+        if param and layouts[0] == "vllm" and not key.startswith("mtp.layers."):
+            wanted.update({layer_name(k, param): key for k in range(1, count)})  # vLLM: one fc and norms for all
     expected = draft.state_dict()
     unknown = [key for param, key in wanted.items() if param not in expected]
+    unknown += [key for param, parts in pieces.items() if param not in expected for key in parts.values()]
     if unknown:
         raise DraftLoadError(f"{where[unknown[0]]}: MTP tensor {unknown[0]} has no place in a "
                              f"{type(target).__name__} MTP layer (unexpected tensors: {unknown})")
-    missing = [param for param in expected if param not in wanted]
+    missing = [param for param in expected if param not in wanted and param not in pieces]
     if missing:
         raise DraftLoadError(f"{name}: the MTP tensors lack {missing} of a {type(target).__name__} MTP layer "
                              f"(read from {sorted({where[k] for k in wanted.values()})})")
-    files = sorted({where[key] for key in wanted.values()})
+    keys = [*wanted.values(), *(key for parts in pieces.values() for key in parts.values())]
+    files = sorted({where[key] for key in keys})
     paths = {file: fetch(file) or folder / file for file in files}
     absent = [file for file, path in paths.items() if not path.is_file()]
     if absent:
-        key = next(k for k in wanted.values() if where[k] == absent[0])
+        key = next(k for k in keys if where[k] == absent[0])
         raise DraftLoadError(f"{config_path.parent / 'model.safetensors.index.json'} names {absent[0]} for {key}, "
                              "but that shard is absent")
     _check_same_target(folder, name, where, target, fetch)
     state = read_checked_tensors(paths, {key: where[key] for key in wanted.values()}, wanted, expected)
+    state.update(experts.read_fused(paths, where, pieces, expected))
     dtype = draft.fc.weight.dtype
     draft.load_state_dict({param: tensor.to(dtype) for param, tensor in state.items()}, strict=True)
     return draft.eval()

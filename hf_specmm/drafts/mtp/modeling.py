@@ -12,18 +12,110 @@ the two input norms and an ``fc`` without bias, so the MTP draft is one: the sam
 trees, static caches and ``Auto``. The layer is the target family's decoder layer of full attention (a hybrid
 target's MTP layer is one, as vLLM builds it), inside the family's text model (its rotary embedding and masks).
 The target's embedding and LM head are used, never stored or copied.
+
+Several MTP layers (``later_layers``, each with its own ``fc``, norms and one-layer body) chain as transformers'
+``MtpModel`` runs them: layer k's slot reads layer k - 1's output at the slot before (``[norm_e(emb(x)); norm_h(
+g^{k-1})]``), and draft step k proposes with layer k (past the last, the last again, its own output fed back).
+Every layer writes every slot into its own cache layers, so all share one slot numbering and rollback.
 """
 
 from __future__ import annotations
 
+import copy
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from ... import _compat
 from ..feature_head.configuration import FeatureHeadDraftConfig
-from ..feature_head.modeling import FeatureHeadDraft, family_body, head_config_fields
+from ..feature_head.modeling import FeatureHeadDraft, FeatureHeadOutput, family_body, head_config_fields
+
+#: per-layer lists of a text config, one entry per MTP layer in the draft's config (Step3.7's MLP kinds, limits)
+_PER_LAYER = ("layer_types", "mlp_layer_types", "swiglu_limits", "swiglu_limits_shared", "layer_rope_theta",
+              "max_window_layers")
+
+
+def layer_config(text: Any, k: int) -> Any:
+    """``text`` (the draft's config of all its MTP layers) cut to MTP layer ``k`` alone."""
+    one = copy.deepcopy(text)
+    layers = text.num_hidden_layers
+    one.num_hidden_layers = 1
+    for name in _PER_LAYER:
+        value = getattr(text, name, None)
+        if isinstance(value, list) and len(value) == layers:
+            setattr(one, name, value[k:k + 1])
+    return one
+
+
+def build_layer(module: nn.Module, text: Any, k: int) -> None:
+    """Give ``module`` MTP layer ``k``'s parts: ``fc``, ``pre_fc_norm_embedding`` / ``pre_fc_norm_hidden`` and a
+    one-layer family ``body`` (its decoder layer and output norm). Layer k reads and writes cache layer
+    ``layers - 1 - k``: the layers run in order and the text model reads the cache's length and mask sizes off
+    cache layer 0, which must still hold the slots before the call until the last layer runs."""
+    hidden = text.hidden_size
+    module.fc = nn.Linear(2 * hidden, hidden, bias=False)
+    module.body = family_body(layer_config(text, k))
+    for part in module.body.layers[0].modules():
+        if isinstance(getattr(part, "layer_idx", None), int):
+            part.layer_idx = text.num_hidden_layers - 1 - k
+    norm = type(module.body.norm)  # the family's RMSNorm (Qwen3.5's is 1 + w, zero-initialised)
+    module.pre_fc_norm_embedding = norm(hidden, eps=text.rms_norm_eps)
+    module.pre_fc_norm_hidden = norm(hidden, eps=text.rms_norm_eps)
+
+
+def fuse(module: nn.Module, hidden_first: bool, inputs_embeds: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+    """``module.fc([norm_e(embedding); norm_h(feature)])`` (the other order with ``hidden_first``)."""
+    dtype = module.fc.weight.dtype
+    embeds = module.pre_fc_norm_embedding(inputs_embeds.to(dtype))
+    hidden = module.pre_fc_norm_hidden(features.to(device=inputs_embeds.device, dtype=dtype))
+    return module.fc(torch.cat([hidden, embeds] if hidden_first else [embeds, hidden], -1))
+
+
+def slot_before(out: torch.Tensor, before: torch.Tensor, valid: torch.Tensor | None, chained: bool) -> torch.Tensor:
+    """[B, k, H]: at each slot, a layer's output ``out`` at the slot before it: the block's previous slot where
+    that is a real one, else ``before`` (the slot before the block; a row's first after its left holes). Not
+    ``chained``: ``before`` [B, k, H] itself (each slot's own previous slot, outside the block)."""
+    if not chained:
+        return before
+    previous = torch.cat([before, out[:, :-1]], 1)
+    if valid is None:
+        return previous
+    real = torch.nn.functional.pad(valid, (1, 0), value=False)[:, :-1]
+    return torch.where(real[..., None], previous, before)
+
+
+def hide_first(mask: Any, k: int) -> Any:
+    """``mask`` (the cache's 2-D slot mask, or a 4-D mask of full attention) without each row's first ``k`` real
+    slots as keys: MTP layer k's first k slots read an output of layer k - 1 that no layer k - 1 slot made from
+    real inputs (transformers' ``MtpModel`` starts layer k's sequence k tokens later)."""
+    if mask is None or k == 0 or isinstance(mask, dict):  # the prompt's first slot is a hole: a mask always exists
+        return mask
+    if mask.dim() == 2:
+        real = mask.bool()
+    else:  # [B, 1, Q, KV]: what the first query reads (a full-attention draft: every real earlier slot)
+        real = mask[:, :, :1] if mask.dtype == torch.bool else mask[:, :, :1] == 0
+    first = real & (real.long().cumsum(-1) <= k)
+    if mask.dtype == torch.bool:
+        return mask & ~first
+    return mask.masked_fill(first, 0 if mask.dim() == 2 else torch.finfo(mask.dtype).min)
+
+
+@dataclass
+class MtpOutput(FeatureHeadOutput):
+    """:class:`FeatureHeadOutput` and ``layer_states`` [B, k, layers, H]: every MTP layer's output."""
+
+    layer_states: torch.Tensor | None = None
+
+
+class MtpLayerModules(nn.Module):
+    """MTP layer k >= 1 of a multi-layer draft: the parts :func:`build_layer` gives it."""
+
+    def __init__(self, text: Any, k: int):
+        super().__init__()
+        build_layer(self, text, k)
 
 
 class MtpDraftConfig(FeatureHeadDraftConfig):
@@ -48,7 +140,7 @@ class MtpDraftConfig(FeatureHeadDraftConfig):
 
 
 class MtpDraft(FeatureHeadDraft):
-    """A target's MTP layer (one step per draft token, its normed output fed back). Pass it as ``assistant_model``
+    """A target's MTP layer(s) (one step per draft token, the normed output fed back). Pass it as ``assistant_model``
     after ``hf_specmm.enable``; read it from the target's own checkpoint with
     ``hf_specmm.load_draft(<target folder or Hub id>, kind="mtp", target=model)``, or make a fresh one to train
     with :meth:`for_target`."""
@@ -59,20 +151,60 @@ class MtpDraft(FeatureHeadDraft):
     slot_lag = 1  #: its drafter puts a slot at its feature's position, one before its token's (see drafter.py)
 
     def build_modules(self, config: MtpDraftConfig) -> None:
-        text = config.text_config
-        hidden = text.hidden_size
-        self.fc = nn.Linear(2 * hidden, hidden, bias=False)
-        self.body = family_body(text)
-        norm = type(self.body.norm)  # the family's RMSNorm (Qwen3.5's is 1 + w, zero-initialised)
-        self.pre_fc_norm_embedding = norm(hidden, eps=text.rms_norm_eps)
-        self.pre_fc_norm_hidden = norm(hidden, eps=text.rms_norm_eps)
+        build_layer(self, config.text_config, 0)
+        # layers 1.. of a multi-layer checkpoint, each with its own input norms, fc and output norm
+        self.later_layers = nn.ModuleList(MtpLayerModules(config.text_config, k)
+                                          for k in range(1, config.text_config.num_hidden_layers))
 
     def fuse_step(self, inputs_embeds: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         """``fc([norm_e(embedding); norm_h(feature)])`` (the other order with ``hidden_first``)."""
-        dtype = self.fc.weight.dtype
-        embeds = self.pre_fc_norm_embedding(inputs_embeds.to(dtype))
-        hidden = self.pre_fc_norm_hidden(features.to(device=inputs_embeds.device, dtype=dtype))
-        return self.fc(torch.cat([hidden, embeds] if self.config.hidden_first else [embeds, hidden], -1))
+        return fuse(self, self.config.hidden_first, inputs_embeds, features)
+
+    @property
+    def mtp_layers(self) -> list[nn.Module]:
+        """The modules of MTP layer 0, 1, ... (each with ``fc``, the input norms and a one-layer ``body``)."""
+        return [self, *self.later_layers]
+
+    def forward(self, features: torch.Tensor, inputs_embeds: torch.Tensor | None = None,
+                input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, cache: Any = None, use_cache: bool = False,
+                logits_to_keep: int = 0, step: int = 0, before: torch.Tensor | None = None,
+                valid: torch.Tensor | None = None, chained: bool = True, **kwargs: Any) -> "MtpOutput":
+        """:meth:`FeatureHeadDraft.forward` over k slots; with several MTP layers (the module docstring's chain):
+
+        - ``step``: the draft step (0: the pending slots' read, then one per drafted token or tree level); the
+          outputs are layer ``min(step, layers - 1)``'s, all layers' in ``layer_states`` [B, k, layers, H];
+        - ``before`` [B, 1 or k, layers - 1, H]: layers 0 .. L-2's outputs at the slot before the block (None:
+          nothing before, the prompt); ``chained``: the slots follow each other (``valid`` [B, k]: left holes),
+          else each slot's own slot before is ``before``'s (a tree level: each node's parent)."""
+        n = len(self.later_layers) + 1
+        if n == 1:
+            out = super().forward(features, inputs_embeds, input_ids, attention_mask, position_ids, cache,
+                                  use_cache, logits_to_keep, **kwargs)
+            return MtpOutput(**out, layer_states=out.hidden_states[:, :, None])
+        if cache is None:  # the name before transformers 5.24
+            cache = kwargs.pop("past_key_values", None)
+        if inputs_embeds is None:
+            inputs_embeds = self.embed(input_ids)
+        chosen = min(step, n - 1)
+        if before is None:
+            before = features.new_zeros(features.shape[0], 1, n - 1, features.shape[-1])
+        outs: list[torch.Tensor] = []
+        last = None
+        for k, layer in enumerate(self.mtp_layers):
+            if k == 0 or (k == chosen and step > k):  # layer 0, or the last layer past its step: the fed feature
+                feed = features
+            else:  # layer k reads layer k - 1's output at the slot before
+                feed = slot_before(outs[k - 1], before[:, :, k - 1], valid, chained)
+            run = layer.body(inputs_embeds=fuse(layer, self.config.hidden_first, inputs_embeds, feed),
+                             attention_mask=hide_first(attention_mask, k), position_ids=position_ids,
+                             **_compat.cache_kwargs(cache), use_cache=use_cache, **kwargs)
+            outs.append(run.last_hidden_state)
+            last = run if k == chosen else last
+        hidden = outs[chosen]
+        logits = self.lm_logits(hidden[:, -logits_to_keep:]) if logits_to_keep else None
+        return MtpOutput(hidden_states=hidden, logits=logits, cache=_compat.output_cache(last),
+                         layer_states=torch.stack(outs, 2))
 
     def save_pretrained(self, save_directory: Any, *args: Any, format: str = "hf_specmm", **kwargs: Any) -> None:
         """``format="hf_specmm"`` (default: config, safetensors, model card) or ``"speculators"`` (speculators'
@@ -91,15 +223,28 @@ class MtpDraft(FeatureHeadDraft):
     @classmethod
     def for_target(cls, target: PreTrainedModel, num_layers: int = 1, target_name: str | None = None,
                    hidden_first: bool = False, source: str | None = None, layout: str | None = None,
-                   **unused: Any) -> "MtpDraft":
-        """A randomly initialised MTP layer sized for ``target`` (its text family's full-attention decoder layer),
-        attached to it. ``num_layers``: 1 (one layer reused at every step)."""
-        if num_layers != 1 or unused:
-            raise ValueError(f"an MTP draft has one layer, reused at every step (num_layers={num_layers!r}"
-                             f"{'; ' + ', '.join(sorted(unused)) if unused else ''}): multi-layer MTP checkpoints "
-                             "are not read by hf_specmm")
+                   mlp_layer_types: list[str] | None = None, **unused: Any) -> "MtpDraft":
+        """Randomly initialised MTP layers sized for ``target`` (its text family's full-attention decoder layer),
+        attached to it. ``num_layers``: how many (draft step k runs layer k; past the last, the last one again).
+        ``mlp_layer_types``: each layer's MLP kind where the family has several (Step3.7's ``mtp_mlp_layer_types``;
+        default: the target's config's ``mtp_mlp_layer_types``, else its first layer's kind)."""
+        if unused:
+            raise ValueError(f"MtpDraft.for_target takes no {', '.join(sorted(unused))}")
+        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+            raise ValueError(f"num_layers must be an integer >= 1 (the MTP layers), got {num_layers!r}")
         fields = head_config_fields(target, 1, target_name, kind="mtp")
-        if isinstance(fields["text_config"].get("layer_types"), list):  # a hybrid's MTP layer is full attention
-            fields["text_config"]["layer_types"] = ["full_attention"]
+        text = fields["text_config"]
+        if isinstance(text.get("layer_types"), list):  # a hybrid's MTP layer is full attention
+            text["layer_types"] = ["full_attention"]
+        for name in _PER_LAYER:  # every MTP layer as the one-layer config's
+            if isinstance(text.get(name), list) and len(text[name]) == 1:
+                text[name] = text[name] * num_layers
+        mlp_layer_types = mlp_layer_types or getattr(target.config.get_text_config(), "mtp_mlp_layer_types", None)
+        if isinstance(text.get("mlp_layer_types"), list) and isinstance(mlp_layer_types, list):
+            if len(mlp_layer_types) != num_layers:
+                raise ValueError(f"mlp_layer_types={mlp_layer_types!r} names {len(mlp_layer_types)} MTP layers, "
+                                 f"not {num_layers}")
+            text["mlp_layer_types"] = list(mlp_layer_types)
+        text["num_hidden_layers"] = num_layers
         config = MtpDraftConfig(hidden_first=hidden_first, source=source, layout=layout, **fields)
         return cls(config).to_target_device(target)

@@ -37,6 +37,9 @@ def ours(name: str) -> str:
 
 def export_mtp(draft: Any, save_directory: str | Path) -> Path:
     """Write ``draft`` in speculators' ``mtp`` layout: config.json + model.safetensors."""
+    if draft.config.num_layers != 1:
+        raise ValueError(f"speculators' mtp layout holds one MTP layer (num_nextn_predict_layers=1); this draft has "
+                         f"{draft.config.num_layers}: save it with format='hf_specmm'")
     if draft.config.hidden_first:
         raise ValueError("speculators' MTP layer reads [embedding; hidden]; this one reads [hidden; embedding] "
                          "(mtp_hidden_states_first): save it with format='hf_specmm'")
