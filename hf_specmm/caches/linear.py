@@ -153,5 +153,11 @@ class LinearStates:
 
 
 def linear_states(model: Any, cache: Any, batch_size: int) -> LinearStates | None:
-    """The rollback of ``model``'s linear-attention layers over ``cache`` (None for an attention-only model)."""
-    return LinearStates(model, cache, batch_size) if _compat.stateful_layer_types(model.config) else None
+    """The rollback of ``model``'s linear-attention layers (or short convolutions) over ``cache`` (None for an
+    attention-only model)."""
+    types = _compat.stateful_layer_types(model.config)
+    if types and types <= set(_compat.SHORT_CONV_LAYER_TYPES):
+        from .short_conv import ShortConvStates
+
+        return ShortConvStates(model, cache, batch_size)
+    return LinearStates(model, cache, batch_size) if types else None
