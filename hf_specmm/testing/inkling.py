@@ -37,6 +37,15 @@ INKLING_LAYOUT = Layout(
     pad="<pad>", eos=["</s>"], bos="<s>", unk="<unk>", image=IMAGE_TOKEN, marker=f"{IMAGE_BOS} {IMAGE_TOKEN}",
     draft_vocab=128)
 PATCH, FRAMES, RESCALE = 4, 2, 0.5
+# added to tiny_target's eos_bias: EOS logits are sharper here than the Llama-like fixtures' (measured with
+# tests/test_parity.py: seed 3 then stops the three rows at different steps)
+EOS_OFFSET = -2.0
+# image features scaled down (as the Ovis2.5 fixture's): at full scale they decide every token of an image row,
+# where a real VLM's answer follows the text too
+IMAGE_SCALE = 0.1
+# the relative position bias drawn small: at INIT_RANGE it ties each row's output to where its image ends, so the
+# text-only copy (which sees no image span) agrees with the target on no image row
+REL_RANGE = 0.02
 
 if AVAILABLE:
     from transformers import InklingConfig, InklingForConditionalGeneration, InklingProcessor
@@ -83,12 +92,16 @@ if AVAILABLE:
     class InklingFixtures(LayoutFixtures):
         """The bias channel (see :mod:`~hf_specmm.testing.shaping`) is written by the embedding: a constant
         column before the embedding's own norm, every layer's writers (attention and MLP outputs, experts,
-        shared experts) kept off it, the short convolutions being depthwise. Image features carry nothing on it."""
+        shared experts) kept off it and its norms not reading it, the short convolutions being depthwise. Image
+        features carry it too (their other channels scaled down), so that every token is normed alike."""
 
         name = "inkling"
         group = "inkling"
         layout = INKLING_LAYOUT
         images_per_row = False
+
+        def target(self, seed: int, vocab_size: int, eos_bias: float | None) -> PreTrainedModel:
+            return super().target(seed, vocab_size, None if eos_bias is None else eos_bias + EOS_OFFSET)
 
         def model(self, seed: int) -> PreTrainedModel:
             ids = self.layout.ids()
@@ -112,9 +125,12 @@ if AVAILABLE:
             with torch.no_grad():
                 for name, p in model.model.named_parameters():  # the 0.02 init would make outputs context-free
                     if p.dim() > 1 and "conv" not in name:
-                        p.normal_(0.0, INIT_RANGE)
-                vision_out = model.model.vision_tower.final_norm
-                vision_out.weight[BIAS_DIM] = 0.0  # image features: nothing on the bias channel
+                        p.normal_(0.0, REL_RANGE if name.endswith("rel_logits_proj.proj") else INIT_RANGE)
+                # image features: the bias channel as the text embeddings carry it (set in shape), the rest scaled
+                # down; the last projection's bias-channel row sums its (GELU'd, mostly positive) inputs
+                tower = model.model.vision_tower
+                tower.encoder_layers[-1].projection.weight[BIAS_DIM] = INIT_RANGE
+                tower.final_norm.weight.mul_(IMAGE_SCALE)
             return model
 
         @torch.no_grad()
@@ -122,6 +138,8 @@ if AVAILABLE:
             ids = self.layout.ids()
             decoder, head, d = model.model.language_model, model.lm_head, BIAS_DIM
             decoder.embed_tokens.weight[:, d] = 1.0
+            # the embedding's norm: 5.25's embedding holds it; 5.17's decoder applies it after the image merge
+            norm = getattr(decoder.embed_tokens, "embed_norm", None) or decoder.embed_norm
             for layer in decoder.layers:  # the layers neither read nor write the bias channel
                 layer.input_layernorm.weight[d] = 0.0
                 layer.post_attention_layernorm.weight[d] = 0.0
@@ -134,16 +152,18 @@ if AVAILABLE:
                     mlp.down_proj.weight[d] = 0.0
             seen: dict[str, torch.Tensor] = {}
             hooks = [decoder.norm.register_forward_hook(lambda mod, args, out: seen.update(x=args[0])),
-                     decoder.embed_tokens.register_forward_hook(lambda mod, args, out: seen.update(e=out))]
+                     norm.register_forward_hook(lambda mod, args, out: seen.update(e=out))]
             probe = torch.randint(4, ids["text_end"], (4, 48), generator=gen)
-            decoder(input_ids=probe, use_cache=False)
+            model.model(input_ids=probe, use_cache=False)
+            rest = torch.cat([seen["x"][..., :d], seen["x"][..., d + 1:]], dim=-1).norm(dim=-1).mean().item()
+            # 5.17's model norms the embedding twice (the merged inputs, then the decoder's): the weight acts twice
+            twice = norm is getattr(decoder, "embed_norm", None)
+            norm.weight[d] *= (BIAS_RATIO * rest / seen["e"][..., d].mean().item()) ** (0.5 if twice else 1.0)
             for hook in hooks:
                 hook.remove()
-            rest = torch.cat([seen["x"][..., :d], seen["x"][..., d + 1:]], dim=-1).norm(dim=-1).max().item()
-            # 5.25 norms the embedding (scale the norm's weight), 5.17 does not (scale the column itself)
-            norm = getattr(decoder.embed_tokens, "embed_norm", None)
-            scaled = norm.weight if norm is not None else decoder.embed_tokens.weight[:, d]
-            scaled[d if norm is not None else slice(None)] *= BIAS_RATIO * rest / seen["e"][..., d].mean().item()
+            tower = model.model.vision_tower
+            features = tower(pixel_values=torch.randn(8, FRAMES, PATCH, PATCH, 3, generator=gen)).last_hidden_state
+            tower.final_norm.weight[d] *= BIAS_RATIO * rest / features[..., d].mean().item()
             hidden = head.weight.shape[1]
             h0 = bias_channel_value(hidden)
             w = head.weight
