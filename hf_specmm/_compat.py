@@ -550,6 +550,12 @@ SHORT_CONV_CACHE_KWARGS = ("cache", "past_key_values")
 _SHORT_CONV_PARTS = ("conv1d", "layer_idx", "conv_idx")
 
 
+def has_short_convs(config: Any) -> bool:
+    """Whether a model's layers are hybrids with short-convolution states (Inkling)."""
+    types = stateful_layer_types(config)
+    return bool(types) and types <= set(SHORT_CONV_LAYER_TYPES)
+
+
 def short_conv_modules(model: Any) -> dict[tuple[int, int], Any]:
     """``{(layer index, conv index): module}`` of ``model``'s short convolutions whose states its cache keeps."""
     found = {}
@@ -564,7 +570,8 @@ def unsupported_short_convs(model: Any) -> str | None:
     text = model.config.get_text_config(decoder=True)
     per_layer = int(getattr(text, "number_of_conv_states", 1))
     found = short_conv_modules(model)
-    wanted = {(i, c) for i, t in enumerate(text.layer_types) if t in SHORT_CONV_LAYER_TYPES for c in range(per_layer)}
+    types = text.layer_types[: text.num_hidden_layers]  # a cut-down copy keeps its source's list
+    wanted = {(i, c) for i, t in enumerate(types) if t in SHORT_CONV_LAYER_TYPES for c in range(per_layer)}
     missing = sorted(wanted - set(found))
     if missing:
         return (f"the conv states {missing[:4]} (layer, state) of its hybrid layers belong to no short convolution "

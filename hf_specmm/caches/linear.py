@@ -155,9 +155,8 @@ class LinearStates:
 def linear_states(model: Any, cache: Any, batch_size: int) -> LinearStates | None:
     """The rollback of ``model``'s linear-attention layers (or short convolutions) over ``cache`` (None for an
     attention-only model)."""
-    types = _compat.stateful_layer_types(model.config)
-    if types and types <= set(_compat.SHORT_CONV_LAYER_TYPES):
+    if _compat.has_short_convs(model.config):
         from .short_conv import ShortConvStates
 
         return ShortConvStates(model, cache, batch_size)
-    return LinearStates(model, cache, batch_size) if types else None
+    return LinearStates(model, cache, batch_size) if _compat.stateful_layer_types(model.config) else None

@@ -28,6 +28,7 @@ if hasattr(transformers, "InklingForConditionalGeneration"):
         per_call_inputs=("pixel_values",),
         image_layout_attrs=("vision_config.patch_size", "vision_config.temporal_patch_size"),
         span_attrs=(("image_bos_token_id",),),
-        one_run_per_image=True,
+        # pixel_values has a row per patch and no input counts the images: runs cannot be checked against them
+        one_run_per_image=False,
         refused_inputs=("audio_input_ids", "audio_input_ids_mask", "mm_encoder_outputs"),
     ))

@@ -66,6 +66,9 @@ from .shaping import BOS_ID, EOS_ID, UNK_ID, vision_module
 
 FAMILIES = tuple(name for name, family in FIXTURES.items() if family.shared_suites)
 HYBRID_FAMILIES = families_of("qwen3_5")  # linear-attention hybrids: tests/test_qwen3_5.py
+# in FAMILIES, with stateful layers (Inkling's short convolutions): draft trees and static caches are refused
+STATEFUL_FAMILIES = families_of("inkling")
+TREE_FAMILIES = tuple(f for f in FAMILIES if f not in STATEFUL_FAMILIES)
 LLAVA_FAMILIES = families_of("llava")
 QWEN_FAMILIES = families_of("qwen_vl")
 MORE_FAMILIES = families_of("gemma3") + families_of("idefics3") + families_of("internvl")  # upstream id layouts
@@ -87,6 +90,8 @@ __all__ = [
     "UNK_ID",
     "FixtureFamily",
     "HYBRID_FAMILIES",
+    "STATEFUL_FAMILIES",
+    "TREE_FAMILIES",
     "TinyOnevisionProcessor",
     "causal_lm_config",
     "family_ids",
