@@ -599,6 +599,13 @@ def distances_by_column(config: Any) -> bool:
     return getattr(text, "rel_extent", None) is not None and "hybrid" in "".join(getattr(text, "layer_types", ()) or ())
 
 
+def column_log_scaling(config: Any) -> int | None:
+    """Inkling's ``log_scaling_n_floor`` (None: off): full-attention logits scaled by ``1 + a * log(column / floor)``
+    of the query's cache column (``cache.get_query_offset``), the only absolute position it reads."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return getattr(text, "log_scaling_n_floor", None) if distances_by_column(config) else None
+
+
 def gated_delta_kernels(module: Any) -> tuple[Callable[..., Any], Callable[..., Any]]:
     """``(causal_conv1d_fn, torch_recurrent_gated_delta_rule)`` of a Gated DeltaNet ``module``'s own modeling file:
     its conv over a window and the single-step state update plain ``generate``'s decode steps run."""

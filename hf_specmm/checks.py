@@ -222,6 +222,11 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
         _fail(UnsupportedGenerationError, f"generate(assistant_model=...) does not support {', '.join(refused)} for a "
               f"{type(target).__name__} target (hf_specmm speculates on its text and image inputs): drop them, or "
               "call hf_specmm.disable(model) and generate without an assistant_model.")
+    floor = _compat.column_log_scaling(target.config)
+    if floor is not None and ids.shape[0] > 1:
+        _fail(UnsupportedGenerationError, f"a {type(target).__name__} with log_scaling_n_floor={floor} scales its "
+              "logits by each query's cache column; in a batch, a row that keeps fewer drafted tokens than another "
+              "writes later columns than plain generate does, so its outputs would differ. Generate one row at a time.")
     check_placeholders(spec, target.config, ids, mask, spec.family.model_inputs(kwargs))
     vocab = vocab_map(spec, draft_vocab_size(draft) if own_vocab else kind.target_vocab_size(draft, target), ids.device)
     _check_draft(draft, kind, ids, config, vocab, kwargs)
