@@ -57,16 +57,8 @@ class ShortConvStates(LinearStates):
                 self.captured[key][_INPUT].append(inputs)
         return hook
 
-    def _leave(self, key: Any) -> Any:
-        def hook(module: Any, args: tuple, output: Any) -> None:
-            if key not in self._reading:
-                return
-            self._reading.discard(key)
-            if self.snapshot.get(key) is None:  # after a prompt: its state is the first snapshot
-                self.snapshot[key] = (_compat.conv_state(self.cache, *key).clone(),)
-            elif self._holes:  # the state advanced over holes: recompute it over the valid slots
-                self._replay([key], self._kept(None, None))
-        return hook
+    def _current(self, key: Any) -> tuple[torch.Tensor]:
+        return (_compat.conv_state(self.cache, *key).clone(),)
 
     def _replay(self, keys: list[Any], kept: torch.Tensor) -> dict[Any, tuple[torch.Tensor]] | None:
         """Put ``keys``' states back at each row's ``kept`` slots since the snapshot (written in place)."""
