@@ -130,3 +130,22 @@ def test_stock_refuses_a_batch_and_ours_runs_it():
     finally:
         hf_specmm.disable(model)
     assert torch.equal(out, plain)
+
+
+@needs_inkling
+def test_auto_runs_chains_of_every_exact_draft_kind():
+    """``hf_specmm.Auto`` over the exact text copy, the vlm copy and the exact feature head (batch 3, left padding,
+    an image-less row): trees are not tried on a stateful target, the chains equal plain generate."""
+    model = testing.tiny_target(FAMILY, eos_bias=-30.0)
+    inputs = _inputs(3)
+    plain = model.generate(**inputs, max_new_tokens=16, do_sample=False)
+    drafts = {"text": testing.text_draft_from_target(model), "vlm": testing.tiny_target(FAMILY, eos_bias=-30.0),
+              "head": testing.feature_head_from_target(model)}
+    hf_specmm.enable(model)
+    try:
+        for name, draft in drafts.items():
+            out = model.generate(**inputs, max_new_tokens=16, do_sample=False, assistant_model=hf_specmm.Auto(draft))
+            assert torch.equal(out, plain), name
+            assert hf_specmm.last_stats(model).accepted_tokens > 0, name
+    finally:
+        hf_specmm.disable(model)
