@@ -1,5 +1,5 @@
 """Inkling: its short-convolution states rolled back per row, what it refuses before any work (audio, draft trees,
-static caches, batches with column log scaling), stock's assisted generation beside ours. (The shared matrices over
+static caches, EAGLE-3 heads, batches with column log scaling), stock's assisted generation beside ours. (The shared matrices over
 ``testing.FAMILIES`` run its greedy parity, sampling and draft kinds.)"""
 
 from __future__ import annotations
@@ -90,6 +90,12 @@ def test_refused_before_any_work(case):
     finally:
         hf_specmm.disable(model)
     assert calls["n"] == 0
+
+
+@needs_inkling
+def test_eagle3_heads_are_refused_naming_why():
+    with pytest.raises(SpecMMError, match="rotary position embeddings"):
+        hf_specmm.FeatureHeadDraft.for_target(testing.tiny_target(FAMILY), variant="eagle3")
 
 
 @needs_inkling

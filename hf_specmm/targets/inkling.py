@@ -31,4 +31,6 @@ if hasattr(transformers, "InklingForConditionalGeneration"):
         # pixel_values has a row per patch and no input counts the images: runs cannot be checked against them
         one_run_per_image=False,
         refused_inputs=("audio_input_ids", "audio_input_ids_mask", "mm_encoder_outputs"),
+        refused_draft_kinds=(("eagle3", "an EAGLE-3 head's Llama layers take rotary position embeddings, and "
+                                        "Inkling's text model has none (its attention reads cache columns)"),),
     ))

@@ -99,6 +99,9 @@ if AVAILABLE:
         group = "inkling"
         layout = INKLING_LAYOUT
         images_per_row = False
+        # a copy of the last layer noised by 0.05 still agrees on every token here (measured: acceptance 1.0 at
+        # γ 1, 4, 8, batch 1); 0.3 gives 0.62-0.77
+        head_noise = 0.3
 
         def target(self, seed: int, vocab_size: int, eos_bias: float | None) -> PreTrainedModel:
             return super().target(seed, vocab_size, None if eos_bias is None else eos_bias + EOS_OFFSET)
