@@ -119,6 +119,10 @@ GEMMA4_SUPPORTED = _INSTALLED >= Version("5.24.0.dev0")
 #: Step3.7 targets from 5.25 on: 5.17's Step3p7ForConditionalGeneration takes neither ``pixel_values`` nor
 #: ``num_local_patches`` (text only), so the family is neither registered nor verified before
 STEP3P7_SUPPORTED = _INSTALLED >= Version("5.25.0.dev0")
+#: Inkling targets from 5.25 on: 5.17's InklingForConditionalGeneration norms its merged input embeddings twice (in
+#: ``InklingModel``, then again in its text model), so no draft that embeds tokens itself (its own text model as a
+#: causal LM, a feature head, the target drafting for itself) reads what the target reads; 5.25 norms them once
+INKLING_SUPPORTED = _INSTALLED >= Version("5.25.0.dev0")
 
 #: the KV cache's keyword in a model's forward, its outputs and generate's model_kwargs (renamed in 5.24)
 CACHE_KWARG = "cache" if _INSTALLED >= Version("5.24.0.dev0") else "past_key_values"

@@ -9,7 +9,7 @@ import torch
 from .. import _compat
 from ..targets.positions import ROPE_1D, PositionRule
 from .base import Backend, SlottedCache
-from .linear import linear_states
+from .short_conv import linear_states  # every stateful kind (linear attention, short convolutions)
 
 
 class DynamicSlottedCache(SlottedCache):

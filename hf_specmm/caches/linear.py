@@ -156,10 +156,5 @@ class LinearStates:
 
 
 def linear_states(model: Any, cache: Any, batch_size: int) -> LinearStates | None:
-    """The rollback of ``model``'s linear-attention layers (or short convolutions) over ``cache`` (None for an
-    attention-only model)."""
-    if _compat.has_short_convs(model.config):
-        from .short_conv import ShortConvStates
-
-        return ShortConvStates(model, cache, batch_size)
+    """The rollback of ``model``'s linear-attention layers over ``cache`` (None for an attention-only model)."""
     return LinearStates(model, cache, batch_size) if _compat.stateful_layer_types(model.config) else None

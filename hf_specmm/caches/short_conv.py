@@ -18,6 +18,7 @@ import torch
 
 from .. import _compat
 from ..hooks import this_call
+from . import linear
 from .linear import LinearStates
 
 _INPUT = "input"
@@ -84,3 +85,11 @@ def conv_window(state: torch.Tensor, inputs: torch.Tensor, keep: torch.Tensor) -
     stream = torch.cat([state, inputs.transpose(1, 2).to(state.dtype)], dim=-1)  # [B, C, K + W]
     window = keep.sum(-1).to(state.device)[:, None, None] + torch.arange(kernel, device=state.device)
     return stream.gather(2, window.expand(state.shape[0], state.shape[1], kernel))
+
+
+def linear_states(model: Any, cache: Any, batch_size: int) -> LinearStates | None:
+    """The rollback of ``model``'s stateful layers over ``cache``: short convolutions (Inkling), linear attention
+    (Qwen3.5), or None for an attention-only model."""
+    if _compat.has_short_convs(model.config):
+        return ShortConvStates(model, cache, batch_size)
+    return linear.linear_states(model, cache, batch_size)

@@ -1,4 +1,5 @@
-"""Inkling (``InklingForConditionalGeneration``; transformers 5.17 and later).
+"""Inkling (``InklingForConditionalGeneration``; transformers >= 5.25: nothing is registered before, see
+``_compat.INKLING_SUPPORTED``).
 
 - Every decoder layer is a hybrid: attention (full, ``"hybrid"``, or sliding-window, ``"hybrid_sliding"``) with
   short causal convolutions on its keys, its values, its output and the MLP's output. Their conv states (the
@@ -19,10 +20,11 @@ from __future__ import annotations
 
 import transformers
 
+from .. import _compat
 from .registry import TargetFamily, register_target_family
 
 INKLING = None
-if hasattr(transformers, "InklingForConditionalGeneration"):
+if _compat.INKLING_SUPPORTED and hasattr(transformers, "InklingForConditionalGeneration"):
     INKLING = register_target_family(TargetFamily(
         "inkling", "InklingForConditionalGeneration", (("image_token_id",),),
         per_call_inputs=("pixel_values",),

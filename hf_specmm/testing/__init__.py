@@ -48,7 +48,7 @@ from . import gemma4  # noqa: F401  (registers nothing before transformers 5.24)
 from . import qwen3_5  # noqa: F401  (where transformers has Qwen3.5)
 from . import ovis_onevision  # noqa: F401  (registers nothing before transformers 5.25)
 from . import step3p7  # noqa: F401  (registers nothing before transformers 5.25)
-from . import inkling  # noqa: F401  (where transformers has Inkling)
+from . import inkling  # noqa: F401  (registers nothing before transformers 5.25)
 # isort: on
 from .drafts import (
     causal_lm_config,
@@ -76,7 +76,7 @@ MORE_FAMILIES += families_of("muse_glimmer")
 MORE_FAMILIES += families_of("gemma4")  # Gemma 4, Gemma 4 Unified (transformers >= 5.24)
 MORE_FAMILIES += families_of("llava_onevision1_5") + families_of("ovis2_5")  # transformers >= 5.25
 MORE_FAMILIES += families_of("step3p7")  # Step3.7 (transformers >= 5.25)
-MORE_FAMILIES += families_of("inkling")  # Inkling
+MORE_FAMILIES += families_of("inkling")  # Inkling (transformers >= 5.25)
 
 __all__ = [
     "BOS_ID",

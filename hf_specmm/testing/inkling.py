@@ -1,4 +1,5 @@
-"""Tiny Inkling fixture (``inkling``, ``InklingForConditionalGeneration``; where transformers has it).
+"""Tiny Inkling fixture (``inkling``, ``InklingForConditionalGeneration``; transformers >= 5.25 only: on older
+versions this module registers nothing).
 
 Layout: ``0 <unk> 1 <s> 2 </s> 3 <pad>``, words, then ``120 <|content_image|> 121 <|unused_200054|>
 122 <|content_audio_input|> 123 <|unused_200053|>`` (upstream's names for the image / audio begin markers and
@@ -23,12 +24,13 @@ import torch
 import transformers
 from transformers import BatchFeature, PretrainedConfig, PreTrainedModel, ProcessorMixin
 
+from .. import _compat
 from .layouts import Layout, LayoutFixtures
 from .registry import register_fixture
 from .shaping import BIAS_DIM, BIAS_RATIO, INIT_RANGE, LOGIT_STD, RESERVED_LOGIT, bias_channel_value, \
     other_channels_norm
 
-AVAILABLE = hasattr(transformers, "InklingForConditionalGeneration")
+AVAILABLE = _compat.INKLING_SUPPORTED and hasattr(transformers, "InklingForConditionalGeneration")
 
 IMAGE_TOKEN, IMAGE_BOS = "<|unused_200054|>", "<|content_image|>"
 INKLING_LAYOUT = Layout(
@@ -141,8 +143,7 @@ if AVAILABLE:
             ids = self.layout.ids()
             decoder, head, d = model.model.language_model, model.lm_head, BIAS_DIM
             decoder.embed_tokens.weight[:, d] = 1.0
-            # the embedding's norm: 5.25's embedding holds it; 5.17's decoder applies it after the image merge
-            norm = getattr(decoder.embed_tokens, "embed_norm", None) or decoder.embed_norm
+            norm = decoder.embed_tokens.embed_norm
             for layer in decoder.layers:  # the layers neither read nor write the bias channel
                 layer.input_layernorm.weight[d] = 0.0
                 layer.post_attention_layernorm.weight[d] = 0.0
@@ -159,9 +160,7 @@ if AVAILABLE:
             probe = torch.randint(4, ids["text_end"], (4, 48), generator=gen)
             model.model(input_ids=probe, use_cache=False)
             rest = torch.cat([seen["x"][..., :d], seen["x"][..., d + 1:]], dim=-1).norm(dim=-1).mean().item()
-            # 5.17's model norms the embedding twice (the merged inputs, then the decoder's): the weight acts twice
-            twice = norm is getattr(decoder, "embed_norm", None)
-            norm.weight[d] *= (BIAS_RATIO * rest / seen["e"][..., d].mean().item()) ** (0.5 if twice else 1.0)
+            norm.weight[d] *= BIAS_RATIO * rest / seen["e"][..., d].mean().item()
             for hook in hooks:
                 hook.remove()
             tower = model.model.vision_tower
