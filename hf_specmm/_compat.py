@@ -68,6 +68,10 @@ INTERNALS = (
     # from 5.25 a linear layer counts its tokens, and a cache whose layer 0 is one reports that count as its length
     Internal("cache_utils.LinearAttentionLayer", attrs=("cumulative_length_linear",), sample=lambda cls: cls(),
              since="5.25"),
+    # Inkling's hybrid layers (short-convolution states beside keys / values): a full-attention one for every layer
+    Internal("cache_utils.LinearAttentionAndFullAttentionLayer", params=("number_of_states",),
+             attrs=("conv_states", "has_previous_state", "number_of_states", "keys", "values"),
+             sample=lambda cls: cls(number_of_states=4), since="5.25"),
     Internal(f"{_QWEN3_5}.causal_conv1d_fn", params=("hidden_states", "weight", "bias", "activation")),
     Internal(f"{_QWEN3_5}.torch_recurrent_gated_delta_rule",
              params=("query", "key", "value", "g", "beta", "initial_state", "output_final_state",
