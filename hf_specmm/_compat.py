@@ -68,6 +68,10 @@ INTERNALS = (
     # from 5.25 a linear layer counts its tokens, and a cache whose layer 0 is one reports that count as its length
     Internal("cache_utils.LinearAttentionLayer", attrs=("cumulative_length_linear",), sample=lambda cls: cls(),
              since="5.25"),
+    # Inkling's hybrid layers (short-convolution states beside keys / values): a full-attention one for every layer
+    Internal("cache_utils.LinearAttentionAndFullAttentionLayer", params=("number_of_states",),
+             attrs=("conv_states", "has_previous_state", "number_of_states", "keys", "values"),
+             sample=lambda cls: cls(number_of_states=4), since="5.25"),
     Internal(f"{_QWEN3_5}.causal_conv1d_fn", params=("hidden_states", "weight", "bias", "activation")),
     Internal(f"{_QWEN3_5}.torch_recurrent_gated_delta_rule",
              params=("query", "key", "value", "g", "beta", "initial_state", "output_final_state",
@@ -119,6 +123,10 @@ GEMMA4_SUPPORTED = _INSTALLED >= Version("5.24.0.dev0")
 #: Step3.7 targets on every supported transformers (5.17 has the class; its forward takes ``pixel_values``,
 #: ``pixel_values_local`` and ``num_local_patches``, and plain ``generate`` runs image prompts)
 STEP3P7_SUPPORTED = _INSTALLED >= Version("5.17.0")
+#: Inkling targets from 5.25 on: 5.17's InklingForConditionalGeneration norms its merged input embeddings twice (in
+#: ``InklingModel``, then again in its text model), so no draft that embeds tokens itself (its own text model as a
+#: causal LM, a feature head, the target drafting for itself) reads what the target reads; 5.25 norms them once
+INKLING_SUPPORTED = _INSTALLED >= Version("5.25.0.dev0")
 
 #: the KV cache's keyword in a model's forward, its outputs and generate's model_kwargs (renamed in 5.24)
 CACHE_KWARG = "cache" if _INSTALLED >= Version("5.24.0.dev0") else "past_key_values"
@@ -176,8 +184,17 @@ def crop_cache(cache: Any, new_length: int) -> None:
     excess = (layers[0].get_seq_length() if layers else 0) - new_length
     if excess > 0:
         for layer in layers:
-            layer.crop(-excess)
+            _kv_crop(layer)(layer, -excess)
     set_linear_length(cache, new_length)
+
+
+def _kv_crop(layer: Any) -> Callable[[Any, int], None]:
+    """The attention part's ``crop`` of a cache layer: a hybrid layer's own ``crop`` also crops its conv states,
+    which raises unless past recording is on (its states are rolled back by caches/short_conv.py instead)."""
+    for cls in type(layer).__mro__:
+        if "crop" in vars(cls) and not issubclass(cls, LinearAttentionCacheLayerMixin):
+            return vars(cls)["crop"]
+    return type(layer).crop
 
 
 def set_linear_length(cache: Any, length: int) -> None:
@@ -185,7 +202,7 @@ def set_linear_length(cache: Any, length: int) -> None:
     layer counts the tokens it read (``cumulative_length_linear``, what ``get_seq_length`` returns for a cache
     whose layer 0 is one, e.g. for M-RoPE positions); a rollback that rewrites its states must move it too."""
     for layer in cache.layers:
-        count = getattr(layer, "cumulative_length_linear", None) if is_linear_cache_layer(layer) else None
+        count = getattr(layer, "cumulative_length_linear", None) if has_conv_states(layer) else None
         if isinstance(count, torch.Tensor):
             count.fill_(length)
 
@@ -199,10 +216,13 @@ def new_dynamic_cache(model: Any = None) -> Any:
 
     if model is None or not stateful_layer_types(model.config):
         return DynamicCache()
-    from transformers.cache_utils import DynamicLayer
+    from transformers.cache_utils import DynamicLayer, LinearAttentionAndFullAttentionLayer
 
     cache = DynamicCache(config=model.config)
-    cache.layers = [layer if is_linear_cache_layer(layer) else DynamicLayer() for layer in cache.layers]
+    # hybrid layers (Inkling: conv states and keys / values) get a full attention part too
+    cache.layers = [layer if is_linear_cache_layer(layer)
+                    else LinearAttentionAndFullAttentionLayer(number_of_states=layer.number_of_states)
+                    if has_conv_states(layer) else DynamicLayer() for layer in cache.layers]
     return cache
 
 
@@ -211,7 +231,7 @@ def has_sliding_layers(config: Any) -> bool:
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     types = getattr(text, "layer_types", None)
     if types:
-        return any(t in ("sliding_attention", "chunked_attention") for t in types)
+        return any(t in ("sliding_attention", "chunked_attention", "hybrid_sliding") for t in types)
     return getattr(text, "sliding_window", None) is not None and getattr(text, "use_sliding_window", True) is not False
 
 
@@ -270,6 +290,9 @@ def rebuild_dynamic_cache(cache: Any, kv: Callable[[torch.Tensor, torch.Tensor],
     out = DynamicCache()
     for index, layer in enumerate(cache.layers):
         if is_linear_cache_layer(layer):
+            out.layers.append(layer)
+        elif has_conv_states(layer):  # a hybrid layer (Inkling): its conv states carried over with it
+            layer.keys, layer.values = kv(layer.keys, layer.values)
             out.layers.append(layer)
         else:
             out.update(*kv(layer.keys, layer.values), index)
@@ -466,10 +489,13 @@ def gated_delta_modules(model: Any) -> dict[int, Any]:
 
 
 def unsupported_stateful_layers(model: Any) -> str | None:
-    """Why ``model``'s stateful layers cannot be rolled back (None: it has none, or only Gated DeltaNet ones)."""
+    """Why ``model``'s stateful layers cannot be rolled back (None: it has none, or only Gated DeltaNet ones, or
+    only short convolutions beside attention)."""
     types = stateful_layer_types(model.config)
     if not types:
         return None
+    if types <= set(SHORT_CONV_LAYER_TYPES):
+        return unsupported_short_convs(model)
     if types != {"linear_attention"}:
         return f"its layer types {sorted(types)} keep states hf_specmm cannot roll back (only 'linear_attention')"
     text = model.config.get_text_config(decoder=True)
@@ -502,12 +528,90 @@ def write_linear_states(cache: Any, layer_idx: int, conv: torch.Tensor, recurren
 
 
 def select_linear_rows(cache: Any, keep: torch.Tensor) -> None:
-    """Keep only rows ``keep`` of every linear-attention layer's states."""
+    """Keep only rows ``keep`` of every linear-attention (or hybrid) layer's states."""
     for layer in cache.layers:
-        if is_linear_cache_layer(layer) and layer.has_previous_state[0]:
-            index = keep.to(layer.conv_states[0].device)
-            layer.conv_states[0] = layer.conv_states[0][index].contiguous()
-            layer.recurrent_states[0] = layer.recurrent_states[0][index].contiguous()
+        if not has_conv_states(layer):
+            continue
+        for states in (layer.conv_states, layer.recurrent_states):
+            for i, state in states.items():
+                if isinstance(state, torch.Tensor):
+                    states[i] = state[keep.to(state.device)].contiguous()
+
+
+def has_conv_states(layer: Any) -> bool:
+    """A cache layer with conv (and maybe recurrent) states: a linear-attention layer or a hybrid one."""
+    return isinstance(layer, LinearAttentionCacheLayerMixin)
+
+
+# ---- short convolutions beside attention (Inkling) ------------------------------------------------------------
+# Read in transformers 5.17 and 5.25: Inkling's layer types are "hybrid" / "hybrid_sliding"; a cache built from
+# its config holds a ``LinearAttentionAnd{Full,SlidingWindow}AttentionLayer`` per layer: keys / values and
+# ``number_of_conv_states`` (4) conv states, ``conv_states[i]`` [B, C, K] (float32: the last K inputs of the
+# layer's short convolution ``conv_idx == i``), written in place (``copy_``) by a forward. Each
+# ``InklingShortConvolution`` (``conv1d``, ``layer_idx``, ``conv_idx``) takes its cache under ``cache`` (5.25)
+# or ``past_key_values`` (5.17) and its input [B, W, C] as its first argument; it convolves ``input.float()``
+# (padding zeroed by a 2-D ``conv_mask``) with no activation, and adds the input back. Nothing else is a state:
+# a short convolution is rolled back by a window over its inputs (caches/short_conv.py).
+
+SHORT_CONV_LAYER_TYPES = ("hybrid", "hybrid_sliding")
+SHORT_CONV_CACHE_KWARGS = ("cache", "past_key_values")
+_SHORT_CONV_PARTS = ("conv1d", "layer_idx", "conv_idx")
+
+
+def has_short_convs(config: Any) -> bool:
+    """Whether a model's layers are hybrids with short-convolution states (Inkling)."""
+    types = stateful_layer_types(config)
+    return bool(types) and types <= set(SHORT_CONV_LAYER_TYPES)
+
+
+def short_conv_modules(model: Any) -> dict[tuple[int, int], Any]:
+    """``{(layer index, conv index): module}`` of ``model``'s short convolutions whose states its cache keeps."""
+    found = {}
+    for module in model.modules():
+        if type(module).__name__.endswith("ShortConvolution") and all(hasattr(module, p) for p in _SHORT_CONV_PARTS):
+            found[(int(module.layer_idx), int(module.conv_idx))] = module
+    return found
+
+
+def unsupported_short_convs(model: Any) -> str | None:
+    """Why the conv states of ``model``'s hybrid layers cannot be rolled back (None: each is a short conv's)."""
+    text = model.config.get_text_config(decoder=True)
+    per_layer = int(getattr(text, "number_of_conv_states", 1))
+    found = short_conv_modules(model)
+    types = text.layer_types[: text.num_hidden_layers]  # a cut-down copy keeps its source's list
+    wanted = {(i, c) for i, t in enumerate(types) if t in SHORT_CONV_LAYER_TYPES for c in range(per_layer)}
+    missing = sorted(wanted - set(found))
+    if missing:
+        return (f"the conv states {missing[:4]} (layer, state) of its hybrid layers belong to no short convolution "
+                "(conv1d / layer_idx / conv_idx), the only kind of hybrid layer hf_specmm rolls back")
+    if any(m.conv1d.bias is not None for m in found.values()):
+        return "its short convolutions have biases, which hf_specmm's rollback does not replay"
+    return None
+
+
+def conv_state(cache: Any, layer_idx: int, conv_idx: int) -> torch.Tensor | None:
+    """Conv state ``conv_idx`` [B, C, K] of layer ``layer_idx``, or None before the layer's first forward."""
+    layer = cache.layers[layer_idx]
+    return layer.conv_states[conv_idx] if layer.has_previous_state[conv_idx] else None
+
+
+def write_conv_state(cache: Any, layer_idx: int, conv_idx: int, state: torch.Tensor) -> None:
+    """Overwrite a conv state in place (same tensor: static addresses stay valid)."""
+    cache.layers[layer_idx].conv_states[conv_idx].copy_(state)
+
+
+def distances_by_column(config: Any) -> bool:
+    """Whether the model reads distances between tokens off cache columns (Inkling's relative position bias:
+    ``cache.get_query_offset`` / ``get_mask_sizes``, no ``position_ids``): a hole would count as a token."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return getattr(text, "rel_extent", None) is not None and "hybrid" in "".join(getattr(text, "layer_types", ()) or ())
+
+
+def column_log_scaling(config: Any) -> int | None:
+    """Inkling's ``log_scaling_n_floor`` (None: off): full-attention logits scaled by ``1 + a * log(column / floor)``
+    of the query's cache column (``cache.get_query_offset``), the only absolute position it reads."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return getattr(text, "log_scaling_n_floor", None) if distances_by_column(config) else None
 
 
 def gated_delta_kernels(module: Any) -> tuple[Callable[..., Any], Callable[..., Any]]:

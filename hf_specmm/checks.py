@@ -237,6 +237,11 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
         _fail(UnsupportedGenerationError, f"generate(assistant_model=...) does not support {', '.join(refused)} for a "
               f"{type(target).__name__} target (hf_specmm speculates on its text and image inputs): drop them, or "
               "call hf_specmm.disable(model) and generate without an assistant_model.")
+    floor = _compat.column_log_scaling(target.config)
+    if floor is not None and ids.shape[0] > 1:
+        _fail(UnsupportedGenerationError, f"a {type(target).__name__} with log_scaling_n_floor={floor} scales its "
+              "logits by each query's cache column; in a batch, a row that keeps fewer drafted tokens than another "
+              "writes later columns than plain generate does, so its outputs would differ. Generate one row at a time.")
     check_placeholders(spec, target.config, ids, mask, spec.family.model_inputs(kwargs))
     vocab = vocab_map(spec, draft_vocab_size(draft) if own_vocab else kind.target_vocab_size(draft, target), ids.device)
     _check_draft(draft, kind, ids, config, vocab, kwargs)
@@ -262,5 +267,10 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
         kwargs.pop(key, None)  # consumed here; stock generate must not see an assisted-mode option
     if config.cache_implementation == "static":
         _check_static(config, budget)
+        short_conv = next((m for m in (target, draft) if _compat.has_short_convs(m.config)), None)
+        if short_conv is not None:
+            _fail(UnsupportedGenerationError, f"cache_implementation='static' is not supported with "
+                  f"{type(short_conv).__name__}: its hybrid layers' short-convolution states run on the default "
+                  "dynamic cache only; drop cache_implementation='static'.")
         budget.fixed_width = True  # one block width: compiled graphs are reused round after round
     return Plan(kind, vocab, budget, kwargs, backend_for(config.cache_implementation), draft)

@@ -24,7 +24,7 @@ def head(family: str, kind: str):
     if kind == "random":
         torch.manual_seed(1)
         return hf_specmm.FeatureHeadDraft.for_target(model)
-    return testing.feature_head_from_target(model, noise=0.05 if kind == "noisy" else 0.0)
+    return testing.feature_head_from_target(model, noise=testing.fixture(family).head_noise if kind == "noisy" else 0.0)
 
 
 @pytest.mark.parametrize("family", testing.FAMILIES)

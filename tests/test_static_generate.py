@@ -28,7 +28,7 @@ def _drafts(model):
     return drafts
 
 
-@pytest.mark.parametrize("family", testing.FAMILIES)
+@pytest.mark.parametrize("family", testing.TREE_FAMILIES)
 def test_static_cache_parity_every_draft_kind(family):
     model = target(family)
     hf_specmm.disable(model)

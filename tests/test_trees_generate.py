@@ -77,7 +77,7 @@ def assert_full_depth(stats, name: str) -> None:
     assert checked > 0 and stats.mean_accepted_depth > 1, (name, stats.tokens_per_round)
 
 
-@pytest.mark.parametrize("family", testing.FAMILIES)
+@pytest.mark.parametrize("family", testing.TREE_FAMILIES)
 @pytest.mark.parametrize("batch", (1, 3))
 def test_tree_greedy_parity_text_drafts(family, batch):
     model = target(family)
@@ -92,7 +92,7 @@ def test_tree_greedy_parity_text_drafts(family, batch):
                 assert stats.target_forwards < stats.generated_tokens
 
 
-@pytest.mark.parametrize("family", testing.FAMILIES)
+@pytest.mark.parametrize("family", testing.TREE_FAMILIES)
 def test_every_draft_kind_parity_and_exact_copies_accept_the_full_depth(family):
     """Batch of 3, left-padded, images of two sizes and a row without one. The vlm copy and the feature head
     copy read the images: they must accept every round's whole depth. Text-only copies on text prompts too."""

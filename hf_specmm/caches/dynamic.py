@@ -9,7 +9,7 @@ import torch
 from .. import _compat
 from ..targets.positions import ROPE_1D, PositionRule
 from .base import Backend, SlottedCache
-from .linear import linear_states
+from .short_conv import linear_states  # every stateful kind (linear attention, short convolutions)
 
 
 class DynamicSlottedCache(SlottedCache):
@@ -39,7 +39,7 @@ class DynamicBackend(Backend):
     def compacts(model: Any) -> bool:
         """Whether ``model``'s caches move holes left after each rollback (it attends through a window)."""
         config = getattr(model, "config", None)
-        return config is not None and _compat.has_sliding_layers(config)
+        return config is not None and (_compat.has_sliding_layers(config) or _compat.distances_by_column(config))
 
     #: windows count slots from each row's left end: a sliding-window model's prompt must be left-padded
     requires_left_padding = compacts
@@ -48,7 +48,7 @@ class DynamicBackend(Backend):
                        width: int) -> None:
         """Before the target's prefill: sliding-window targets get a full-layer cache (cropped at any length)."""
         if self.compacts(target):
-            model_kwargs[_compat.CACHE_KWARG] = _compat.new_dynamic_cache()
+            model_kwargs[_compat.CACHE_KWARG] = _compat.new_dynamic_cache(target)
 
     def wrap_target(self, target: Any, cache: Any, mask: torch.Tensor | None, length: int, batch_size: int,
                     device: torch.device, positions: PositionRule) -> SlottedCache:

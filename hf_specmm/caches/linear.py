@@ -85,11 +85,14 @@ class LinearStates:
                 return
             self._reading.discard(index)
             if self.snapshot.get(index) is None:  # after a prompt: its states are the first snapshot
-                conv, recurrent = _compat.linear_states(self.cache, index)
-                self.snapshot[index] = (conv.clone(), recurrent.clone())
+                self.snapshot[index] = self._current(index)
             elif self._holes:  # the states advanced over holes: recompute them over the valid slots
                 self._replay([index], self._kept(None, None))
         return hook
+
+    def _current(self, index: Any) -> tuple[torch.Tensor, ...]:
+        """A copy of layer ``index``'s states in the cache now."""
+        return tuple(state.clone() for state in _compat.linear_states(self.cache, index))
 
     # ---- the slot operations -------------------------------------------------------------------------
     def append(self, valid: torch.Tensor | None, width: int, device: torch.device) -> None:

@@ -34,7 +34,8 @@ import torch
 from .. import _compat
 from ..targets.positions import ROPE_1D, PositionRule
 from .base import Backend, SlottedCache
-from .linear import LinearStates, linear_states
+from .linear import LinearStates
+from .short_conv import linear_states  # every stateful kind (linear attention, short convolutions)
 
 
 class WindowMasks:

@@ -97,9 +97,9 @@ class Tree(DraftWrapper):
         elif config.cache_implementation == "static":
             bad = "cache_implementation='static': draft trees run on the default dynamic cache; drop it"
         elif call.stateful:
-            bad = (f"a {call.stateful} with linear-attention layers (Qwen3.5's Gated DeltaNet): a tree node's "
-                   "recurrent state is its parent's plus its token, which one forward over the flattened tree does not "
-                   "compute; pass the draft itself to draft a chain")
+            bad = (f"a {call.stateful} with stateful layers (Qwen3.5's Gated DeltaNet, Inkling's short convolutions): "
+                   "a tree node's state is its parent's plus its token, which one forward over the flattened tree does "
+                   "not compute; pass the draft itself to draft a chain")
         elif config.return_dict_in_generate and (config.output_attentions or config.output_hidden_states):
             bad = ("output_attentions / output_hidden_states: a tree forward's per-node tensors have no plain-generate "
                    "layout (scores and logits are returned); drop them")

@@ -48,6 +48,7 @@ from . import gemma4  # noqa: F401  (registers nothing before transformers 5.24)
 from . import qwen3_5  # noqa: F401  (where transformers has Qwen3.5)
 from . import ovis_onevision  # noqa: F401  (registers nothing before transformers 5.25)
 from . import step3p7  # noqa: F401  (registers nothing before transformers 5.25)
+from . import inkling  # noqa: F401  (registers nothing before transformers 5.25)
 # isort: on
 from .drafts import (
     causal_lm_config,
@@ -65,6 +66,9 @@ from .shaping import BOS_ID, EOS_ID, UNK_ID, vision_module
 
 FAMILIES = tuple(name for name, family in FIXTURES.items() if family.shared_suites)
 HYBRID_FAMILIES = families_of("qwen3_5")  # linear-attention hybrids: tests/test_qwen3_5.py
+# in FAMILIES, with stateful layers (Inkling's short convolutions): draft trees and static caches are refused
+STATEFUL_FAMILIES = families_of("inkling")
+TREE_FAMILIES = tuple(f for f in FAMILIES if f not in STATEFUL_FAMILIES)
 LLAVA_FAMILIES = families_of("llava")
 QWEN_FAMILIES = families_of("qwen_vl")
 MORE_FAMILIES = families_of("gemma3") + families_of("idefics3") + families_of("internvl")  # upstream id layouts
@@ -72,6 +76,7 @@ MORE_FAMILIES += families_of("muse_glimmer")
 MORE_FAMILIES += families_of("gemma4")  # Gemma 4, Gemma 4 Unified (transformers >= 5.24)
 MORE_FAMILIES += families_of("llava_onevision1_5") + families_of("ovis2_5")  # transformers >= 5.25
 MORE_FAMILIES += families_of("step3p7")  # Step3.7 (transformers >= 5.25)
+MORE_FAMILIES += families_of("inkling")  # Inkling (transformers >= 5.25)
 
 __all__ = [
     "BOS_ID",
@@ -85,6 +90,8 @@ __all__ = [
     "UNK_ID",
     "FixtureFamily",
     "HYBRID_FAMILIES",
+    "STATEFUL_FAMILIES",
+    "TREE_FAMILIES",
     "TinyOnevisionProcessor",
     "causal_lm_config",
     "family_ids",

@@ -34,6 +34,8 @@ class FixtureFamily:
     #: in ``testing.FAMILIES``, which parametrizes the shared suites; False: a family whose forwards are too slow
     #: on a CPU for every suite (Qwen3.5's reference linear-attention kernels) runs a lean suite of its own
     shared_suites: bool = True
+    #: relative noise of the shared suites' "noisy" feature head (a partial acceptance at every γ)
+    head_noise: float = 0.05
 
     def target(self, seed: int, vocab_size: int, eos_bias: float | None) -> PreTrainedModel:
         """The tiny target (called by :meth:`seeded_target`)."""
