@@ -1,7 +1,7 @@
 """Qwen3.5 and Qwen3.5-MoE (hybrids: Gated DeltaNet linear-attention layers + full attention; transformers 5.17 to
-5.25): the lean suite of families too slow on a CPU for every shared suite. Rollback of the linear states row by row (target and
-hybrid drafts), greedy parity for every draft kind at batch 1 and 3 (left padding, images, rows finishing at
-their own steps), static caches, returned outputs, pipelines, sampling (χ²) and what is refused."""
+5.25): the lean suite of families too slow on a CPU for every shared suite. Rollback of the linear states row by
+row (target and hybrid drafts), greedy parity for every draft kind at batch 1 and 3 (left padding, images, rows
+finishing at their own steps), static caches, returned outputs, pipelines, sampling (χ²) and what is refused."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ Id layout: Qwen3.5's tokenizer puts the same specials in the same order as Qwen2
 only where transformers has Qwen3.5.
 
 Qwen3.5-MoE (``qwen3_5_moe``): the same decoder with sparse MoE MLPs (4 experts, 2 per token, a gated shared
-expert; 512 experts, 10 per token upstream), built by the same class under the MoE classes' names.
+expert; 256 experts, 8 per token in transformers' defaults), built by the same class under the MoE classes' names.
 """
 
 from __future__ import annotations
@@ -91,7 +91,8 @@ class Qwen3_5Fixtures(QwenVLFixtures):
         return VOCAB
 
     def causal_lm_config(self, target: PreTrainedModel) -> PretrainedConfig:
-        return getattr(transformers, f"{self.prefix}TextConfig")(**{**target.config.text_config.to_dict(), "tie_word_embeddings": False})
+        fields = {**target.config.text_config.to_dict(), "tie_word_embeddings": False}
+        return getattr(transformers, f"{self.prefix}TextConfig")(**fields)
 
     def random_draft(self, target: PreTrainedModel, seed: int, vocab_size: int | None,
                      eos_bias: float | None) -> PreTrainedModel:
