@@ -227,7 +227,8 @@ def test_errors_are_value_errors_with_common_base():
 
 
 MUSE = {"MuseGlimmerForConditionalGeneration"} if hasattr(transformers, "MuseGlimmerForConditionalGeneration") else set()
-QWEN3_5 = {"Qwen3_5ForConditionalGeneration"} if hasattr(transformers, "Qwen3_5ForConditionalGeneration") else set()
+QWEN3_5 = {name for name in ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
+           if hasattr(transformers, name)}
 
 
 def test_unsupported_target_lists_supported_classes():

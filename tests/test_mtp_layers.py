@@ -3,7 +3,8 @@ k - 1's outputs as transformers' ``MtpModel`` chains them. Read from vLLM's layo
 and set of norms for all) and transformers' (``layers.{N+k}.eh_proj`` ..., per layer); the proposals of a round
 equal an uncached reference of that chain; greedy parity at batch 3 (left padding, a row without an image) and
 sampling (χ²; trees, static caches and ``Auto``: tests/test_mtp.py); a declared count the tensors contradict is
-refused naming the file and the tensor; Qwen3.5-MoE's MTP layer, its experts stored one tensor each."""
+refused naming the file and the tensor; Qwen3.5-MoE's MTP layer, its experts stored one tensor each (greedy
+parity on a tiny Qwen3.5-MoE target)."""
 
 from __future__ import annotations
 
@@ -141,22 +142,11 @@ def test_saved_and_refused(tmp_path, model):
 def test_qwen3_5_moe_mtp_layer_with_per_expert_tensors(tmp_path):
     """Qwen3.5-MoE's MTP layer in vLLM's layout, its experts stored one tensor each (as its checkpoints do): read
     into the MoE decoder layer's fused experts, equal to the layer written; the draft steps on the target's
-    features. (Qwen3.5-MoE is no target family: ``enable`` refuses it, so nothing generates with it.)"""
-    import transformers
-
-    from hf_specmm.testing import qwen3_5
-
-    if not hasattr(transformers, "Qwen3_5MoeForConditionalGeneration"):
+    features, and keeps greedy parity at batch 3 (left padding, a row without an image, the hybrid rollback)."""
+    family = "qwen3_5_moe"
+    if family not in testing.FIXTURES:
         pytest.skip("this transformers has no Qwen3.5-MoE")
-    text = {**qwen3_5.text_fields(), "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
-            "num_experts": 4, "num_experts_per_tok": 2}
-    text.pop("intermediate_size")
-    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=4, patch_size=4, spatial_merge_size=2,
-                  temporal_patch_size=2, out_hidden_size=qwen3_5.HIDDEN, num_position_embeddings=64)
-    config = transformers.Qwen3_5MoeConfig(text_config=text, vision_config=vision, image_token_id=qwen3_5.IMAGE_ID,
-                                           tie_word_embeddings=False)
-    torch.manual_seed(0)
-    model = transformers.Qwen3_5MoeForConditionalGeneration._from_config(config, attn_implementation="sdpa").eval()
+    model = testing.tiny_target(family, eos_bias=-30.0)
     made = testing.mtp_from_target(model, noise=0.3)
     assert made.body.layers[0].mlp.experts.gate_up_proj.shape[0] == 4
     folder = testing.write_mtp_checkpoint(model, made, tmp_path / "moe", experts="per_expert")
@@ -171,8 +161,12 @@ def test_qwen3_5_moe_mtp_layer_with_per_expert_tensors(tmp_path):
         out = draft(features=features, input_ids=ids, logits_to_keep=1)
         expected = made(features=features, input_ids=ids, logits_to_keep=1)
     assert torch.equal(out.logits, expected.logits) and out.logits.isfinite().all()
-    with pytest.raises(Exception, match="Qwen3_5MoeForConditionalGeneration"):
-        hf_specmm.enable(model)
+    inputs = testing.make_inputs(family, testing.tiny_processor(family),
+                                 ["describe the image", "what color is the sky and the tree ?", "hi"],
+                                 [testing.tiny_image(0), None, testing.tiny_image(2)])
+    plain = _compat.stock_generate(model, **inputs, max_new_tokens=NEW, do_sample=False)
+    out, stats = generate(model, inputs, assistant_model=draft, num_assistant_tokens=3)
+    assert torch.equal(out, plain) and 0 < stats.accepted_tokens < stats.drafted_tokens
     # an expert missing: named with its file
     _drop = stored.pop("mtp.layers.0.mlp.experts.2.gate_proj.weight")
     (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": stored}))

@@ -1,7 +1,7 @@
-"""Qwen3.5 (a hybrid: Gated DeltaNet linear-attention layers + full attention; transformers 5.17 to 5.25): the lean
-suite of a family too slow on a CPU for every shared suite. Rollback of the linear states row by row (target and
-hybrid drafts), greedy parity for every draft kind at batch 1 and 3 (left padding, images, rows finishing at
-their own steps), static caches, returned outputs, pipelines, sampling (χ²) and what is refused."""
+"""Qwen3.5 and Qwen3.5-MoE (hybrids: Gated DeltaNet linear-attention layers + full attention; transformers 5.17 to
+5.25): the lean suite of families too slow on a CPU for every shared suite. Rollback of the linear states row by
+row (target and hybrid drafts), greedy parity for every draft kind at batch 1 and 3 (left padding, images, rows
+finishing at their own steps), static caches, returned outputs, pipelines, sampling (χ²) and what is refused."""
 
 from __future__ import annotations
 
@@ -19,21 +19,26 @@ from hf_specmm.errors import SpecMMError
 if not testing.HYBRID_FAMILIES:
     pytest.skip("this transformers has no Qwen3.5", allow_module_level=True)
 
-FAMILY = "qwen3_5"
 PROMPTS = ["describe the image", "what color is the sky and the tree ?", "hi"]
 
 
+@pytest.fixture(scope="module", params=testing.HYBRID_FAMILIES)
+def family(request):
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def model():
-    target = testing.tiny_target(FAMILY, eos_bias=-30.0)
+def model(family):
+    target = testing.tiny_target(family, eos_bias=-30.0)
     hf_specmm.enable(target)
     yield target
     hf_specmm.disable(target)
 
 
-def inputs_for(batch: int, images: bool = True):
+def inputs_for(model, batch: int, images: bool = True):
+    family = testing.fixture_of(model).name
     images_ = [testing.tiny_image(i) if images and i != 1 else None for i in range(batch)]
-    return testing.make_inputs(FAMILY, testing.tiny_processor(FAMILY), PROMPTS[:batch], images_)
+    return testing.make_inputs(family, testing.tiny_processor(family), PROMPTS[:batch], images_)
 
 
 def plain(model, inputs, **kwargs):
@@ -70,7 +75,7 @@ def test_rollback_restores_each_rows_linear_states_as_single_steps_compute_them(
     """Rows keep different counts of each block (0 to all): each row's conv and recurrent states and its next
     logits equal a fresh run of that row alone, token by token (a hybrid Qwen3.5 text LM's cache)."""
     draft = testing.text_draft_from_target(model)
-    inputs = inputs_for(3, images=False)
+    inputs = inputs_for(model, 3, images=False)
     ids, mask = inputs["input_ids"], inputs["attention_mask"]
     rounds = _rounds(3)
     logits, kv = _roll(draft, ids, mask, rounds, linear=True)
@@ -95,7 +100,7 @@ def test_rollback_restores_each_rows_linear_states_as_single_steps_compute_them(
 
 
 def test_hooks_come_off_after_the_call(model):
-    inputs = inputs_for(1)
+    inputs = inputs_for(model, 1)
     model.generate(**inputs, assistant_model=testing.text_draft_from_target(model), max_new_tokens=4)
     for module in _compat.gated_delta_modules(model).values():
         assert not module._forward_pre_hooks and not module._forward_hooks
@@ -122,7 +127,7 @@ def _drafts(model):
 def test_greedy_parity_every_draft_kind(model, batch):
     """Float32 greedy output token for token equal to plain generate: left padding, an image-less row among
     image rows, γ 1 and 4 (rows accepting different counts roll back to different offsets)."""
-    inputs = inputs_for(batch)
+    inputs = inputs_for(model, batch)
     ref = plain(model, inputs, max_new_tokens=12, do_sample=False)
     for name, draft in _drafts(model).items():
         for gamma in (1, 4):
@@ -136,7 +141,7 @@ def test_greedy_parity_every_draft_kind(model, batch):
 def test_exact_drafts_are_accepted_every_time(model, kind):
     """A draft that IS the target (its text LM on text prompts, itself, an EAGLE-1 copy of its layers): 100 %,
     which holds only if both sides' linear states come back exactly after every round."""
-    inputs = inputs_for(3, images=kind == "vlm")
+    inputs = inputs_for(model, 3, images=kind == "vlm")
     draft = {"text": testing.text_draft_from_target, "vlm": lambda m: m,
              "eagle-1": testing.feature_head_from_target}[kind](model)
     ref = plain(model, inputs, max_new_tokens=16, do_sample=False)
@@ -145,12 +150,12 @@ def test_exact_drafts_are_accepted_every_time(model, kind):
     assert hf_specmm.last_stats(model).acceptance_rate == 1.0
 
 
-def test_rows_finish_independently_and_leave_the_batch():
+def test_rows_finish_independently_and_leave_the_batch(family):
     """EOS at different steps: finished rows leave both caches (their linear states with them)."""
-    target = hf_specmm.enable(testing.tiny_target(FAMILY, seed=2, eos_bias=2.0))
-    inputs = inputs_for(3)
+    target = hf_specmm.enable(testing.tiny_target(family, seed=2, eos_bias=2.0))
+    inputs = inputs_for(target, 3)
     ref = plain(target, inputs, max_new_tokens=20, do_sample=False)
-    eos = testing.family_ids(FAMILY)["eos"][0]
+    eos = testing.family_ids(family)["eos"][0]
     new = ref[:, inputs["input_ids"].shape[1]:]
     ends = {int((row == eos).nonzero()[0]) if (row == eos).any() else -1 for row in new}
     assert len(ends) > 1, "rows should finish at different steps"
@@ -162,7 +167,7 @@ def test_rows_finish_independently_and_leave_the_batch():
 
 def test_confidence_threshold_and_heuristic_schedule(model):
     """Rounds that end early (a stateful draft reads its last draft before the round stops) and a γ that moves."""
-    inputs = inputs_for(3)
+    inputs = inputs_for(model, 3)
     ref = plain(model, inputs, max_new_tokens=12, do_sample=False)
     draft = testing.natural_text_draft(model, noise=0.1)
     for extra in (dict(num_assistant_tokens=5, assistant_confidence_threshold=0.6),
@@ -176,7 +181,7 @@ def test_confidence_threshold_and_heuristic_schedule(model):
 def test_static_cache_parity(model):
     """Static caches: linear states written in place (static addresses), whole-buffer masks kept away from the
     linear layers (they read a 2-D mask's last block-width columns as the block's padding)."""
-    inputs = inputs_for(3)
+    inputs = inputs_for(model, 3)
     ref = plain(model, inputs, max_new_tokens=12, do_sample=False)
     for draft in (testing.natural_text_draft(model, noise=0.1), model):
         out = model.generate(**inputs, assistant_model=draft, max_new_tokens=12, do_sample=False,
@@ -186,7 +191,7 @@ def test_static_cache_parity(model):
 
 def test_return_dict_in_generate(model):
     flags = dict(return_dict_in_generate=True, output_scores=True, output_logits=True)
-    inputs = inputs_for(3)
+    inputs = inputs_for(model, 3)
     ref = plain(model, inputs, max_new_tokens=8, do_sample=False, **flags)
     out = model.generate(**inputs, assistant_model=testing.natural_text_draft(model, noise=0.1), max_new_tokens=8,
                          do_sample=False, num_assistant_tokens=3, **flags)
@@ -203,9 +208,9 @@ def test_return_dict_in_generate(model):
             torch.testing.assert_close(a.keys, b.keys, atol=1e-4, rtol=1e-3)
 
 
-def test_pipeline_batch():
-    pipe = pipeline("image-text-to-text", model=testing.tiny_target(FAMILY, eos_bias=-30.0),
-                    processor=testing.tiny_processor(FAMILY))
+def test_pipeline_batch(family):
+    pipe = pipeline("image-text-to-text", model=testing.tiny_target(family, eos_bias=-30.0),
+                    processor=testing.tiny_processor(family))
     images = [testing.tiny_image(10 + i) for i in range(3)]
     texts = [f"<|vision_start|><|image_pad|><|vision_end|> {p}" for p in PROMPTS]
 
@@ -224,7 +229,7 @@ def test_pipeline_batch():
 def test_trees_are_refused_before_any_work(model, monkeypatch):
     calls = []
     monkeypatch.setattr(type(model), "forward", lambda *a, **k: calls.append(1))
-    inputs = inputs_for(1)
+    inputs = inputs_for(model, 1)
     for draft in (testing.text_draft_from_target(model), testing.fixture("qwen3_vl").random_draft(model, 3, 128, None)):
         with pytest.raises(SpecMMError, match="linear-attention layers.*per|parent"):
             model.generate(**inputs, assistant_model=hf_specmm.Tree(draft, top_k=2, depth=2, nodes=4),
@@ -234,12 +239,12 @@ def test_trees_are_refused_before_any_work(model, monkeypatch):
 
 # ---- sampling ------------------------------------------------------------------------------------------
 
-def test_sampling_follows_the_targets_distribution(model):
+def test_sampling_follows_the_targets_distribution(model, family):
     """χ² homogeneity, per position, of plain sampling vs speculative sampling with a disagreeing hybrid draft."""
     from test_sampling import ALPHA, chi2_homogeneity_pvalue
 
     n, new = 400, 3
-    inputs = testing.make_inputs(FAMILY, testing.tiny_processor(FAMILY), ["what color is the circle ?"] * n,
+    inputs = testing.make_inputs(family, testing.tiny_processor(family), ["what color is the circle ?"] * n,
                                  [testing.tiny_image(0)] * n)
     sampling = dict(do_sample=True, temperature=0.9, top_k=40, max_new_tokens=new)
     torch.manual_seed(1)
@@ -258,14 +263,14 @@ def test_other_stateful_layer_kinds_are_refused_before_any_work(model):
     draft = testing.random_text_draft(model)
     draft.config.layer_types = ["conv", "full_attention"]
     with pytest.raises(SpecMMError, match="cannot roll back the draft.*'conv'"):
-        model.generate(**inputs_for(1), assistant_model=draft, max_new_tokens=4)
+        model.generate(**inputs_for(model, 1), assistant_model=draft, max_new_tokens=4)
 
 
 def test_auto_takes_chains_only_and_equals_plain(model):
     """hf_specmm.Auto on a hybrid target with a hybrid draft: chain rounds only (no trees; no plain steps that the
     draft's linear states would have to follow, but the loop's own last step), output equal to plain generate,
     whatever γ it picks per round."""
-    inputs = inputs_for(3)
+    inputs = inputs_for(model, 3)
     ref = plain(model, inputs, max_new_tokens=16, do_sample=False)
     draft = testing.natural_text_draft(model, noise=0.1)
     for call in range(2):  # the first call measures costs (chains only), the second chooses from them

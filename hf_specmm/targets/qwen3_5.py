@@ -8,9 +8,16 @@ linear-attention layers (three in four) between full-attention layers, and Qwen3
 - The linear-attention layers keep states, not slots: both the target's and a hybrid draft's caches roll them
   back by snapshot and replay (:mod:`hf_specmm.caches.linear`, ``docs/stateful-layers.md``). Draft trees need
   per-node states and are refused before any work.
+
+Qwen3.5-MoE (``Qwen3_5MoeForConditionalGeneration``, the same transformers versions) is the same architecture with
+sparse MoE MLPs (routed experts plus a gated shared expert): the same family rules under its own class; natural
+text drafts are Qwen3.5 LMs (dense) or a Qwen3.5-MoE's language model (``qwen3_5_moe_text``,
+``Qwen3_5MoeForCausalLM``).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import transformers
 
@@ -27,3 +34,8 @@ QWEN3_5 = TargetFamily(
 )
 if hasattr(transformers, QWEN3_5.class_name):  # a transformers without Qwen3.5 lists no such target
     register_target_family(QWEN3_5)
+
+# a fresh text draft (``hf-specmm train``) stays a dense Qwen3.5 LM (``qwen3_5_text``), as Qwen3-VL-MoE's a dense Qwen3
+QWEN3_5_MOE = dataclasses.replace(QWEN3_5, name="qwen3_5_moe", class_name="Qwen3_5MoeForConditionalGeneration")
+if hasattr(transformers, QWEN3_5_MOE.class_name):
+    register_target_family(QWEN3_5_MOE)

@@ -8,6 +8,9 @@ Id layout: Qwen3.5's tokenizer puts the same specials in the same order as Qwen2
 (Qwen3.5-0.8B's LM, ``Qwen3_5ForCausalLM``) have the same 248,320 rows. Scaled down: the Qwen-VL fixtures'
 120-token tokenizer (specials from 100) and 128 rows for the target and its natural text draft. Registered
 only where transformers has Qwen3.5.
+
+Qwen3.5-MoE (``qwen3_5_moe``): the same decoder with sparse MoE MLPs (4 experts, 2 per token, a gated shared
+expert; 256 experts, 8 per token in transformers' defaults), built by the same class under the MoE classes' names.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ VOCAB = 128  # target and natural text draft rows (248,320 upstream)
 HIDDEN = 64
 LAYER_TYPES = ["linear_attention", "linear_attention", "linear_attention", "full_attention"]
 EOS_OFFSET = 2.0  # as the Qwen-VL fixtures: eos_bias=2 stops most rows early
+#: the MoE text config's MLP fields (replacing ``intermediate_size``)
+MOE_FIELDS = dict(moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2)
 
 
 def text_fields(vocab: int = VOCAB) -> dict:
@@ -39,32 +44,39 @@ def text_fields(vocab: int = VOCAB) -> dict:
                                  "mrope_section": [2, 1, 1], "mrope_interleaved": True})
 
 
-def config() -> PretrainedConfig:
+def config(prefix: str = "Qwen3_5") -> PretrainedConfig:
+    """The tiny target config; ``prefix`` "Qwen3_5Moe": Qwen3.5-MoE's (MoE MLPs, :data:`MOE_FIELDS`)."""
+    text = text_fields()
+    if prefix == "Qwen3_5Moe":
+        text = {**{k: v for k, v in text.items() if k != "intermediate_size"}, **MOE_FIELDS}
     vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=4, patch_size=4, spatial_merge_size=2,
                   temporal_patch_size=2, out_hidden_size=HIDDEN, num_position_embeddings=64)
-    return transformers.Qwen3_5Config(text_config=text_fields(), vision_config=vision, image_token_id=IMAGE_ID,
+    return getattr(transformers, f"{prefix}Config")(text_config=text, vision_config=vision, image_token_id=IMAGE_ID,
                                       video_token_id=VIDEO_ID, vision_start_token_id=VISION_START_ID,
                                       vision_end_token_id=VISION_END_ID, tie_word_embeddings=False)
 
 
 class Qwen3_5Fixtures(QwenVLFixtures):
-    """Qwen3.5: the Qwen3-VL processor (as upstream) and token layout, a hybrid decoder."""
+    """Qwen3.5: the Qwen3-VL processor (as upstream) and token layout, a hybrid decoder; ``prefix`` names the
+    transformers classes (``Qwen3_5Moe``: Qwen3.5-MoE's)."""
 
     group = "qwen3_5"
     shared_suites = False  # the reference Gated DeltaNet kernels make every forward ~2x Qwen3-VL's: own suite
 
-    def __init__(self) -> None:
-        super().__init__("qwen3_5")
+    def __init__(self, name: str = "qwen3_5", prefix: str = "Qwen3_5", eos_offset: float = EOS_OFFSET) -> None:
+        super().__init__(name)
+        self.prefix, self.eos_offset = prefix, eos_offset
 
     def target(self, seed: int, vocab_size: int, eos_bias: float | None) -> PreTrainedModel:
-        model = transformers.Qwen3_5ForConditionalGeneration._from_config(config(), attn_implementation="sdpa")
+        model = getattr(transformers, f"{self.prefix}ForConditionalGeneration")._from_config(
+            config(self.prefix), attn_implementation="sdpa")
         with torch.no_grad():  # image features carry nothing in the LM's bias channel (see shaping.shape_lm)
             last = [m for m in model.model.visual.merger.modules() if isinstance(m, torch.nn.Linear)][-1]
             last.weight[0] = 0.0
             last.bias[0] = 0.0
         gen = torch.Generator().manual_seed(seed + 1000)
         shape_lm(model.model.language_model, model.lm_head, VOCAB, reserved_ids(VOCAB),
-                 None if eos_bias is None else eos_bias + EOS_OFFSET, gen, eos_id=EOS_ID)
+                 None if eos_bias is None else eos_bias + self.eos_offset, gen, eos_id=EOS_ID)
         if eos_bias is not None:  # EOS's logit is the bias alone, as the Qwen-VL fixtures'
             with torch.no_grad():
                 keep = model.lm_head.weight[EOS_ID, 0].clone()
@@ -79,7 +91,8 @@ class Qwen3_5Fixtures(QwenVLFixtures):
         return VOCAB
 
     def causal_lm_config(self, target: PreTrainedModel) -> PretrainedConfig:
-        return transformers.Qwen3_5TextConfig(**{**target.config.text_config.to_dict(), "tie_word_embeddings": False})
+        fields = {**target.config.text_config.to_dict(), "tie_word_embeddings": False}
+        return getattr(transformers, f"{self.prefix}TextConfig")(**fields)
 
     def random_draft(self, target: PreTrainedModel, seed: int, vocab_size: int | None,
                      eos_bias: float | None) -> PreTrainedModel:
@@ -102,3 +115,6 @@ class Qwen3_5Fixtures(QwenVLFixtures):
 
 if hasattr(transformers, "Qwen3_5ForConditionalGeneration"):  # registered where transformers has it
     register_fixture(Qwen3_5Fixtures())
+if hasattr(transformers, "Qwen3_5MoeForConditionalGeneration"):
+    # EOS offset measured as the Qwen3-VL-MoE fixture's: with 2.0 every row stops at the first step
+    register_fixture(Qwen3_5Fixtures("qwen3_5_moe", "Qwen3_5Moe", eos_offset=0.5))

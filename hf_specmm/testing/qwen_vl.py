@@ -154,7 +154,8 @@ def text_config(text: PretrainedConfig, vocab: int | None = None, dense: bool = 
     fields = {k: getattr(text, k) for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
                                             "num_attention_heads", "num_key_value_heads", "max_position_embeddings",
                                             "rms_norm_eps", "hidden_act", "initializer_range", "bos_token_id",
-                                            "eos_token_id", "pad_token_id")}
+                                            "eos_token_id", "pad_token_id")
+              if k not in overrides}  # an override of a field the text config lacks (Qwen3.5-MoE's MLP width)
     fields["vocab_size"] = vocab or text.vocab_size
     fields["rope_parameters"] = {"rope_type": "default", "rope_theta": text.rope_parameters["rope_theta"]}
     fields["tie_word_embeddings"] = False

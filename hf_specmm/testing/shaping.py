@@ -82,6 +82,8 @@ def shape_lm(decoder: torch.nn.Module, lm_head: torch.nn.Linear, vocab_size: int
         if experts is not None:
             experts.down_proj[:, d] = 0.0
         dense = () if experts is not None else (layer.mlp.down_proj,)
+        shared = getattr(layer.mlp, "shared_expert", None)  # Qwen3.5-MoE: a gated shared expert beside them
+        dense += () if shared is None else (shared.down_proj,)
         for lin in (getattr(mixer, "o_proj", None) or mixer.out_proj,) + dense:
             lin.weight[d] = 0.0
             if lin.bias is not None:

@@ -28,8 +28,10 @@ def layer_config_for(text: PretrainedConfig, num_layers: int, vocab_size: int) -
     if per_layer is not None and "full_attention" in (getattr(text, "layer_types", None) or ()):
         text = per_layer["full_attention"]  # the target's config resolved for that layer type
     heads = int(text.num_attention_heads)
+    # a target with MoE MLPs only (Qwen3.5-MoE) has no dense width: that of a token's routed experts together
+    width = getattr(text, "intermediate_size", None) or text.moe_intermediate_size * text.num_experts_per_tok
     return LlamaConfig(
-        vocab_size=vocab_size, hidden_size=text.hidden_size, intermediate_size=text.intermediate_size,
+        vocab_size=vocab_size, hidden_size=text.hidden_size, intermediate_size=width,
         num_hidden_layers=num_layers, num_attention_heads=heads,
         num_key_value_heads=int(getattr(text, "num_key_value_heads", None) or heads),
         head_dim=int(getattr(text, "head_dim", None) or text.hidden_size // heads), hidden_act="silu",
