@@ -16,6 +16,8 @@ shipped inside the package are replaced only when asked explicitly.
                                          # only the EAGLE-3 head: the same lines and steps as the feature head
     python examples/train_world.py --dflash-only --overwrite-shipped --per-task 300 --steps 500
                                          # only the DFlash drafter: the same lines, 2 x 500 steps in its one stage
+    python examples/train_world.py --mtp-only --overwrite-shipped --per-task 300 --steps 500
+                                         # only the MTP layer: the same lines and steps as the feature head
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="train only the EAGLE-3 head on the target already in the ship dir")
     parser.add_argument("--dflash-only", action="store_true",
                         help="train only the DFlash drafter on the target already in the ship dir")
+    parser.add_argument("--mtp-only", action="store_true",
+                        help="train only the MTP layer on the target already in the ship dir")
     parser.add_argument("--per-task", type=int, default=None,
                         help="--*-only: the first N distillation lines of each task (default: all)")
     parser.add_argument("--steps", type=int, default=None,
@@ -68,9 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     ship_dir = ship_dir_for(args)
     torch.set_num_threads(2)  # the recipe's numbers were measured on 2 cores; float sums depend on the split
     only = [kind for kind, flag in (("feature_head", args.feature_head_only), ("eagle3", args.eagle3_head_only),
-                                    ("dflash", args.dflash_only)) if flag]
+                                    ("dflash", args.dflash_only), ("mtp", args.mtp_only)) if flag]
     if len(only) > 1:
-        raise SystemExit("train_world.py: error: give one of --feature-head-only, --eagle3-head-only and --dflash-only")
+        raise SystemExit("train_world.py: error: give one of --feature-head-only, --eagle3-head-only, --dflash-only "
+                         "and --mtp-only")
     if only:
         result = build_draft_checkpoint(only[0], args.work_dir, ship_dir, args.per_task, args.steps)
         print(json.dumps({k: result["summary"][k] for k in ("tau_before", "tau_after")}, indent=1))

@@ -1,6 +1,6 @@
 """Miniature world (models): the shipped target and drafts load, the demo's speculative outputs equal plain
 ones, the distilled drafts beat the untrained one, the adapter beats text-only on captioning, the EAGLE-3 head
-reaches the EAGLE-1 head's τ, the DFlash drafter drafts long chains from one forward, and the target training
+and the MTP layer reach the EAGLE-1 head's τ, the DFlash drafter drafts long chains from one forward, and the target training
 recipe is deterministic."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ GAMMA = 5
 CAPTION_ADAPTER_MARGIN = 0.5
 DISTILLED_MARGIN = 1.0
 DISTILLED = [name for name, folder in DRAFT_NAMES.items() if folder is not None]  # every shipped draft
-HEADS = ("feature-head (distilled)", "EAGLE-3 head (distilled)")  # a target-width layer each
+HEADS = ("feature-head (distilled)", "EAGLE-3 head (distilled)", "MTP layer (distilled)")  # a target-width layer each
 # three target-width layers that draft a whole round in one forward: its size is paid once per round, where a head's
 # is paid per drafted token (docs/world.md: the DFlash drafter's forward 1.05 target steps per round, the EAGLE-3
 # head's 0.50 per drafted token)
@@ -75,7 +75,7 @@ def test_evaluation_scenes_were_never_trained_on(held):
 def test_shipped_checkpoints_load_strictly(world):
     files = {p.name for p in (CHECKPOINTS / "world-target").iterdir()}
     assert {"model.safetensors", "config.json", "README.md"} <= files
-    assert set(DRAFT_NAMES.values()) - {None} == set(DRAFT_DIRS.values()) and len(DRAFT_DIRS) == 5
+    assert set(DRAFT_NAMES.values()) - {None} == set(DRAFT_DIRS.values()) and len(DRAFT_DIRS) == 6
     for folder in DRAFT_DIRS.values():
         assert {"model.safetensors", "README.md"} <= {p.name for p in (CHECKPOINTS / folder).iterdir()}
     n_target = sum(p.numel() for p in world.target.parameters())
@@ -134,12 +134,24 @@ def test_eagle3_head_drafts_at_least_as_well_as_the_eagle1_head(taus, task):
     assert eagle3["block_efficiency"] >= eagle1["block_efficiency"], (eagle3, eagle1)
 
 
-def test_the_two_heads_saw_the_same_answers_for_the_same_steps(world):
-    eagle1, eagle3 = (world.recipe["drafts"][kind] for kind in ("feature_head", "eagle3"))
-    assert eagle3["distillation_lines_per_task"] == eagle1["distillation_lines_per_task"]
+@pytest.mark.parametrize("task", ["caption", "reasoning"])
+def test_mtp_layer_drafts_at_least_as_well_as_the_eagle1_head(taus, task):
+    """Trained with the EAGLE-1 head's recipe on the same answers and steps, the MTP layer (input norms on the
+    embedding and the feature, its normed output fed back) reaches at least the EAGLE-1 head's τ at γ=5 (32 scenes:
+    caption 4.82 vs 4.54, reasoning 4.50 vs 4.21)."""
+    mtp = taus[task, "MTP layer (distilled)"]
+    eagle1 = taus[task, "feature-head (distilled)"]
+    assert mtp["block_efficiency"] >= eagle1["block_efficiency"], (mtp, eagle1)
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "mtp"])
+def test_the_heads_saw_the_same_answers_for_the_same_steps(world, kind):
+    eagle1, other = (world.recipe["drafts"][name] for name in ("feature_head", kind))
+    assert other["distillation_lines_per_task"] == eagle1["distillation_lines_per_task"]
     for key in ("global_step", "train_tokens"):
-        assert eagle3["summary"][key] == eagle1["summary"][key], key
-    assert eagle3["train_config"]["data"] == eagle1["train_config"]["data"]
+        assert other["summary"][key] == eagle1["summary"][key], key
+    assert Path(other["train_config"]["data"]).name == Path(eagle1["train_config"]["data"]).name == "distil.jsonl"
+    assert other["train_config"]["draft_kind"] == kind
 
 
 def test_the_dflash_drafter_saw_the_heads_answers_for_as_many_steps(world):

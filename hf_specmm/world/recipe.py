@@ -58,14 +58,16 @@ EAGLE3_TRAINING = {"stage2_steps": 1000, "ttt_steps": 5, "draft_vocab_size": 64}
 # behind (16 scenes: 4.45 / 4.54)
 DFLASH_TRAINING = {"block_size": 9, "target_layers": [0, 1, 2, 3], "anchors": 16,
                    "draft_config": {"num_hidden_layers": 3}}
+# the MTP layer (the target's own decoder layer on [norm(embedding); norm(feature)], its normed output fed back):
+# the EAGLE-1 head's stages, steps, lr and loss weights
 KIND_TRAINING = {"image_adapter": ADAPTER_TRAINING, "feature_head": HEAD_TRAINING, "eagle3": EAGLE3_TRAINING,
-                 "dflash": DFLASH_TRAINING}
+                 "dflash": DFLASH_TRAINING, "mtp": HEAD_TRAINING}
 EVAL_PER_TASK = 32  # held-out lines per task (images not in the training split) the drafts' cards are measured on
 TARGET_NAME = "world-target"  # what the draft cards call the target (the folder name in ship_dir)
 # the draft kinds the world ships, one folder each (named by the kind's title; the EAGLE-3 head's has spaces)
-SHIPPED_KINDS = ("text_only", "image_adapter", "feature_head", "eagle3", "dflash")
-ALONE_KINDS = ("feature_head", "eagle3", "dflash")  # trained on the shipped target alone by build_draft_checkpoint
-_FOLDERS = {"eagle3": "eagle3-head-draft", "dflash": "dflash-draft"}
+SHIPPED_KINDS = ("text_only", "image_adapter", "feature_head", "eagle3", "dflash", "mtp")
+ALONE_KINDS = ("feature_head", "eagle3", "dflash", "mtp")  # trained on the shipped target alone by build_draft_checkpoint
+_FOLDERS = {"eagle3": "eagle3-head-draft", "dflash": "dflash-draft", "mtp": "mtp-draft"}
 DRAFT_DIRS = {name: _FOLDERS.get(name, f"{get_kind(name).title}-draft") for name in SHIPPED_KINDS}
 
 

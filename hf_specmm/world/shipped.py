@@ -6,7 +6,7 @@ Example::
     >>> from hf_specmm.world.shipped import load_world_models, eval_examples
     >>> models = load_world_models()
     >>> sorted(models.drafts)
-    ['DFlash (distilled)', 'EAGLE-3 head (distilled)', 'feature-head (distilled)', 'image-adapter (distilled)', 'text-only (distilled)', 'text-only (untrained)']
+    ['DFlash (distilled)', 'EAGLE-3 head (distilled)', 'MTP layer (distilled)', 'feature-head (distilled)', 'image-adapter (distilled)', 'text-only (distilled)', 'text-only (untrained)']
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ DRAFT_NAMES = {"text-only (untrained)": None, "text-only (distilled)": DRAFT_DIR
                "image-adapter (distilled)": DRAFT_DIRS["image_adapter"],
                "feature-head (distilled)": DRAFT_DIRS["feature_head"],  # EAGLE-1
                "EAGLE-3 head (distilled)": DRAFT_DIRS["eagle3"],
-               "DFlash (distilled)": DRAFT_DIRS["dflash"]}
+               "DFlash (distilled)": DRAFT_DIRS["dflash"],
+               "MTP layer (distilled)": DRAFT_DIRS["mtp"]}
 
 
 @dataclass
