@@ -187,7 +187,7 @@ class Machine:
             while r < len(row) and u >= row[r]:
                 u -= row[r]
                 r += 1
-            nxt = kids.get(r)
+            nxt = kids.get(r) if r < len(row) else None  # past the listed ranks: the target took none of them
             path.append((len(kids), -1 if nxt is None else nxt[1]))
             if nxt is None:
                 break

@@ -13,6 +13,7 @@ from hf_specmm import cli
 from hf_specmm.auto import check_sim_profile, simulate
 from hf_specmm.auto.shapes import Shape
 from hf_specmm.simulator import Machine
+from hf_specmm.trees.expand import TreeShape
 
 PROFILES = Path(__file__).resolve().parents[1] / "benchmarks" / "profiles"
 
@@ -36,6 +37,16 @@ def test_fixed_chains_equal_the_closed_forms():
         tau = (1 - alpha ** (gamma + 1)) / (1 - alpha)
         assert result["fixed"][f"chain {gamma}"] == pytest.approx(tau / (round_ms / 1e3), rel=0.03), gamma
     assert result["fixed"]["plain"] == pytest.approx(1 / 0.010, rel=1e-3)  # plain generate: no round overhead
+
+
+def test_a_tree_accepts_only_the_listed_ranks():
+    """One α is rank 0 alone: a tree's further ranks are never the target's token (α 0: nothing is accepted)."""
+    tree = Shape(3, TreeShape(4, 3, 16))
+    for alpha in (0.0, 0.7):
+        machine = Machine(check_sim_profile(flat(alpha)), 0)
+        draws = [machine.accepted(tree, [[alpha]]) for _ in range(2000)]
+        first = sum(n >= 1 for n, _ in draws) / len(draws)  # the root's rank-0 child is in every tree
+        assert first == pytest.approx(alpha, abs=0.04), alpha
 
 
 def test_runs_are_deterministic_per_seed_and_report_every_key():

@@ -16,7 +16,7 @@ DISCOUNT = 0.995
 #: pseudo-rounds of the prior in every estimate (a shape's rate, the round-time model, the acceptance)
 PRIOR_ROUNDS = 2.0
 #: a block width's first rounds in a process are not timed: one-time costs (kernel selection, allocations)
-COLD_ROUNDS = 2
+COLD_ROUNDS = 3
 #: the round-time model's prior, as shares of a plain step: per verified token, per draft step or tree level
 PRIOR_COSTS = (1 / 64, 0.1)
 
