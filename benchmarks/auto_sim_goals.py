@@ -21,11 +21,11 @@ DRIFTS = {"machine 2x": {"drift": [[200, 2.0]]}, "draft 3x": {"draft_drift": [[2
           "acceptance 0": {"acceptance_drift": [[200, 0.0]]}}
 
 
-def one(job: tuple[str, int, int, str | None]) -> dict:
-    name, batch, seed, drift = job
+def one(job: tuple[str, int, int, str | None, int]) -> dict:
+    name, batch, seed, drift, calls = job
     profile = json.loads((PROFILES / f"{name}.json").read_text())
     profile.update(DRIFTS.get(drift, {}))
-    r = simulate(profile, calls=400, batch=batch, seed=seed, skip=250 if drift else 50)
+    r = simulate(profile, calls=calls, batch=batch, seed=seed, skip=250 if drift else 50)
     keep = ("auto_over_best", "auto_over_plain", "best_shape", "auto_tokens_per_s", "best_tokens_per_s")
     return {"profile": name, "batch": batch, "seed": seed, "drift": drift, **{k: r[k] for k in keep},
             "plain_tokens_per_s": r["fixed"]["plain"], "first_20": None if drift else r["first_20"]}
@@ -40,9 +40,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drift-seeds", type=int, default=1, help="seeds per drift (batch 1)")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8], help="batch sizes")
     parser.add_argument("--jobs", type=int, default=1, help="processes")
+    parser.add_argument("--calls", type=int, default=400,
+                        help="simulated calls per run (the goals: 400; at least 51, and 251 with drifts)")
     args = parser.parse_args(argv)
-    jobs = [(n, b, s, None) for n in args.profiles for b in args.batches for s in range(args.seeds)]
-    jobs += [(n, 1, s, d) for n in args.profiles for d in DRIFTS for s in range(args.drift_seeds)]
+    if args.calls < (251 if args.drift_seeds else 51):
+        parser.error(f"--calls {args.calls}: the steady figures leave out 50 calls and the drifts 250")
+    jobs = [(n, b, s, None, args.calls) for n in args.profiles for b in args.batches for s in range(args.seeds)]
+    jobs += [(n, 1, s, d, args.calls) for n in args.profiles for d in DRIFTS for s in range(args.drift_seeds)]
     with ProcessPoolExecutor(args.jobs) as pool:
         rows = list(pool.map(one, jobs))
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 """hf_specmm.Auto beside every fixed shape of the grid on the shipped miniature world (trained drafts, real
 acceptance): wall time of greedy generation over held-out scenes, per draft and batch size.
 
-    PYTHONPATH=. python benchmarks/auto_world.py --batch-sizes 1 8 --out benchmarks/results/auto/world-bench
+    PYTHONPATH=. python benchmarks/auto_world.py --batch-sizes 1 8 --runs 5 --out /tmp/auto-world
 
 Each method generates the same prompts (batch 1: the prompts one by one; batch 8: one batch of 8). Fair by
 construction on a machine whose speed drifts (the world's calls last ~0.1 s; on these shared cores the same
@@ -18,10 +18,14 @@ plain pass drifts by up to 1.5x over a minute):
   on the evaluation prompts is in part fitted to them (how many rounds their longest answers take); one chosen
   on other prompts is the shape a user tuning by hand would have.
 
-Auto is called untimed first until a call has no calibration round (it measures costs once per process).
-Reported: median seconds per method, Auto / best fixed shape, the shapes Auto took in one more untimed pass, and
-how many of its evaluated (timed) calls ran as plain generate (``evaluated_auto_shapes`` in the JSON: every shape
-those calls took; ``evaluated_whole_calls``: how each was chosen, ``last_stats(model).auto["whole_call"]``).
+Auto is called untimed once over the prompts first (a process after its first calls; a fresh process is the
+simulator's "first 20" figure). ``--runs N`` repeats the whole measurement N times (a fresh Auto each run) and
+reports, per draft and batch, the min / median / max over runs of Auto / best fixed shape and of Auto / plain.
+Every draft the world ships is measured by default, the untrained text-only draft (nothing accepted: the useless
+draft) included. Reported per run: median seconds per method, Auto / best fixed shape, the shapes Auto took in one
+more untimed pass, and how many of its evaluated (timed) calls ran as plain generate (``evaluated_auto_shapes`` in
+the JSON: every shape those calls took; ``evaluated_whole_calls``: how each was chosen,
+``last_stats(model).auto["whole_call"]``).
 """
 
 from __future__ import annotations
@@ -37,30 +41,38 @@ import torch
 
 import hf_specmm
 from hf_specmm.train.data import encode_prompts
+from hf_specmm.cli import tree_shape
 from hf_specmm.trees import TreeShape
-from hf_specmm.world.shipped import eval_examples, load_world_models
+from hf_specmm.world.shipped import DRAFT_NAMES, eval_examples, load_world_models
 from hf_specmm.world.target import MAX_ANSWER_TOKENS
 from hf_specmm.world.tasks import TASKS
 
 CHAINS = (1, 2, 3, 4, 5, 6, 7, 8)
 TREES = (TreeShape(2, 4, 8), TreeShape(4, 6, 24), TreeShape(8, 6, 48), TreeShape(8, 8, 64))
-DRAFTS = ("text-only (distilled)", "image-adapter (distilled)", "feature-head (distilled)", "EAGLE-3 head (distilled)")
+DRAFTS = tuple(DRAFT_NAMES)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--prompts", type=int, default=8, help="prompts per call (batch 1: one after the other)")
     parser.add_argument("--repeats", type=int, default=3, help="passes of the selection (grid) timing")
     parser.add_argument("--eval-repeats", type=int, default=15, help="passes of the evaluation (plain, best, Auto)")
-    parser.add_argument("--drafts", nargs="+", default=list(DRAFTS))
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/auto/world-bench"))
+    parser.add_argument("--chains", type=int, nargs="*", default=list(CHAINS), help="the grid's chains (γ)")
+    parser.add_argument("--trees", type=tree_shape, nargs="*", default=list(TREES), metavar="K,D,N",
+                        help="the grid's trees (none: chains only)")
+    parser.add_argument("--runs", type=int, default=1, help="whole measurements, each with a fresh Auto (the spread)")
+    parser.add_argument("--drafts", nargs="+", default=list(DRAFTS), choices=DRAFTS, metavar="DRAFT",
+                        help=f"the world's drafts (default: all: {', '.join(DRAFTS)})")
+    parser.add_argument("--out", type=Path, required=True, help="the folder world_bench.json is written to")
     parser.add_argument("--heldout", action="store_true",
                         help="also choose a best fixed shape on as many other held-out scenes (task for task) and "
                              "re-time it beside Auto: a shape chosen on other prompts, as a user would choose one")
-    args = parser.parse_args()
-    if args.prompts < 1:
-        parser.error(f"--prompts must be >= 1, got {args.prompts}")
+    args = parser.parse_args(argv)
+    for name in ("prompts", "repeats", "eval_repeats", "runs"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    args.out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     world = load_world_models()
     target, processor = world.target, world.processor
@@ -68,7 +80,7 @@ def main() -> None:
     heldout = heldout_examples(examples, 2 * per_task) if args.heldout else []
     hf_specmm.enable(target)
     rows = []
-    for batch in args.batch_sizes:
+    for run, batch in ((r, b) for r in range(args.runs) for b in args.batch_sizes):
         inputs, held_inputs = ([encode_prompts(processor, group[i:i + batch], "raw", target.device)
                                 for i in range(0, len(group), batch)] for group in (examples, heldout))
         gen = dict(max_new_tokens=MAX_ANSWER_TOKENS, do_sample=False)
@@ -82,17 +94,15 @@ def main() -> None:
         autos = {}
         for name in args.drafts:
             draft = world.drafts[name]
-            for g in CHAINS:
+            for g in args.chains:
                 methods[f"{name} | chain {g}"] = call(draft, num_assistant_tokens=g)
-            for s in TREES:
+            for s in args.trees:
                 methods[f"{name} | tree {s.top_k},{s.depth},{s.nodes}"] = call(hf_specmm.Tree(draft, s.top_k, s.depth, s.nodes))
             autos[name] = hf_specmm.Auto(draft, max_tokens=64)
             methods[f"{name} | auto"] = call(autos[name])
-        calibration = {}
-        for name, auto in autos.items():  # untimed calls: a process after its first calls
+        for auto in autos.values():  # untimed calls: a process after its first calls
             for x in inputs:
                 target.generate(**x, **gen, assistant_model=auto)
-            calibration[name] = len(inputs)
         shapes = {name: Counter() for name in autos}
         timed = in_turns(methods, inputs, args.repeats)
         held_timed = in_turns(methods, held_inputs, args.repeats) if held_inputs else {}
@@ -113,8 +123,8 @@ def main() -> None:
                 report = hf_specmm.last_stats(target).auto
                 counts.update(report["shapes"])
                 chose = report["whole_call"]
-                choices[f"{chose['by']}: {'plain generate' if chose['plain_generate'] else 'speculative'}"
-                        if chose else "no choice"] += 1
+                choices["no choice" if chose is None else
+                        "plain generate" if chose["plain_generate"] else "speculative"] += 1
                 return out
 
             evaluated = {"plain": methods["plain"], "best": methods[best], "auto": auto_recorded}
@@ -123,14 +133,14 @@ def main() -> None:
                 evaluated["heldout best"] = methods[held_best]
             again = in_turns(evaluated, inputs, args.eval_repeats)  # evaluation: the chosen shapes re-timed beside Auto
             plain_s, best_s, auto_s = again["plain"][0], again["best"][0], again["auto"][0]
-            rows.append({"draft": name, "batch": batch, "plain_s": plain_s, "auto_s": auto_s,
+            rows.append({"run": run, "draft": name, "batch": batch, "plain_s": plain_s, "auto_s": auto_s,
                          "best_fixed": best.split(" | ")[1], "best_fixed_s": best_s,
                          "auto_over_best": auto_s / best_s, "auto_speedup": plain_s / auto_s,
                          "best_speedup": plain_s / best_s,
                          "selection_pass": {"plain_s": timed["plain"][0], "auto_s": timed[f"{name} | auto"][0],
                                             "fixed_s": {k.split(" | ")[1]: v for k, v in fixed.items()}},
                          "eval_times_s": {k: v[2] for k, v in again.items()},  # every pass
-                         "calibration_calls": calibration[name], "lossless": lossless,
+                         "untimed_first_calls": len(inputs), "lossless": lossless,
                          "auto_shapes": dict(shapes[name].most_common(5)),
                          "evaluated_auto_shapes": dict(timed_shapes.most_common()),
                          "evaluated_whole_calls": dict(whole_calls.most_common()),
@@ -141,16 +151,25 @@ def main() -> None:
                 r.update(heldout_best_fixed=held_best.split(" | ")[1], heldout_best_s=held_s,
                          auto_over_heldout_best=auto_s / held_s,
                          heldout_selection_pass={k.split(" | ")[1]: held_timed[k][0] for k in fixed})
-            print(f"| {name} | {batch} | {plain_s:.3f} | {r['best_fixed']} {best_s:.3f} "
+            print(f"| {run} | {name} | {batch} | {plain_s:.3f} | {r['best_fixed']} {best_s:.3f} "
                   f"({r['best_speedup']:.2f}x) | {auto_s:.3f} ({r['auto_speedup']:.2f}x) | {r['auto_over_best']:.3f} | "
                   f"{', '.join(f'{k} ({v})' for k, v in r['auto_shapes'].items())} | "
                   f"{timed_shapes['plain generate']} / {r['evaluated_auto_calls']} | {lossless} |" +
                   (f" held out: {r['heldout_best_fixed']} {r['heldout_best_s']:.3f}, Auto / it "
                    f"{r['auto_over_heldout_best']:.3f} |" if held_best is not None else ""), flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "world_bench.json").write_text(json.dumps({"rows": rows, "threads": torch.get_num_threads(),
                                                           "prompts": args.prompts, "repeats": args.repeats,
                                                           "eval_repeats": args.eval_repeats}, indent=1))
+    print("| draft | batch | runs | Auto / best: min, median, max | Auto / plain: min, median, max | lossless |")
+    print("|---|---|---|---|---|---|")
+    for name in args.drafts:
+        for batch in args.batch_sizes:
+            rs = [r for r in rows if r["draft"] == name and r["batch"] == batch]
+            best = sorted(r["auto_over_best"] for r in rs)
+            speedup = sorted(r["auto_speedup"] for r in rs)
+            print(f"| {name} | {batch} | {len(rs)} | {best[0]:.3f}, {statistics.median(best):.3f}, {best[-1]:.3f} | "
+                  f"{speedup[0]:.3f}, {statistics.median(speedup):.3f}, {speedup[-1]:.3f} | "
+                  f"{all(r['lossless'] for r in rs)} |")
     print("median over rows of auto/best:", statistics.median(r["auto_over_best"] for r in rows))
     if heldout:
         print("median over rows of auto/held-out best:", statistics.median(r["auto_over_heldout_best"] for r in rows))

@@ -4,6 +4,7 @@ and ``--write-profile``. Timing numbers are not asserted (speed is measured with
 from __future__ import annotations
 
 import json
+import os
 import statistics
 
 import pytest
@@ -87,6 +88,39 @@ def test_the_world_bench_times_as_many_prompts_as_asked():
             assert {e.task for e in examples} == set(TASKS)
     held = module.heldout_examples(examples, 2 * per_task)
     assert len(held) == 32 and not {(e.image_sha, e.prompt) for e in held} & {(e.image_sha, e.prompt) for e in examples}
+
+
+def test_the_world_bench_runs_and_reports_its_spread(tmp_path, capsys):
+    """benchmarks/auto_world.py end to end on one prompt, two runs, the useless draft: every run's row recorded
+    (outputs equal to plain), the spread table printed; bad counts refused before any model loads."""
+    module = benchmark_script("auto_world")
+    with pytest.raises(SystemExit) as info:
+        module.main(["--runs", "0", "--out", str(tmp_path / "x")])
+    assert info.value.code == 2 and "--runs must be >= 1" in capsys.readouterr().err and not (tmp_path / "x").exists()
+    module.main(["--prompts", "1", "--repeats", "1", "--eval-repeats", "1", "--runs", "2", "--batch-sizes", "1",
+                 "--chains", "1", "3", "--trees", "2,2,4",
+                 "--drafts", "text-only (untrained)", "--out", str(tmp_path / "w")])
+    rows = json.loads((tmp_path / "w" / "world_bench.json").read_text())["rows"]
+    assert [r["run"] for r in rows] == [0, 1] and all(r["lossless"] for r in rows)
+    assert "| text-only (untrained) | 1 | 2 |" in capsys.readouterr().out
+
+
+def test_the_simulator_goals_script_runs_one_profile(tmp_path):
+    """benchmarks/auto_sim_goals.py on one profile, one seed, no drift: one row with the goal figures."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "auto_sim_goals.py"), "--out",
+                           str(tmp_path / "g.json"), "--profiles", "tiny-text-only", "--seeds", "1", "--drift-seeds",
+                           "0", "--batches", "1", "--calls", "60"], capture_output=True, text=True, cwd=root,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stderr
+    (row,) = json.loads((tmp_path / "g.json").read_text())["rows"]
+    assert row["profile"] == "tiny-text-only" and 0 < row["auto_over_best"] <= 1.0 + 1e-9
+    assert set(row["first_20"]) >= {"auto_over_best", "auto_over_plain"}
+    assert "tiny-text-only" in done.stdout
 
 
 def benchmark_script(name: str):
