@@ -250,7 +250,8 @@ def test_unsupported_target_lists_supported_classes():
         | ({"Gemma4ForConditionalGeneration", "Gemma4UnifiedForConditionalGeneration"} if _compat.GEMMA4_SUPPORTED else set()) \
         | {name for name in ("LlavaOnevision15ForConditionalGeneration", "Ovis2_5ForConditionalGeneration")
            if hasattr(transformers, name)} \
-        | ({"Step3p7ForConditionalGeneration"} if _compat.STEP3P7_SUPPORTED else set())
+        | ({"Step3p7ForConditionalGeneration"} if _compat.STEP3P7_SUPPORTED else set()) \
+        | ({"InklingForConditionalGeneration"} if _compat.INKLING_SUPPORTED else set())
     assert calls["n"] == 0
     assert not hf_specmm.is_enabled(llama) and "generate" not in vars(llama)
 

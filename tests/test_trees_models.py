@@ -116,7 +116,7 @@ def greedy_tree(model, cache, slot_mask, rule, cur: torch.Tensor, gen: torch.Gen
     return DraftTree.from_parents(tokens, torch.tensor([PARENTS] * 2))
 
 
-@pytest.mark.parametrize("family", testing.FAMILIES)
+@pytest.mark.parametrize("family", testing.TREE_FAMILIES)
 def test_one_tree_forward_equals_chains_and_compaction_equals_plain_decoding(family):
     model = target(family)
     cache, prompt_mask, rule, last = prefill(model, batch_inputs(family, 2))
@@ -155,7 +155,7 @@ def draft_prefill(draft, ids, mask):
     return cache, out.logits[:, -1].float()
 
 
-@pytest.mark.parametrize("family", testing.FAMILIES)
+@pytest.mark.parametrize("family", testing.TREE_FAMILIES)
 def test_text_draft_reads_the_expansion_level_by_level(family):
     """EAGLE-2 expansion driven by a KV-cached text draft LM: each level is ONE draft forward with the
     ``LevelAncestry`` mask; every fed node's logits equal its root path run as a chain."""
