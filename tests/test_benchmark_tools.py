@@ -47,6 +47,16 @@ def test_gpu_bench_answers_help_and_refuses_an_unknown_section_before_running(tm
     assert not (tmp_path / "out").exists()  # nothing ran
 
 
+def test_auto_bench_answers_help_and_refuses_an_unknown_section_before_running(tmp_path):
+    script = str(ROOT / "benchmarks" / "auto_bench.sh")
+    shown = subprocess.run(["bash", script, "--help"], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0 and "world" in shown.stdout and "cpu4" in shown.stdout
+    refused = subprocess.run(["bash", script, "tiny", "nosuch"], capture_output=True, text=True, timeout=60,
+                             env={"OUT": str(tmp_path / "out"), "PATH": "/usr/bin:/bin"})
+    assert refused.returncode == 2 and "nosuch" in refused.stderr
+    assert not (tmp_path / "out").exists()  # nothing ran
+
+
 def test_loop_split_on_tiny(capsys):
     _tool("loop_split").main(["--preset", "tiny", "--batch-sizes", "2", "--max-new-tokens", "8", "--repeats", "1"])
     lines = capsys.readouterr().out.splitlines()
