@@ -37,21 +37,13 @@ def test_python_tool_answers_help(name, capsys):
     assert exc.value.code == 0 and out.startswith("usage:") and module.__doc__.splitlines()[0][:40] in out
 
 
-def test_gpu_bench_answers_help_and_refuses_an_unknown_section_before_running(tmp_path):
-    script = str(ROOT / "benchmarks" / "gpu_bench.sh")
+@pytest.mark.parametrize("script, listed, section", [("gpu_bench.sh", ("p0", "a1"), "p0"),
+                                                    ("auto_bench.sh", ("world", "cpu4"), "tiny")])
+def test_shell_bench_answers_help_and_refuses_an_unknown_section_before_running(tmp_path, script, listed, section):
+    script = str(ROOT / "benchmarks" / script)
     shown = subprocess.run(["bash", script, "--help"], capture_output=True, text=True, timeout=60)
-    assert shown.returncode == 0 and "p0" in shown.stdout and "a1" in shown.stdout
-    refused = subprocess.run(["bash", script, "p0", "nosuch"], capture_output=True, text=True, timeout=60,
-                             env={"OUT": str(tmp_path / "out"), "PATH": "/usr/bin:/bin"})
-    assert refused.returncode == 2 and "nosuch" in refused.stderr
-    assert not (tmp_path / "out").exists()  # nothing ran
-
-
-def test_auto_bench_answers_help_and_refuses_an_unknown_section_before_running(tmp_path):
-    script = str(ROOT / "benchmarks" / "auto_bench.sh")
-    shown = subprocess.run(["bash", script, "--help"], capture_output=True, text=True, timeout=60)
-    assert shown.returncode == 0 and "world" in shown.stdout and "cpu4" in shown.stdout
-    refused = subprocess.run(["bash", script, "tiny", "nosuch"], capture_output=True, text=True, timeout=60,
+    assert shown.returncode == 0 and all(name in shown.stdout for name in listed)
+    refused = subprocess.run(["bash", script, section, "nosuch"], capture_output=True, text=True, timeout=60,
                              env={"OUT": str(tmp_path / "out"), "PATH": "/usr/bin:/bin"})
     assert refused.returncode == 2 and "nosuch" in refused.stderr
     assert not (tmp_path / "out").exists()  # nothing ran
