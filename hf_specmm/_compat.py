@@ -600,6 +600,20 @@ def write_conv_state(cache: Any, layer_idx: int, conv_idx: int, state: torch.Ten
     cache.layers[layer_idx].conv_states[conv_idx].copy_(state)
 
 
+def has_embedding_norm(table: Any) -> bool:
+    """Whether a token table norms its rows (Inkling's ``InklingNormedEmbedding``: an ``nn.Embedding`` whose
+    forward applies its ``embed_norm``); transformers' ``MtpModel`` embeds with the table without it."""
+    return isinstance(table, torch.nn.Embedding) and isinstance(getattr(table, "embed_norm", None), torch.nn.Module)
+
+
+def unnormed_embeddings(table: Any, input_ids: torch.Tensor) -> torch.Tensor:
+    """The rows of ``table`` for ``input_ids``, without the table's own embedding norm (see
+    :func:`has_embedding_norm`)."""
+    if not has_embedding_norm(table):
+        return table(input_ids)
+    return torch.nn.functional.embedding(input_ids, table.weight, table.padding_idx)
+
+
 def distances_by_column(config: Any) -> bool:
     """Whether the model reads distances between tokens off cache columns (Inkling's relative position bias:
     ``cache.get_query_offset`` / ``get_mask_sizes``, no ``position_ids``): a hole would count as a token."""

@@ -127,12 +127,18 @@ class FeatureHeadDrafter(Drafter):
         """Further keyword arguments of the head's forward (none here; an MTP draft's step)."""
         return {}
 
+    @property
+    def reads_target_embeddings(self) -> bool:
+        """Whether the prompt's slots read the target's input embeddings (image features included), captured
+        from its forward; else the head embeds the prompt's ids itself (:meth:`FeatureHeadDraft.embed`)."""
+        return True
+
     def prefill(self, prompt: Prompt, first_tokens: torch.Tensor, new_cache: CacheFactory) -> None:
         embeds, features = self.prompt_capture
         self.prompt_capture = None
         ids, mask = prompt.input_ids, prompt.attention_mask
         batch, width = ids.shape
-        if embeds is None:
+        if embeds is None or not self.reads_target_embeddings:
             embeds = self.model.embed(ids)
         # the slots are the target's prompt positions: the target family's rule, bound to this prompt
         self.positions = target_family(self.target).positions.bind(self.target, ids, mask, prompt.model_inputs)

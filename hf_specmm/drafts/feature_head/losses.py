@@ -34,7 +34,7 @@ def feature_head_loss(view: Drafter, batch: Any, target_logits: torch.Tensor | N
     """
     head = view.model
     embeds, features = view._take()
-    if embeds is None:
+    if embeds is None or not view.reads_target_embeddings:
         embeds = head.embed(batch.full_ids)
     mask = batch.full_mask.bool()
     slots, positions = view.prompt_slots(mask, batch.full_ids, view.positions.prompt_positions(mask.long()))

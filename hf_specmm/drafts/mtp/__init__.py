@@ -1,5 +1,5 @@
 """The ``mtp`` draft kind: a target checkpoint's own multi-token-prediction layer (Qwen3.5's ``mtp.*`` in vLLM's
-layout, transformers' ``MtpLayer`` layout), read from the target's safetensors by
+layout, transformers' ``MtpLayer`` layout, Inkling's ``model.mtp.*``), read from the target's safetensors by
 ``hf_specmm.load_draft(<target>, kind="mtp", target=model)``, or made fresh and trained by
 ``hf-specmm train --draft-kind mtp``. It runs on the feature head's drafter (:mod:`.drafter`)."""
 
@@ -30,17 +30,21 @@ def _import_speculators(folder: Any, target: Any, name: str | None = None) -> Mt
     return import_mtp(MtpDraft, folder, target, name)
 
 
+_NORMS = {"layer": " + norm", "shared": " + shared norm", "none": ""}
+
+
 def _layers_text(count: int, layer: str) -> str:
     if count == 1:
-        return f"1 × {layer} + norm, reused at every step"
-    return f"{count} × ({layer} + norm): draft step k runs layer k, every later step the last one"
+        return f"1 × {layer}, reused at every step"
+    return f"{count} × ({layer}): draft step k runs layer k, every later step the last one"
 
 
 def _card_rows(draft: MtpDraft) -> str:
     text, config = draft.config.text_config, draft.config
-    layer = type(draft.body.layers[0]).__name__
+    layer = type(draft.body.layers[0]).__name__ + _NORMS[config.post_norm]
     read = f"read from {config.source} ({config.layout} layout)" if config.source else "trained by hf_specmm"
-    return (f"| MTP layer | fc {2 * text.hidden_size} → {text.hidden_size} over [norm(embedding); norm(feature)] + "
+    inputs = ["norm(embedding)", "norm(feature)"][:: -1 if config.hidden_first else 1]
+    return (f"| MTP layer | fc {2 * text.hidden_size} → {text.hidden_size} over [{'; '.join(inputs)}] + "
             f"{_layers_text(draft.config.num_layers, layer)}; {sum(p.numel() for p in draft.parameters()):,} "
             f"parameters; {read} |\n"
             f"| needs | its target ({config.target or config.target_class}): uses that target's token embedding and "

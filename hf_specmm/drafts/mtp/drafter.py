@@ -13,6 +13,10 @@ drafted token or tree level), and with its last layer at every step past it (its
 writes every slot, as transformers' ``MtpModel`` chains them: layer k's slot reads layer k - 1's output at the slot
 before (so the slots of all layers share one numbering and one rollback); this drafter carries those outputs across
 forwards (the pending read's last slot, each draft's, each tree node's parent's).
+
+A layer with ``raw_embeddings`` (Inkling's, as transformers' ``MtpModel`` runs it) reads every prompt token
+through the target's table without its embedding norm, image placeholders included, not the target's input
+embeddings.
 """
 
 from __future__ import annotations
@@ -54,6 +58,10 @@ class MtpDrafter(FeatureHeadDrafter):
         if self.layered:
             self.level_states = self.model_output.layer_states[:, -keep:]
         return result
+
+    @property
+    def reads_target_embeddings(self) -> bool:
+        return not self.model.config.raw_embeddings  # the layer embeds the prompt's ids itself
 
     def prefill(self, prompt: Any, first_tokens: torch.Tensor, new_cache: Any) -> None:
         self.step, self.before = 0, None

@@ -1,16 +1,19 @@
 """Reading a target checkpoint's own MTP tensors (and nothing else) into an :class:`MtpDraft`.
 
-Two layouts, told apart by the tensors' names and declared by the checkpoint's config (read as JSON data):
+Three layouts, told apart by the tensors' names and declared by the checkpoint's config (read as JSON data):
 
 - **vLLM / Qwen3.5** (``qwen3_5_mtp.py``, ``qwen3_next_mtp.py``): ``mtp.fc``, ``mtp.pre_fc_norm_embedding``,
   ``mtp.pre_fc_norm_hidden``, ``mtp.layers.{k}.*``, ``mtp.norm``; the count in ``mtp_num_hidden_layers``
   (``num_nextn_predict_layers`` in older configs).
-- **transformers** (``MtpModel`` / ``MtpLayer``, DeepSeek-style checkpoints, Step3.7, Inkling): MTP layer k
+- **transformers** (``MtpModel`` / ``MtpLayer``, DeepSeek-style checkpoints, Step3.7): MTP layer k
   stored as decoder layer ``num_hidden_layers + k``: ``layers.{N+k}.eh_proj``, ``enorm``, ``hnorm``,
-  ``shared_head.norm`` (or ``post_norm``) and the decoder block's own tensors beside them (Inkling: under
-  ``transformer_block.``, with ``input_proj`` / ``embed_norm`` / ``hidden_norm``); the count in
-  ``num_mtp_layers`` or ``num_nextn_predict_layers``. ``shared_head.head`` and ``embed_tokens`` copies are the
-  target's LM head and embedding, which the draft binds instead (not read).
+  ``shared_head.norm`` (or ``post_norm``) and the decoder block's own tensors beside them (or under
+  ``transformer_block.``, with ``input_proj`` / ``embed_norm`` / ``hidden_norm``, names ``MtpModel`` reads too);
+  the count in ``num_mtp_layers`` or ``num_nextn_predict_layers``. ``shared_head.head`` and ``embed_tokens``
+  copies are the target's LM head and embedding, which the draft binds instead (not read).
+- **Inkling** (:mod:`.inkling`): ``model.mtp.layers.{k}.input_proj`` / ``embed_norm`` / ``hidden_norm``, the
+  decoder block under ``transformer_block.`` in the checkpoint's own names, ``model.mtp.chain_norm``; the count in
+  ``num_mtp_layers`` (``mtp_config.num_nextn_predict_layers`` in the checkpoint's own config).
 
 Several MTP layers: layer k is draft step k's (the draft's ``later_layers.{k-1}`` for k >= 1); vLLM's layout
 stores one ``fc`` and set of norms for all of them (each layer gets them). MoE layers' experts are fused as
@@ -33,7 +36,7 @@ import torch
 
 from ...errors import DraftLoadError, IncompatibleDraftError
 from ..checkpoints import read_checked_tensors, read_config_json
-from . import experts
+from . import experts, inkling
 
 #: config fields that declare a checkpoint's MTP layer count (the text config's, or the top-level config's)
 COUNT_FIELDS = ("mtp_num_hidden_layers", "num_nextn_predict_layers", "num_mtp_layers")
@@ -83,7 +86,7 @@ def checkpoint_files(name: str,
 
 def declared_count(raw: dict[str, Any]) -> tuple[str, int] | None:
     """``(field, count)``: the MTP layer count the config declares (text config first), or None."""
-    for config in (raw.get("text_config"), raw):
+    for config in (raw.get("text_config"), raw, raw.get("mtp_config")):  # Inkling's: a top-level mtp_config
         if isinstance(config, dict):
             for field in COUNT_FIELDS:
                 value = config.get(field)
@@ -99,6 +102,10 @@ def mtp_keys(keys: list[str], num_hidden_layers: int) -> dict[str, tuple[str, in
     tables = sorted((k for k in keys if k.endswith("embed_tokens.weight")), key=len)
     decoder = tables[0][: -len("embed_tokens.weight")] if tables else ""  # the text decoder's prefix ("model.")
     for key in keys:
+        hit = inkling.classify(key)
+        if hit is not None:
+            found[key] = (inkling.LAYOUT, hit[0], layer_name(*hit))
+            continue
         match = _VLLM.match(key)
         if match is not None:
             layer, rest = match.groups()
@@ -145,8 +152,8 @@ def read_mtp(name: str, target: Any, fetch: Callable[[str], Path | None]) -> Any
     if not found:
         raise DraftLoadError(
             f"{name}: no MTP tensors in {sorted(by_file)} (looked for vLLM's mtp.fc / mtp.layers.0.* and "
-            f"transformers' layers.{depth}.eh_proj / enorm / hnorm): this checkpoint carries no MTP layer; use "
-            "another draft kind, or train one (hf-specmm train --draft-kind mtp)")
+            f"transformers' layers.{depth}.eh_proj / enorm / hnorm, Inkling's model.mtp.layers.0.*): this checkpoint "
+            "carries no MTP layer; use another draft kind, or train one (hf-specmm train --draft-kind mtp)")
     layouts = sorted({layout for layout, _, _ in found.values()})
     declared = declared_count(raw)
     if declared is None:
@@ -154,7 +161,7 @@ def read_mtp(name: str, target: Any, fetch: Callable[[str], Path | None]) -> Any
             f"{config_path}: holds {layouts[0]}-layout MTP tensors ({next(iter(found))}) but declares no MTP layer "
             f"count ({' / '.join(COUNT_FIELDS)}): no family declares this layout")
     if len(layouts) > 1:
-        raise DraftLoadError(f"{name}: MTP tensors in both the vLLM and the transformers layout; which one is the "
+        raise DraftLoadError(f"{name}: MTP tensors in several layouts ({', '.join(layouts)}); which one is the "
                              "checkpoint's cannot be told")
     field, count = declared
     layers = sorted({layer for _, layer, _ in found.values()})
@@ -162,33 +169,39 @@ def read_mtp(name: str, target: Any, fetch: Callable[[str], Path | None]) -> Any
         extra = next((k for k, (_, layer, _) in found.items() if layer >= count), next(iter(found)))
         raise DraftLoadError(f"{config_path}: {field}={count}, but the MTP tensors hold layers {layers} "
                              f"({where[extra]}: {extra})")
-    hidden_first = bool(text.get("mtp_hidden_states_first", raw.get("mtp_hidden_states_first", False)))
+    hidden_first = text.get("mtp_hidden_states_first", raw.get("mtp_hidden_states_first"))  # None: the target's
     draft = MtpDraft.for_target(target, count, target_name=name, hidden_first=hidden_first, source=name,
                                 layout=layouts[0])
     wanted: dict[str, str] = {}
     pieces: dict[str, dict[tuple, str]] = {}  # fused MoE tensors, from several stored ones (experts.py)
+    split: dict[str, tuple[str, str]] = {}  # one stored tensor, two parameters (Inkling's gate and up rows)
     for key, (_, _, param) in found.items():
         param, part = experts.split_part(param)
         if part is not None:
             pieces.setdefault(param, {})[part] = key
             continue
+        if inkling.halves(param) is not None:
+            split[key] = inkling.halves(param)
+            continue
         if param and param in wanted:  # two names of one tensor (eh_proj and input_proj, ...): which is meant?
             raise DraftLoadError(f"{where[key]}: MTP tensors {wanted[param]} and {key} are both the layer's {param}")
         if param:
             wanted[param] = key
-        if param and layouts[0] == "vllm" and not key.startswith("mtp.layers."):
-            wanted.update({layer_name(k, param): key for k in range(1, count)})  # vLLM: one fc and norms for all
+        if param and (key == inkling.CHAIN_NORM or (layouts[0] == "vllm" and not key.startswith("mtp.layers."))):
+            wanted.update({layer_name(k, param): key for k in range(1, count)})  # one for all (vLLM's fc, norms)
     expected = draft.state_dict()
     unknown = [key for param, key in wanted.items() if param not in expected]
     unknown += [key for param, parts in pieces.items() if param not in expected for key in parts.values()]
+    unknown += [key for key, pair in split.items() if not set(pair) <= set(expected)]
     if unknown:
         raise DraftLoadError(f"{where[unknown[0]]}: MTP tensor {unknown[0]} has no place in a "
                              f"{type(target).__name__} MTP layer (unexpected tensors: {unknown})")
-    missing = [param for param in expected if param not in wanted and param not in pieces]
+    halves = {param for pair in split.values() for param in pair}
+    missing = [param for param in expected if param not in wanted and param not in pieces and param not in halves]
     if missing:
         raise DraftLoadError(f"{name}: the MTP tensors lack {missing} of a {type(target).__name__} MTP layer "
                              f"(read from {sorted({where[k] for k in wanted.values()})})")
-    keys = [*wanted.values(), *(key for parts in pieces.values() for key in parts.values())]
+    keys = [*wanted.values(), *(key for parts in pieces.values() for key in parts.values()), *split]
     files = sorted({where[key] for key in keys})
     paths = {file: fetch(file) or folder / file for file in files}
     absent = [file for file, path in paths.items() if not path.is_file()]
@@ -199,6 +212,7 @@ def read_mtp(name: str, target: Any, fetch: Callable[[str], Path | None]) -> Any
     _check_same_target(folder, name, where, target, fetch)
     state = read_checked_tensors(paths, {key: where[key] for key in wanted.values()}, wanted, expected)
     state.update(experts.read_fused(paths, where, pieces, expected))
+    state.update(inkling.read_interleaved(paths, where, split, expected))
     dtype = draft.fc.weight.dtype
     draft.load_state_dict({param: tensor.to(dtype) for param, tensor in state.items()}, strict=True)
     return draft.eval()
@@ -210,7 +224,7 @@ def _check_same_target(folder: Path, name: str, where: dict[str, str], target: A
     read, within bf16 rounding). An MTP layer drafts only for the weights it was trained beside."""
     from safetensors import safe_open
 
-    tables = sorted((k for k in where if k.endswith("embed_tokens.weight")), key=len)
+    tables = sorted((k for k in where if k.endswith("embed_tokens.weight") or k == inkling.TABLE), key=len)
     if not tables:
         return
     key, file = tables[0], where[tables[0]]

@@ -33,6 +33,7 @@ from ... import _compat
 from ..feature_head.configuration import FeatureHeadDraftConfig
 from ..feature_head.modeling import FeatureHeadDraft, FeatureHeadOutput, family_body, head_config_fields
 
+POST_NORMS = ("layer", "shared", "none")
 #: per-layer lists of a text config, one entry per MTP layer in the draft's config (Step3.7's MLP kinds, limits)
 _PER_LAYER = ("layer_types", "mlp_layer_types", "swiglu_limits", "swiglu_limits_shared", "layer_rope_theta",
               "max_window_layers")
@@ -50,11 +51,11 @@ def layer_config(text: Any, k: int) -> Any:
     return one
 
 
-def build_layer(module: nn.Module, text: Any, k: int) -> None:
+def build_layer(module: nn.Module, text: Any, k: int, post_norm: str = "layer") -> None:
     """Give ``module`` MTP layer ``k``'s parts: ``fc``, ``pre_fc_norm_embedding`` / ``pre_fc_norm_hidden`` and a
-    one-layer family ``body`` (its decoder layer and output norm). Layer k reads and writes cache layer
-    ``layers - 1 - k``: the layers run in order and the text model reads the cache's length and mask sizes off
-    cache layer 0, which must still hold the slots before the call until the last layer runs."""
+    one-layer family ``body`` (its decoder layer and output norm; none with ``post_norm="none"``). Layer k reads
+    and writes cache layer ``layers - 1 - k``: the layers run in order and the text model reads the cache's length
+    and mask sizes off cache layer 0, which must still hold the slots before the call until the last layer runs."""
     hidden = text.hidden_size
     module.fc = nn.Linear(2 * hidden, hidden, bias=False)
     module.body = family_body(layer_config(text, k))
@@ -64,6 +65,8 @@ def build_layer(module: nn.Module, text: Any, k: int) -> None:
     norm = type(module.body.norm)  # the family's RMSNorm (Qwen3.5's is 1 + w, zero-initialised)
     module.pre_fc_norm_embedding = norm(hidden, eps=text.rms_norm_eps)
     module.pre_fc_norm_hidden = norm(hidden, eps=text.rms_norm_eps)
+    if post_norm == "none":  # transformers' MtpModel on a family with ``chain_hidden_post_norm`` unset (Inkling)
+        module.body.norm = nn.Identity()
 
 
 def fuse(module: nn.Module, hidden_first: bool, inputs_embeds: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
@@ -113,9 +116,9 @@ class MtpOutput(FeatureHeadOutput):
 class MtpLayerModules(nn.Module):
     """MTP layer k >= 1 of a multi-layer draft: the parts :func:`build_layer` gives it."""
 
-    def __init__(self, text: Any, k: int):
+    def __init__(self, text: Any, k: int, post_norm: str = "layer"):
         super().__init__()
-        build_layer(self, text, k)
+        build_layer(self, text, k, post_norm)
 
 
 class MtpDraftConfig(FeatureHeadDraftConfig):
@@ -125,17 +128,31 @@ class MtpDraftConfig(FeatureHeadDraftConfig):
         hidden_first: the fused input is ``[norm_h(f); norm_e(emb)]`` (Inkling's order, transformers'
             ``mtp_hidden_states_first``) instead of ``[norm_e(emb); norm_h(f)]``.
         source: where the layer came from (the target checkpoint it was read from, or None: trained here).
-        layout: the checkpoint layout it was read from ("vllm": ``mtp.*``; "transformers": ``layers.{N}.eh_proj``).
+        layout: the checkpoint layout it was read from ("vllm": ``mtp.*``; "transformers": ``layers.{N}.eh_proj``;
+            "inkling": ``model.mtp.layers.{k}.*``).
+        post_norm: each layer's output norm: "layer" (its own), "shared" (one for every layer, Inkling's
+            ``chain_norm``) or "none" (the layer's output as it is: transformers' ``MtpModel`` on a family whose
+            config has ``chain_hidden_post_norm`` unset).
+        raw_embeddings: tokens are embedded by the target's table without its own embedding norm (transformers'
+            ``MtpModel`` drops Inkling's ``embed_norm``), image placeholders as the tokens they are.
+        logits_divisor: the output is divided by it before the target's LM head (Inkling's
+            ``logits_mup_width_multiplier``, as the target's own head reads its last hidden state).
         (the other fields: :class:`FeatureHeadDraftConfig`'s)
     """
 
     model_type = "hf_specmm_mtp"
 
     def __init__(self, hidden_first: bool = False, source: str | None = None, layout: str | None = None,
+                 post_norm: str = "layer", raw_embeddings: bool = False, logits_divisor: float = 1.0,
                  **kwargs: Any):
+        if post_norm not in POST_NORMS:
+            raise ValueError(f"post_norm={post_norm!r}: choose one of {POST_NORMS}")
         self.hidden_first = bool(hidden_first)
         self.source = source
         self.layout = layout
+        self.post_norm = post_norm
+        self.raw_embeddings = bool(raw_embeddings)
+        self.logits_divisor = float(logits_divisor)
         super().__init__(**kwargs)
 
 
@@ -151,10 +168,24 @@ class MtpDraft(FeatureHeadDraft):
     slot_lag = 1  #: its drafter puts a slot at its feature's position, one before its token's (see drafter.py)
 
     def build_modules(self, config: MtpDraftConfig) -> None:
-        build_layer(self, config.text_config, 0)
+        build_layer(self, config.text_config, 0, config.post_norm)
         # layers 1.. of a multi-layer checkpoint, each with its own input norms, fc and output norm
-        self.later_layers = nn.ModuleList(MtpLayerModules(config.text_config, k)
+        self.later_layers = nn.ModuleList(MtpLayerModules(config.text_config, k, config.post_norm)
                                           for k in range(1, config.text_config.num_hidden_layers))
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The target's token embeddings of ``input_ids`` (with ``raw_embeddings``: its table's rows, unnormed)."""
+        if not self.config.raw_embeddings:
+            return super().embed(input_ids)
+        table = self._attached("embed")
+        rows = _compat.unnormed_embeddings(table, input_ids.to(table.weight.device))
+        return rows.to(device=self.fc.weight.device, dtype=self.fc.weight.dtype)
+
+    def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The target's LM head on ``hidden / logits_divisor``, cut to the text config's ``unpadded_vocab_size``."""
+        logits = super().lm_logits(hidden / self.config.logits_divisor)
+        rows = getattr(self.config.text_config, "unpadded_vocab_size", None)
+        return logits[..., :rows] if isinstance(rows, int) and rows < logits.shape[-1] else logits
 
     def fuse_step(self, inputs_embeds: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         """``fc([norm_e(embedding); norm_h(feature)])`` (the other order with ``hidden_first``)."""
@@ -222,29 +253,50 @@ class MtpDraft(FeatureHeadDraft):
 
     @classmethod
     def for_target(cls, target: PreTrainedModel, num_layers: int = 1, target_name: str | None = None,
-                   hidden_first: bool = False, source: str | None = None, layout: str | None = None,
+                   hidden_first: bool | None = None, source: str | None = None, layout: str | None = None,
                    mlp_layer_types: list[str] | None = None, **unused: Any) -> "MtpDraft":
-        """Randomly initialised MTP layers sized for ``target`` (its text family's full-attention decoder layer),
-        attached to it. ``num_layers``: how many (draft step k runs layer k; past the last, the last one again).
-        ``mlp_layer_types``: each layer's MLP kind where the family has several (Step3.7's ``mtp_mlp_layer_types``;
-        default: the target's config's ``mtp_mlp_layer_types``, else its first layer's kind)."""
+        """Randomly initialised MTP layers sized for ``target`` (its text family's decoder layer: full attention,
+        or the config's ``mtp_layer_types``, Inkling's hybrids), attached to it. ``num_layers``: how many (draft
+        step k runs layer k; past the last, the last one again). ``mlp_layer_types``: each layer's MLP kind where
+        the family has several (Step3.7's ``mtp_mlp_layer_types``; default: the target's config's
+        ``mtp_mlp_layer_types``, else its first layer's kind). ``hidden_first`` (default: the target config's
+        ``mtp_hidden_states_first``), the output norm, the embedding and the logits' scale follow transformers'
+        ``MtpModel`` on the target's config (see :class:`MtpDraftConfig`)."""
         if unused:
             raise ValueError(f"MtpDraft.for_target takes no {', '.join(sorted(unused))}")
         if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
             raise ValueError(f"num_layers must be an integer >= 1 (the MTP layers), got {num_layers!r}")
         fields = head_config_fields(target, 1, target_name, kind="mtp")
-        text = fields["text_config"]
-        if isinstance(text.get("layer_types"), list):  # a hybrid's MTP layer is full attention
-            text["layer_types"] = ["full_attention"]
+        text, target_text = fields["text_config"], target.config.get_text_config()
+        if isinstance(text.get("layer_types"), list):  # a hybrid's MTP layer is full attention, or as declared
+            text["layer_types"] = mtp_layer_types(target_text, num_layers)
         for name in _PER_LAYER:  # every MTP layer as the one-layer config's
             if isinstance(text.get(name), list) and len(text[name]) == 1:
                 text[name] = text[name] * num_layers
-        mlp_layer_types = mlp_layer_types or getattr(target.config.get_text_config(), "mtp_mlp_layer_types", None)
+        mlp_layer_types = mlp_layer_types or getattr(target_text, "mtp_mlp_layer_types", None)
         if isinstance(text.get("mlp_layer_types"), list) and isinstance(mlp_layer_types, list):
             if len(mlp_layer_types) != num_layers:
                 raise ValueError(f"mlp_layer_types={mlp_layer_types!r} names {len(mlp_layer_types)} MTP layers, "
                                  f"not {num_layers}")
             text["mlp_layer_types"] = list(mlp_layer_types)
         text["num_hidden_layers"] = num_layers
-        config = MtpDraftConfig(hidden_first=hidden_first, source=source, layout=layout, **fields)
+        if hidden_first is None:
+            hidden_first = bool(getattr(target_text, "mtp_hidden_states_first", False))
+        # transformers' MtpModel: no per-layer output norm where the config has chain_hidden_post_norm (then one
+        # shared norm, or none), the table without its embedding norm, the logits as the target's head takes them
+        chained = getattr(target_text, "chain_hidden_post_norm", None)
+        post_norm = "layer" if chained is None else "shared" if chained else "none"
+        config = MtpDraftConfig(hidden_first=hidden_first, source=source, layout=layout, post_norm=post_norm,
+                                raw_embeddings=_compat.has_embedding_norm(target.get_input_embeddings()),
+                                logits_divisor=getattr(target_text, "logits_mup_width_multiplier", None) or 1.0,
+                                **fields)
         return cls(config).to_target_device(target)
+
+
+def mtp_layer_types(text: Any, num_layers: int) -> list[str]:
+    """The MTP layers' types on a hybrid target: its config's ``mtp_layer_types`` (Inkling's hybrids), else full
+    attention (a hybrid of short convolutions and attention: its full-attention hybrid, ``"hybrid"``)."""
+    declared = getattr(text, "mtp_layer_types", None)
+    if isinstance(declared, list) and len(declared) == num_layers:
+        return list(declared)
+    return ["hybrid" if _compat.has_short_convs(text) else "full_attention"] * num_layers

@@ -43,6 +43,10 @@ def export_mtp(draft: Any, save_directory: str | Path) -> Path:
     if draft.config.hidden_first:
         raise ValueError("speculators' MTP layer reads [embedding; hidden]; this one reads [hidden; embedding] "
                          "(mtp_hidden_states_first): save it with format='hf_specmm'")
+    if draft.config.post_norm != "layer" or draft.config.raw_embeddings or draft.config.logits_divisor != 1.0:
+        raise ValueError("speculators' MTP layer norms its output, reads the target's input embeddings and feeds "
+                         "its LM head unscaled; this one (as transformers' MtpModel runs Inkling's) does not: save "
+                         "it with format='hf_specmm'")
     folder = Path(save_directory)
     folder.mkdir(parents=True, exist_ok=True)
     layer = draft.config.text_config.to_diff_dict()
