@@ -13,10 +13,14 @@ folds 4-px patches (2 frames) in 4 projections. Upstream's image processor needs
 processor builds the same patches with PIL and torch (upstream's patch grid, padding with -1 before
 normalisation, a 2-frame repeat), from images downscaled by half (``rescale_image_frac``, an upstream option): a
 32x32 image is 4x5 patches, 20 placeholders.
+
+:func:`mtp_checkpoint` saves the target with MTP layers in an Inkling checkpoint's layout (``model.mtp.*``), the
+decoder blocks' tensors named as transformers saves an Inkling decoder layer.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -188,3 +192,70 @@ if AVAILABLE:
                                         tokenizer=tok, chat_template=tok.chat_template)
 
     INKLING = register_fixture(InklingFixtures())
+
+
+def mtp_checkpoint(folder: str | Path, layers: int = 1, noise: float = 0.1, chain_norm: bool = False, seed: int = 0,
+                   eos_bias: float | None = -30.0, logits_multiplier: float = 2.0) -> tuple[PreTrainedModel, Any]:
+    """The tiny Inkling of ``seed`` saved to ``folder`` with ``layers`` MTP layers, and ``(the target loaded back
+    from it, the MTP layers as made)``. Each layer is a full-attention hybrid with a dense MLP: the target's last
+    (dense) layer with the relative bias of its full-attention one, ``fc`` passing the embedding through and its
+    embedding norm the target's (a one-layer cut of the target), its matrices perturbed by ``noise``.
+    ``chain_norm``: the config's ``chain_hidden_post_norm``, every layer's output normed by one
+    ``model.mtp.chain_norm`` (the target's final norm). ``logits_multiplier``: the config's
+    ``logits_mup_width_multiplier`` (the target's and the MTP layers' last hidden states are divided by it before
+    the LM head; the fixture's 1 would leave that unchecked). The blocks' tensors are named by transformers' own
+    saving of an Inkling with those layers."""
+    import tempfile
+
+    from safetensors import safe_open
+
+    from ..drafts.mtp import MtpDraft
+    from .mtp import write_mtp_checkpoint
+
+    base = INKLING.seeded_target(seed, INKLING_LAYOUT.vocab_size, eos_bias)
+    text = base.config.text_config
+    text.num_mtp_layers, text.chain_hidden_post_norm = layers, chain_norm
+    text.logits_mup_width_multiplier = logits_multiplier
+    made = MtpDraft.for_target(base, layers)
+    lm, hidden = base.model.language_model, text.hidden_size
+    dense = max(i for i, kind in enumerate(text.mlp_layer_types) if kind == "dense")
+    full = max(i for i, kind in enumerate(text.layer_types) if kind == "hybrid")
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for layer in made.mtp_layers:
+            state = dict(lm.layers[dense].state_dict())
+            state["self_attn.rel_logits_proj.proj"] = lm.layers[full].self_attn.rel_logits_proj.proj
+            layer.body.layers[0].load_state_dict(state)
+            layer.fc.weight.zero_()
+            layer.fc.weight[:, hidden:] = torch.eye(hidden)  # [hidden_norm(h); embed_norm(emb)]: the embedding half
+            layer.pre_fc_norm_embedding.load_state_dict(lm.embed_tokens.embed_norm.state_dict())
+            if chain_norm:
+                layer.body.norm.load_state_dict(lm.norm.state_dict())
+            for p in layer.parameters():
+                if noise > 0 and p.dim() > 1:
+                    p.add_(noise * p.std() * torch.randn(p.shape, generator=gen).to(p))
+    # the blocks saved as decoder layers of an Inkling of those layers alone: transformers names their tensors
+    blocks = base.config.to_dict()
+    blocks["text_config"].update(num_hidden_layers=layers, layer_types=text.mtp_layer_types,
+                                 mlp_layer_types=text.mtp_mlp_layer_types)
+    holder = InklingForConditionalGeneration._from_config(InklingConfig.from_dict(blocks))
+    for k, layer in enumerate(made.mtp_layers):
+        holder.model.language_model.layers[k].load_state_dict(layer.body.layers[0].state_dict())
+    tensors = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        holder.save_pretrained(scratch)
+        with safe_open(str(Path(scratch) / "model.safetensors"), framework="pt") as f:
+            for key in f.keys():
+                for k in range(layers):
+                    if key.startswith(f"model.llm.layers.{k}."):
+                        rest = key.removeprefix(f"model.llm.layers.{k}.")
+                        tensors[f"model.mtp.layers.{k}.transformer_block.{rest}"] = f.get_tensor(key)
+    for k, layer in enumerate(made.mtp_layers):
+        for stored, module in (("input_proj", layer.fc), ("embed_norm", layer.pre_fc_norm_embedding),
+                               ("hidden_norm", layer.pre_fc_norm_hidden)):
+            tensors[f"model.mtp.layers.{k}.{stored}.weight"] = module.weight.detach().clone()
+    if chain_norm:
+        tensors["model.mtp.chain_norm.weight"] = made.body.norm.weight.detach().clone()
+    write_mtp_checkpoint(base, made, folder, count=layers, count_field="num_mtp_layers",
+                         extra_config={"chain_hidden_post_norm": chain_norm}, tensors=tensors)
+    return InklingForConditionalGeneration.from_pretrained(folder).eval(), made.eval()

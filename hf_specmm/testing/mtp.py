@@ -100,21 +100,24 @@ def mtp_tensors(draft: MtpDraft, layout: str, decoder_prefix: str, num_hidden_la
 
 def write_mtp_checkpoint(target: PreTrainedModel, draft: MtpDraft, folder: str | Path, layout: str = "vllm",
                          count: int | None = 1, count_field: str | None = None,
-                         extra_config: dict | None = None, experts: str | None = None) -> Path:
+                         extra_config: dict | None = None, experts: str | None = None,
+                         tensors: dict[str, torch.Tensor] | None = None) -> Path:
     """``target`` saved to ``folder`` in shards (an index), its MTP layers ``draft`` in a shard of its own under
     ``layout``'s names, the layer count declared in the text config (``count=None``: not declared; the field:
     ``mtp_num_hidden_layers`` for vLLM's layout, ``num_mtp_layers`` for transformers'; ``extra_config``: further
-    text-config fields; ``experts``: how MoE experts are stored, :func:`stored_experts`)."""
+    text-config fields; ``experts``: how MoE experts are stored, :func:`stored_experts`). ``tensors``: the MTP
+    tensors under their checkpoint names, written as they are (``draft`` and ``layout`` unused)."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
     target.save_pretrained(folder, max_shard_size="200KB")
     index_path = folder / "model.safetensors.index.json"
     index = json.loads(index_path.read_text())
-    table = next(k for k in index["weight_map"] if k.endswith("embed_tokens.weight") and "vision" not in k)
-    prefix = table[: -len("embed_tokens.weight")]
-    depth = target.config.get_text_config().num_hidden_layers
-    tensors = mtp_tensors(draft, layout, prefix, depth, experts)
+    if tensors is None:
+        table = next(k for k in index["weight_map"] if k.endswith("embed_tokens.weight") and "vision" not in k)
+        prefix = table[: -len("embed_tokens.weight")]
+        depth = target.config.get_text_config().num_hidden_layers
+        tensors = mtp_tensors(draft, layout, prefix, depth, experts)
     save_file(tensors, str(folder / "model-mtp.safetensors"), metadata={"format": "pt"})
     index["weight_map"].update({key: "model-mtp.safetensors" for key in tensors})
     index_path.write_text(json.dumps(index, indent=1))
