@@ -72,6 +72,9 @@ INTERNALS = (
     Internal("cache_utils.LinearAttentionAndFullAttentionLayer", params=("number_of_states",),
              attrs=("conv_states", "has_previous_state", "number_of_states", "keys", "values"),
              sample=lambda cls: cls(number_of_states=4), since="5.25"),
+    Internal("cache_utils.LinearAttentionAndStaticFullAttentionLayer", params=("max_cache_len", "number_of_states"),
+             attrs=("conv_states", "has_previous_state", "number_of_states", "max_cache_len", "cumulative_length"),
+             sample=lambda cls: cls(max_cache_len=1, number_of_states=4), since="5.25"),
     Internal(f"{_QWEN3_5}.causal_conv1d_fn", params=("hidden_states", "weight", "bias", "activation")),
     Internal(f"{_QWEN3_5}.torch_recurrent_gated_delta_rule",
              params=("query", "key", "value", "g", "beta", "initial_state", "output_final_state",
@@ -332,17 +335,42 @@ def static_cache_length(model: Any, needed: int, generation_config: Any = None) 
     return length
 
 
-def new_static_cache(model: Any, max_cache_len: int, full_layers: bool = False) -> Any:
-    """``StaticCache`` exactly as stock ``generate`` creates it for ``model``; ``full_layers``: sliding-window
-    layers replaced by full-length ``StaticLayer``s (the attention mask then applies the window)."""
-    from transformers import StaticCache
-    from transformers.cache_utils import StaticLayer
+class ColumnStaticCache(cache_utils.StaticCache):
+    """A ``StaticCache`` whose query offset is a copy of its layer's write pointer. Inkling's attention (5.25)
+    keeps ``cache.get_query_offset()`` and reads it after ``cache.update``: a ``StaticLayer``'s pointer is a tensor
+    advanced in place, so stock's static cache shifts every query column (relative position bias, log scaling)
+    right by the forward's width; a dynamic cache's offset is an int, read as it was before the write."""
 
-    cache = StaticCache(config=model.config.get_text_config(decoder=True), max_cache_len=max_cache_len)
+    def get_query_offset(self, layer_idx: int = 0) -> Any:
+        offset = super().get_query_offset(layer_idx)
+        return offset.clone() if isinstance(offset, torch.Tensor) else offset
+
+
+def new_static_cache(model: Any, max_cache_len: int, full_layers: bool = False) -> Any:
+    """``StaticCache`` as stock ``generate`` creates it for ``model`` (a :class:`ColumnStaticCache` for a model
+    that reads distances off cache columns); ``full_layers``: sliding-window layers replaced by full-length ones
+    (the attention mask then applies the window)."""
+    from transformers import StaticCache
+
+    kind = ColumnStaticCache if distances_by_column(model.config) else StaticCache
+    cache = kind(config=model.config.get_text_config(decoder=True), max_cache_len=max_cache_len)
     if full_layers:
-        cache.layers = [StaticLayer(max_cache_len=max_cache_len) if getattr(layer, "is_sliding", False) else layer
+        cache.layers = [_full_static_layer(layer, max_cache_len) if getattr(layer, "is_sliding", False) else layer
                         for layer in cache.layers]
     return cache
+
+
+def _full_static_layer(layer: Any, max_cache_len: int) -> Any:
+    """A full-length static layer in place of the sliding one ``layer``: a hybrid one (Inkling: conv states beside
+    keys / values) keeps its conv states."""
+    if has_conv_states(layer):
+        from transformers.cache_utils import LinearAttentionAndStaticFullAttentionLayer
+
+        return LinearAttentionAndStaticFullAttentionLayer(max_cache_len=max_cache_len,
+                                                          number_of_states=layer.number_of_states)
+    from transformers.cache_utils import StaticLayer
+
+    return StaticLayer(max_cache_len=max_cache_len)
 
 
 def kv_layers(cache: Any) -> list:
@@ -433,13 +461,22 @@ def compiled_call(model: Any, compile_config: Any = None) -> Callable[..., Any]:
 # per type and take a dict {layer type: mask} as-is instead (``isinstance(attention_mask, dict)``).
 
 
-def mask_argument(config: Any, make_mask: Callable[[int | None], torch.Tensor]) -> Any:
+def mask_argument(config: Any, make_mask: Callable[[int | None], torch.Tensor],
+                  block_mask: torch.Tensor | None = None) -> Any:
     """The ``attention_mask`` argument that makes a model attend through a custom 4-D mask. ``make_mask(window)``
     builds it, with sliding window ``window`` applied (None: none). A model with both full and sliding layers
     (Gemma 3) gets ``{"full_attention": make_mask(None), "sliding_attention": make_mask(window)}``; one whose
-    every layer slides (Mistral) the windowed mask; others the plain one."""
+    every layer slides (Mistral) the windowed mask; others the plain one. Inkling's hybrids also take their short
+    convolutions' padding mask under ``"linear_attention"``: ``block_mask`` [B, block width] (None: no padding)."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     window = getattr(text, "sliding_window", None)
+    if has_short_convs(config):
+        # Inkling's text model picks "full_attention" / "sliding_attention" per layer and zeroes its convolutions'
+        # inputs where "linear_attention" (a 2-D mask of the block's slots) is 0
+        masks = {"full_attention": make_mask(None), "linear_attention": block_mask}
+        if "hybrid_sliding" in stateful_layer_types(config):
+            masks["sliding_attention"] = make_mask(window)
+        return masks
     if "linear_attention" in (getattr(text, "layer_types", None) or ()):
         # a hybrid (Qwen3.5): the full-attention layers take the 4-D mask; None for the linear-attention layers,
         # which otherwise read the last block-width columns of a 2-D mask as the block's padding

@@ -267,10 +267,5 @@ def resolve_plan(target: Any, draft: Any, inputs: Any, generation_config: Any, s
         kwargs.pop(key, None)  # consumed here; stock generate must not see an assisted-mode option
     if config.cache_implementation == "static":
         _check_static(config, budget)
-        short_conv = next((m for m in (target, draft) if _compat.has_short_convs(m.config)), None)
-        if short_conv is not None:
-            _fail(UnsupportedGenerationError, f"cache_implementation='static' is not supported with "
-                  f"{type(short_conv).__name__}: its hybrid layers' short-convolution states run on the default "
-                  "dynamic cache only; drop cache_implementation='static'.")
         budget.fixed_width = True  # one block width: compiled graphs are reused round after round
     return Plan(kind, vocab, budget, kwargs, backend_for(config.cache_implementation), draft)

@@ -23,6 +23,12 @@ so no slot is ever moved for it.
 Linear-attention layers (Qwen3.5) keep fixed-size states, written in place by their rollback
 (:mod:`hf_specmm.caches.linear`); their forwards get the same per-layer-type masks (none for the linear
 layers, which would read the whole buffer's last columns as the block's padding) and run eagerly.
+
+Inkling's hybrid layers (short convolutions beside attention) are kept as full-length static hybrid layers, their
+conv states written in place by their rollback (:mod:`hf_specmm.caches.short_conv`); the convolutions get the
+block's own slot mask as their padding mask. Its relative position bias reads cache columns, not positions, so
+these caches move every row's holes to its left end after each rollback (``compact``, as dynamic caches do), and
+the cache is a :class:`~hf_specmm._compat.ColumnStaticCache`, whose query column is read before the write.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ class WindowMasks:
 
     def __init__(self, config: Any, dtype: torch.dtype):
         self.config, self.dtype = config, dtype
+        self.short_convs = _compat.has_short_convs(config)
         self.implementation = getattr(config, "_attn_implementation", None) or "sdpa"
         if self.implementation not in self.IMPLEMENTATIONS:
             raise ValueError(f"attn_implementation={self.implementation!r} with a static cache on a sliding-window "
@@ -70,7 +77,16 @@ class WindowMasks:
                 return torch.zeros((), dtype=self.dtype, device=buffer.device).masked_fill(~mask, low)
             return mask
 
-        return _compat.mask_argument(self.config, make_mask)
+        # Inkling's short convolutions zero their inputs at the block's invalid slots, as a dynamic cache's 2-D mask
+        # makes them do (a whole-buffer mask's last columns would read as the block's)
+        block = buffer[:, start : start + width] if self.short_convs else None
+        return _compat.mask_argument(self.config, make_mask, block)
+
+
+def compacts(model: Any) -> bool:
+    """Whether ``model``'s caches move holes left after each rollback: it reads distances between tokens off cache
+    columns (Inkling's relative position bias), where a hole would count as a token."""
+    return _compat.distances_by_column(model.config)
 
 
 def needs_4d_masks(model: Any) -> bool:
@@ -98,8 +114,8 @@ class StaticSlottedCache(SlottedCache):
 
     def __init__(self, cache: Any, batch_size: int, device: torch.device, positions: PositionRule = ROPE_1D,
                  length: int = 0, mask: torch.Tensor | None = None, window_masks: WindowMasks | None = None,
-                 linear: LinearStates | None = None):
-        super().__init__(cache, batch_size, device, positions, compact=False, length=length, linear=linear)
+                 linear: LinearStates | None = None, compact: bool = False):
+        super().__init__(cache, batch_size, device, positions, compact=compact, length=length, linear=linear)
         self.capacity = _compat.static_capacity(cache)
         if length > self.capacity:
             raise ValueError(f"the prompt takes {length} slots but the static cache holds {self.capacity}: "
@@ -117,7 +133,7 @@ class StaticSlottedCache(SlottedCache):
         cache = _compat.new_static_cache(model, capacity, full_layers=sliding)
         windows = WindowMasks(model.config, model.dtype) if needs_4d_masks(model) else None
         return cls(cache, batch_size, device, positions, window_masks=windows,
-                   linear=linear_states(model, cache, batch_size))
+                   linear=linear_states(model, cache, batch_size), compact=compacts(model))
 
     @classmethod
     def from_prefill(cls, model: Any, inputs: dict[str, Any], capacity: int, positions: PositionRule) -> "StaticSlottedCache":
@@ -205,8 +221,9 @@ class StaticBackend(Backend):
 
     @staticmethod
     def requires_left_padding(model: Any) -> bool:
-        """Windows are counted in positions from the left end of each row (see :class:`WindowMasks`)."""
-        return _compat.has_sliding_layers(model.config)
+        """Windows are counted in positions from the left end of each row (see :class:`WindowMasks`), and a model
+        that reads distances off cache columns reads them from each row's right end."""
+        return _compat.has_sliding_layers(model.config) or compacts(model)
 
     def prepare_target(self, target: Any, model_kwargs: dict, generation_config: Any, prompt_len: int,
                        width: int) -> None:
@@ -225,7 +242,7 @@ class StaticBackend(Backend):
                     device: torch.device, positions: PositionRule) -> SlottedCache:
         windows = WindowMasks(target.config, target.dtype) if needs_4d_masks(target) else None
         kv = StaticSlottedCache(cache, batch_size, device, positions, length, mask, windows,
-                                linear_states(target, cache, batch_size))
+                                linear_states(target, cache, batch_size), compacts(target))
         kv.compile_config = self.compile_config
         return self._opened(kv)
 

@@ -66,7 +66,7 @@ from .shaping import BOS_ID, EOS_ID, UNK_ID, vision_module
 
 FAMILIES = tuple(name for name, family in FIXTURES.items() if family.shared_suites)
 HYBRID_FAMILIES = families_of("qwen3_5")  # linear-attention hybrids: tests/test_qwen3_5.py
-# in FAMILIES, with stateful layers (Inkling's short convolutions): draft trees and static caches are refused
+# in FAMILIES, with stateful layers (Inkling's short convolutions): draft trees are refused (static caches run)
 STATEFUL_FAMILIES = families_of("inkling")
 TREE_FAMILIES = tuple(f for f in FAMILIES if f not in STATEFUL_FAMILIES)
 LLAVA_FAMILIES = families_of("llava")

@@ -94,8 +94,10 @@ def hide_first(mask: Any, k: int) -> Any:
     """``mask`` (the cache's 2-D slot mask, or a 4-D mask of full attention) without each row's first ``k`` real
     slots as keys: MTP layer k's first k slots read an output of layer k - 1 that no layer k - 1 slot made from
     real inputs (transformers' ``MtpModel`` starts layer k's sequence k tokens later)."""
-    if mask is None or k == 0 or isinstance(mask, dict):  # the prompt's first slot is a hole: a mask always exists
+    if mask is None or k == 0:  # the prompt's first slot is a hole: a mask always exists
         return mask
+    if isinstance(mask, dict):  # per layer type (a static cache's): an MTP layer attends fully
+        return {**mask, "full_attention": hide_first(mask.get("full_attention"), k)}
     if mask.dim() == 2:
         real = mask.bool()
     else:  # [B, 1, Q, KV]: what the first query reads (a full-attention draft: every real earlier slot)
