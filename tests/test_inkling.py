@@ -1,5 +1,6 @@
 """Inkling: its short-convolution states rolled back per row, what it refuses before any work (audio, draft trees,
-static caches, EAGLE-3 heads, batches with column log scaling), stock's assisted generation beside ours. (The shared matrices over
+EAGLE-3 heads, batches with column log scaling), stock's assisted generation beside ours (static caches:
+tests/test_inkling_static.py). (The shared matrices over
 ``testing.FAMILIES`` run its greedy parity, sampling and draft kinds.)"""
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def test_rollback_leaves_each_rows_conv_states_as_its_kept_tokens_make_them():
 
 
 @needs_inkling
-@pytest.mark.parametrize("case", ["audio", "tree", "static"])
+@pytest.mark.parametrize("case", ["audio", "tree"])
 def test_refused_before_any_work(case):
     model = testing.tiny_target(FAMILY)
     draft = testing.text_draft_from_target(model)
@@ -78,10 +79,8 @@ def test_refused_before_any_work(case):
     if case == "audio":
         inputs["audio_input_ids"] = torch.zeros(1, 2, model.config.audio_config.n_mel_bins, dtype=torch.long)
         pattern = "audio_input_ids"
-    elif case == "tree":
-        assistant, pattern = hf_specmm.Tree(draft, top_k=2, depth=2, nodes=4), "short convolutions"
     else:
-        kwargs["cache_implementation"], pattern = "static", "static"
+        assistant, pattern = hf_specmm.Tree(draft, top_k=2, depth=2, nodes=4), "short convolutions"
     hf_specmm.enable(model)
     try:
         with _count_forwards(model) as calls, pytest.raises(SpecMMError, match=pattern):
