@@ -144,6 +144,23 @@ def test_sampling_with_a_static_cache_has_the_targets_distribution(model):
         assert p > ALPHA, f"position {pos}: χ²={stat:.1f} (dof {dof}), p={p:.2g} < {ALPHA}"
 
 
+def test_column_log_scaling_runs_one_row():
+    """``log_scaling_n_floor`` scales logits by the query's absolute cache column: one row has no holes, and its
+    static cache reads the column a dynamic cache does."""
+    model = testing.tiny_target(FAMILY, eos_bias=-30.0)
+    model.config.text_config.log_scaling_n_floor = 8  # every column past 8 is scaled
+    inputs = batch_inputs(FAMILY, 1)
+    plain = model.generate(**inputs, max_new_tokens=16, do_sample=False)
+    hf_specmm.enable(model)
+    try:
+        for draft in (testing.text_draft_from_target(model), model):
+            out = model.generate(**inputs, max_new_tokens=16, **STATIC, assistant_model=draft, num_assistant_tokens=3)
+            assert torch.equal(out, plain)
+            assert hf_specmm.last_stats(model).accepted_tokens > 0
+    finally:
+        hf_specmm.disable(model)
+
+
 @pytest.mark.parametrize("case", ["tree", "log scaling"])
 def test_what_stays_refused_is_refused_before_any_forward(case):
     """Draft trees (a node's conv states are its parent's plus its token) and, with ``log_scaling_n_floor``, a
