@@ -203,7 +203,9 @@ def test_costs_file_round_trip_and_merge(tmp_path):
     saved = json.loads(path.read_text())
     assert "Other(x, 1 params) | Draft(y, 2 params) | cpu" in saved  # another model's entry, untouched
     (key,) = [k for k in saved if "batch<=1" in k]
-    assert saved[key]["arms"] and all(len(v) == 4 for v in saved[key]["arms"].values())
+    assert saved[key]["version"] == 2 and saved[key]["arms"]
+    assert all(len(v) == 5 for v in saved[key]["arms"].values())
+    assert len(saved[key]["calls"]["speculative"]) == 3
     COSTS.clear()
     again = hf_specmm.Auto(draft("llava", "self"), max_tokens=8, max_depth=3, costs_file=path)
     budget = again.budget(model, 1, False, "dynamic", True, True, torch.device("cpu"))
@@ -224,9 +226,13 @@ def test_bad_costs_files_are_refused_before_any_forward_naming_file_and_key(tmp_
     handle = model.register_forward_pre_hook(lambda *a: calls.append(1))
     try:
         for text, match in (("{not json", "cannot be read as JSON"), ("[1, 2]", "JSON object"),
-                            (json.dumps({key: {"arms": {"chain 2": [1, 2]}}}), "chain 2"),
-                            (json.dumps({key: {"arms": {"chain x": [1, 1, 1, 1]}}}), "unknown arm"),
-                            (json.dumps({key: {"arms": {"plain": [1, 1, 1, float("nan")]}}}), "finite"),
+                            (json.dumps({key: {"version": 2, "arms": {"chain 2": [1, 2]}}}), "chain 2"),
+                            (json.dumps({key: {"version": 2, "arms": {"chain x": [1] * 5}}}), "unknown arm"),
+                            (json.dumps({key: {"version": 2, "arms": {"plain": [1, 1, 1, 1, float("nan")]}}}),
+                             "finite"),
+                            (json.dumps({key: {"version": 2, "arms": {"plain": [1, 1, 1, 1]}}}), "not 5 finite"),
+                            (json.dumps({key: {"arms": {"plain": [1, 1, 1, 1]}}}), "an earlier hf_specmm"),
+                            (json.dumps({key: {"version": 2, "calls": {"plain": [1, 1]}}}), "not 3 finite"),
                             (json.dumps({key: []}), "object")):
             path.write_text(text)
             COSTS.clear()
@@ -268,7 +274,7 @@ def test_concurrent_saves_lose_no_key_and_leave_valid_json(tmp_path):
     def writer(i: int) -> None:
         store = Store()
         for j in range(5):
-            store.tables[f"key {i}.{j}"] = Table({"arms": {"plain": [1, 1, 1, 0.01]}})
+            store.tables[f"key {i}.{j}"] = Table({"arms": {"plain": [1, 1, 1, 1, 0.01]}})
             store.save(path, [f"key {i}.{j}"])
 
     threads = [threading.Thread(target=writer, args=(i,)) for i in range(6)]

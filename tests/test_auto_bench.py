@@ -121,6 +121,15 @@ def test_the_simulator_goals_script_runs_one_profile(tmp_path):
     assert row["profile"] == "tiny-text-only" and 0 < row["auto_over_best"] <= 1.0 + 1e-9
     assert set(row["first_20"]) >= {"auto_over_best", "auto_over_plain"}
     assert "tiny-text-only" in done.stdout
+    row["a1b2c3d"] = {"auto_over_best": 0.5, "auto_over_plain": 0.5, "first_20": {"auto_over_best": 0.25}}
+    (tmp_path / "g.json").write_text(json.dumps({"rows": [row]}))
+    shown = subprocess.run([sys.executable, str(root / "benchmarks" / "auto_sim_goals.py"), "--table",
+                            str(tmp_path / "g.json")], capture_output=True, text=True, cwd=root,
+                           env={**os.environ, "PYTHONPATH": str(root)})
+    assert shown.returncode == 0, shown.stderr
+    assert f"| tiny-text-only | 1 | {row['best_shape']} (" in shown.stdout and "| 0.500, 0.250 (1) |" in shown.stdout
+    steady = row["auto_over_best"] >= 0.95 and row["auto_over_plain"] >= 0.98
+    assert f"Goals met: steady {int(steady)} of 1" in shown.stdout and "drifts 0 of 0" in shown.stdout
 
 
 def benchmark_script(name: str):

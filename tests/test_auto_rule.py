@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hf_specmm.auto.acceptance import AcceptanceTable, chain_lengths, tree_nodes
-from hf_specmm.auto.budget import EXPLORE, AutoBudget, expected_tokens
+from hf_specmm.auto.budget import EXPLORE, REFRESH, AutoBudget, expected_tokens
 from hf_specmm.auto.costs import COLD_ROUNDS, DISCOUNT, PRIOR_ROUNDS, Table
 from hf_specmm.auto.shapes import PLAIN, Shape, candidates
 from hf_specmm.budget import RoundOutcome
@@ -30,6 +30,20 @@ def test_acceptance_counts_hazards_by_depth_and_rank_and_follows_a_drift():
     assert table.probabilities(1, 1)[0][0] < 0.1
 
 
+def test_a_depth_barely_seen_takes_the_pooled_hazard_unless_a_profile_gives_its_own():
+    table = AcceptanceTable(depth=8, ranks=2)
+    for _ in range(20):  # chains of 2, both drafts accepted: depths 3-8 never tried
+        table.observe([[(1, 0), (1, 0)]])
+    p = table.probabilities(8, 1)
+    # the default prior's 0.5 would make a deep chain look worse than it is; the pooled evidence does not
+    assert p[0][0] > 0.9 and p[7][0] > 0.9
+    profiled = AcceptanceTable(depth=8, ranks=2, prior=[[0.9, 0.0]] * 2 + [[0.2, 0.0]] * 6)
+    for _ in range(20):
+        profiled.observe([[(1, 0), (1, 0)]])
+    # a profile's deep depths (0.2) pull as much as the pooled evidence
+    assert profiled.probabilities(8, 1)[7][0] == pytest.approx((0.2 + profiled.probabilities(8, 1)[0][0]) / 2, abs=0.06)
+
+
 def test_expected_tokens_of_chains_and_trees():
     p = [[0.5, 0.3], [0.5, 0.3]]
     assert chain_lengths(p, 2) == pytest.approx([0.5, 0.75])
@@ -48,12 +62,27 @@ def test_a_shapes_rate_comes_from_its_own_rounds_and_cold_rounds_are_not_timed()
     table, chain = Table(), Shape(3)
     theta = table.model()
     for _ in range(COLD_ROUNDS):  # one-time costs of a new width: 10x slower, not timed
-        table.record(chain, 1, 3, 10.0)
+        table.record(chain, 1, 3, 3, 10.0)
     assert chain.label not in table.arms
     for _ in range(40):
-        table.record(chain, 1, 3, 1.0)
-    rate, n = table.rate(chain, 1, 2.0, theta)
-    assert n > 30 and rate == pytest.approx(3.0, rel=0.05)  # its own 3 tokens per 1 s, not the prior's
+        table.record(chain, 1, 3, 3, 1.0)
+    rate, n = table.rate(chain, 1, 3.0, theta)
+    assert n > 30 and rate == pytest.approx(3.0, rel=0.05)  # 3 expected tokens per its own 1 s, not the prior's
+    table.tick(1000)  # the evidence ages: the estimate keeps its value, its weight (and so its optimism) shrinks
+    aged, fewer = table.rate(chain, 1, 3.0, theta)
+    assert aged == pytest.approx(rate) and fewer < 0.01 * n
+
+
+def test_a_chain_is_valued_by_the_acceptance_table_and_a_tree_by_its_own_kept_over_expected():
+    table, chain, tree = Table(), Shape(3), Shape(3, TreeShape(2, 3, 8))
+    for _ in range(COLD_ROUNDS + 50):  # both kept half the tokens the table expected of them
+        table.record(chain, 1, 2, 4, 1.0)
+        table.record(tree, 1, 2, 4, 1.0)
+    theta = table.model()
+    # a chain's expected tokens are exact under the table: its realised tokens are the table's evidence, not its
+    assert table.rate(chain, 1, 4.0, theta)[0] == pytest.approx(4.0)
+    # a tree's nodes are the drafter's: its own rounds scale the table's expectation (to near 2 of 4)
+    assert table.rate(tree, 1, 4.0, theta)[0] == pytest.approx(2.0, rel=0.05)
 
 
 def test_the_round_time_model_is_fitted_to_the_timed_shapes():
@@ -62,7 +91,7 @@ def test_the_round_time_model_is_fitted_to_the_timed_shapes():
     shapes = [PLAIN, Shape(1), Shape(4), Shape(8), Shape(4, TreeShape(4, 4, 32)), Shape(6, TreeShape(8, 6, 64))]
     for s in shapes:
         for _ in range(COLD_ROUNDS + 30):
-            table.record(s, 1, 1, sum(a * b for a, b in zip(truth, s.features())))
+            table.record(s, 1, 1, 1, sum(a * b for a, b in zip(truth, s.features())))
     theta = table.model()
     unseen = Shape(3, TreeShape(2, 3, 8))  # never run: predicted by the model
     assert table.predicted_seconds(unseen, theta) == pytest.approx(sum(a * b for a, b in zip(truth, unseen.features())),
@@ -100,15 +129,15 @@ def new_budget(clock: Clock, shapes: list[Shape], table: Table | None = None) ->
 def test_the_rule_takes_the_fastest_shape_and_explores_within_its_uncertainty():
     clock, shapes = Clock(), [PLAIN, Shape(1), Shape(2), Shape(3)]
     budget = new_budget(clock, shapes)
-    # chain 2 keeps 3 tokens a second; chain 3 4 tokens in 2 s (within EXPLORE of it); chain 1 and plain far worse
-    seconds, tokens = {"plain": 1.0, "chain 1": 1.0, "chain 2": 1.0, "chain 3": 2.0}, {"chain 1": 1, "chain 2": 3,
-                                                                                     "chain 3": 4}
-    taken = run_rounds(budget, clock, seconds, tokens, 600)
+    # every draft is accepted: chain 3 keeps 4 tokens in 1.25 s (3.2 a second), chain 2 3 in 1 s (within EXPLORE of
+    # it), chain 1 2 in 1 s and plain 1 in 1 s, far worse
+    seconds = {"plain": 1.0, "chain 1": 1.0, "chain 2": 1.0, "chain 3": 1.25}
+    taken = run_rounds(budget, clock, seconds, {"chain 1": 2, "chain 2": 3, "chain 3": 4}, 600)
     late = taken[300:]
-    assert late.count("chain 2") > 0.8 * len(late)
-    assert "chain 3" in late  # a near tie is explored again once its evidence fades
+    assert late.count("chain 3") > 0.8 * len(late)
+    assert "chain 2" in late  # a near tie is explored again once its evidence fades
     assert late.count("plain") + late.count("chain 1") < 0.02 * len(late)
-    assert EXPLORE < (3.0 - 2.0) / 2.0  # (chain 3 runs at 2/3 of chain 2's rate: outside the optimism once known)
+    assert EXPLORE < (3.2 - 2.0) / 3.2  # (chain 1 runs at 5/8 of chain 3's rate: outside the optimism once known)
 
 
 def test_cold_first_rounds_do_not_condemn_a_shape():
@@ -135,13 +164,36 @@ def test_whole_calls_are_arms_speculative_first_then_plain_once_then_the_faster(
     shapes = [PLAIN, Shape(2)]
     first = new_budget(clock, shapes, table)
     assert not first.runs_plain()  # nothing measured: a speculative call first
-    table.record_call("speculative", 100, 10.0)
+    for _ in range(COLD_ROUNDS + 40):  # its chain 2 rounds: 1 s each
+        table.record(Shape(2), 1, 2, 2, 1.0)
+    table.record_call("speculative", 100, 10.0)  # 100 tokens a call, 10 s outside the rounds
     assert new_budget(clock, shapes, table).runs_plain()  # plain generate never run: once
-    table.record_call("plain", 100, 5.0, steps=100)  # twice as fast
+    table.record_call("plain", 100, 20.0, steps=100)  # 5 tokens a second
     second = new_budget(clock, shapes, table)
-    assert second.runs_plain() and second.whole_call["plain_generate"]
-    table.calls["plain"] = [PRIOR_ROUNDS, 100, 40.0]  # far slower now
+    assert second.runs_plain()
+    # the speculative call as its parts predict it: 100 tokens at chain 2's rate, plus 10 s outside the rounds
+    rate = second.scores(table, 1, [Shape(2)])[0][0]
+    assert second.whole_call["speculative_rate"] == pytest.approx(100 / (10.0 + 100 / rate))
+    assert second.whole_call["speculative_rate"] < second.whole_call["plain_rate"] == pytest.approx(5.0)
+    table.calls["plain"] = [PRIOR_ROUNDS, 200, 200.0]  # far slower now: 1 token a second
     assert not new_budget(clock, shapes, table).runs_plain()
+
+
+def test_a_whole_call_is_valued_on_the_acceptance_as_it_is_now():
+    """Plain calls add no rounds: the expected tokens cached before them are refreshed at each call's start."""
+    clock, table, shapes = Clock(), Table(), [PLAIN, Shape(4)]
+    budget = new_budget(clock, shapes, table)
+    for _ in range(COLD_ROUNDS + 40):
+        table.record(Shape(4), 1, 5, 5, 1.0)
+    table.record_call("speculative", 100, 1.0)
+    table.record_call("plain", 100, 50.0)
+    stale = expected_tokens(budget.acceptance, shapes)[Shape(4)]  # cached on the prior's hazards
+    for _ in range(REFRESH // 2):  # fewer rounds than a refresh: every draft accepted
+        budget.acceptance.observe([[(1, 0)] * 4])
+    budget.runs_plain()
+    fresh = expected_tokens(budget.acceptance, shapes)[Shape(4)]
+    assert fresh > stale + 1
+    assert budget.whole_call["speculative_rate"] == pytest.approx(100 / (1.0 + 100 / (fresh / 1.0)), rel=0.02)
 
 
 def test_a_round_outcome_reads_each_rows_path():

@@ -13,6 +13,7 @@ by :data:`~hf_specmm.auto.costs.DISCOUNT` per round, so the table follows a work
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -32,6 +33,7 @@ class AcceptanceTable:
         hazards = [profile_hazards(row, ranks) for row in prior] if prior else \
             [[PRIOR_HAZARDS[0]] + [PRIOR_HAZARDS[1]] * (ranks - 1)]
         self.prior = [hazards[min(d, len(hazards) - 1)] for d in range(depth)]
+        self.profiled = bool(prior)  # a profile's depths are evidence of their own; the default prior is not
         self.rounds = 0  # rounds observed (the estimates' version)
 
     def observe(self, paths: Sequence[Sequence[tuple[int, int | None]]]) -> None:
@@ -62,8 +64,9 @@ class AcceptanceTable:
             di, row, left = min(d, self.depth - 1), [], 1.0
             for r in range(ranks):
                 ri = min(r, self.ranks - 1)
-                # a depth's own prior (a given profile) pulls as much as the pooled evidence
-                centre = (pooled[ri] + self.prior[di][ri]) / 2.0
+                # a given profile's depth pulls as much as the pooled evidence; else a depth barely seen takes the
+                # pooled hazard (optimistic if acceptance falls with depth: tried and corrected, never condemned)
+                centre = (pooled[ri] + self.prior[di][ri]) / 2.0 if self.profiled else pooled[ri]
                 h = (self.hits[di][ri] + PRIOR_ROUNDS * centre) / (self.trials[di][ri] + PRIOR_ROUNDS)
                 row.append(left * h)
                 left *= 1.0 - h
@@ -133,7 +136,7 @@ def check_profile(profile: Any, what: str) -> None:
 def read_profile(text: str) -> list[list[float]]:
     """A profile from ``"p11,p12,...;p21,..."`` (depths split by ``;``, ranks by ``,``) or from a JSON file (a
     list of depths, or an object with a ``"profile"`` list: what ``hf-specmm world-tau --profile`` writes)."""
-    if Path(text).suffix == ".json" or _is_file(text):
+    if Path(text).suffix == ".json" or os.path.isfile(text):  # isfile: False for names too long to be paths
         path = Path(text)
         if not path.is_file():
             raise ValueError(f"profile file {text!r} does not exist")
@@ -149,9 +152,3 @@ def read_profile(text: str) -> list[list[float]]:
         raise ValueError(f"expected probabilities by rank, depths split by ';' (e.g. 0.7,0.1;0.6,0.1) or a .json "
                          f"file, got {shown!r}") from None
 
-
-def _is_file(text: str) -> bool:
-    try:
-        return Path(text).is_file()
-    except OSError:  # not a path this system can name (too long): the text itself
-        return False

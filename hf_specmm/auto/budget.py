@@ -1,13 +1,11 @@
 """``AutoBudget``: the draft budget of one ``generate`` call with ``hf_specmm.Auto`` — the one decision rule.
 
 Every shape (a plain step, a chain, a tree) is an arm; so are whole calls of plain ``generate`` and of the
-speculative loop. Each arm's rate (tokens per second) is estimated from its own recent rounds (calls), with
-:data:`~hf_specmm.auto.costs.PRIOR_ROUNDS` rounds of a prior: the acceptance table's expected tokens over the
-round-time model's seconds (:class:`~hf_specmm.auto.costs.Table`). The arm taken is the one with the highest
-optimistic rate, ``rate · (1 + EXPLORE / √(1 + n))`` with n its discounted rounds of evidence (UCB): an arm
-is explored while its estimate is within its uncertainty of the best, and again once its evidence has faded.
+speculative loop. Each arm's rate (tokens per second) is the acceptance table's expected tokens over the shape's
+round time (:class:`~hf_specmm.auto.costs.Table`). The arm taken is the one with the highest optimistic rate,
+``rate · (1 + EXPLORE / √(1 + n))`` with n its discounted rounds of evidence (UCB): an arm is explored while its
+estimate is within its uncertainty of the best, and again once its evidence has faded.
 """
-
 from __future__ import annotations
 
 import math
@@ -25,19 +23,24 @@ EXPLORE = 0.1
 REFRESH = 16
 
 
-def expected_tokens(acceptance: AcceptanceTable, shapes: list[Shape]) -> dict[Shape, float]:
+def expected_tokens(acceptance: AcceptanceTable, shapes: list[Shape], fresh: bool = False) -> dict[Shape, float]:
     """1 + E[accepted drafts] per row of each shape under the acceptance table, cached on the table for
-    :data:`REFRESH` of its rounds."""
+    :data:`REFRESH` of its rounds (``fresh``: computed now)."""
     cached = getattr(acceptance, "_expected", None)
-    if cached is not None and acceptance.rounds - cached[0] < REFRESH and all(s in cached[1] for s in shapes):
+    if not fresh and cached is not None and acceptance.rounds - cached[0] < REFRESH \
+            and all(s in cached[1] for s in shapes):
         return cached[1]
-    depth = max((s.gamma for s in shapes), default=1)
-    p = acceptance.probabilities(max(depth, 1))
-    chains = chain_lengths(p, max(depth, 1))
-    out = {s: 1.0 + (sum(v for _, _, v in tree_nodes(p, s.tree.top_k, s.tree.depth, s.tree.nodes)) if s.tree
-                     else chains[s.gamma - 1] if s.gamma else 0.0) for s in shapes}
+    p = acceptance.probabilities(max(max((s.gamma for s in shapes), default=1), 1))
+    out = {s: shape_tokens(p, s) for s in shapes}
     acceptance._expected = (acceptance.rounds, out)  # type: ignore[attr-defined]
     return out
+
+
+def shape_tokens(p: list[list[float]], shape: Shape) -> float:
+    """1 + E[accepted drafts] per row of ``shape`` under the probabilities ``p[d][r]``."""
+    if shape.tree is not None:
+        return 1.0 + sum(v for _, _, v in tree_nodes(p, shape.tree.top_k, shape.tree.depth, shape.tree.nodes))
+    return 1.0 + (chain_lengths(p, shape.gamma)[-1] if shape.gamma else 0.0)
 
 
 class AutoBudget(DraftBudget):
@@ -50,40 +53,46 @@ class AutoBudget(DraftBudget):
         super().__init__(gamma=max(s.gamma for s in (fixed or shapes)))
         self.shapes, self.fixed, self.acceptance, self.tables = shapes, fixed, acceptance, tables
         self.clock, self.save = clock, save
+        self.batch = batch
         self.key, self.table = tables(batch)
         self.used = {self.key}
         self.open: dict[str, Any] | None = None
         self.log: list[tuple[str, int, float, float, float | None]] = []  # shape, rows, tokens, seconds, predicted
         self.plain_call: tuple[int, int] | None = None  # (steps, rows) once the call ran as plain generate
         self.whole_call: dict[str, Any] | None = None
-        self.cold = [0, 0.0]  # tokens and seconds of untimed (cold) rounds: no whole call's evidence
         self.created = clock()
 
     # ---- choosing --------------------------------------------------------------------------------------
-    def scores(self, table: Table, rows: int, shapes: list[Shape]) -> list[tuple[float, float, Shape]]:
-        """(rate, optimistic rate, shape) of every shape in ``table`` for ``rows`` live rows."""
+    def scores(self, table: Table, rows: int, shapes: list[Shape]) -> list[tuple[float, float, Shape, float]]:
+        """(rate, optimistic rate, shape, rounds of evidence) of every shape in ``table`` for ``rows`` live rows."""
         theta = table.model(self.table)
         expected = expected_tokens(self.acceptance, shapes)
         out = []
         for s in shapes:
             rate, n = table.rate(s, rows, expected[s], theta)
-            out.append((rate, rate * (1.0 + EXPLORE / math.sqrt(1.0 + n)), s))
+            out.append((rate, rate * (1.0 + EXPLORE / math.sqrt(1.0 + n)), s, n))
         return out
 
     def runs_plain(self) -> bool:
-        """Whole calls are arms too: plain ``generate`` (prior: a plain step's rate) against the speculative loop
-        (prior: the best drafted shape's rate), each by its own recent calls' tokens per second."""
+        """Whole calls are arms too: plain ``generate`` at its recent calls' tokens per second (its calls as
+        evidence), against a speculative call predicted from its parts: the mean call's tokens at the best drafted
+        shape's rate plus the speculative calls' mean seconds outside their rounds (that shape's rounds as
+        evidence)."""
         if self.fixed is not None or not self.shapes or self.shapes[0] != PLAIN:
             return False
-        scored = self.scores(self.table, 1, self.shapes)
-        drafted = max((r for r, _, s in scored if s.gamma), default=0.0)
-        plain, n_plain = self.table.call_rate("plain", scored[0][0])
-        spec, n_spec = self.table.call_rate("speculative", drafted)
+        tokens, seconds, n_plain = self.table.call_rate("plain")
+        spec_tokens, outside, n_calls = self.table.call_rate("speculative")
+        expected_tokens(self.acceptance, self.shapes, fresh=True)  # plain calls add no rounds: not a stale cache
+        drafted = self.scores(self.table, self.batch, [s for s in self.shapes if s.gamma])
+        rate, _, shape, n_spec = max(drafted, key=lambda x: x[0])
+        plain = tokens / seconds if seconds > 0 else 0.0
+        spec = spec_tokens / (outside + spec_tokens / rate) if n_calls else rate
         bonus = [x * (1.0 + EXPLORE / math.sqrt(1.0 + n)) for x, n in ((plain, n_plain), (spec, n_spec))]
-        # a kind of call never run has no estimate (stock's loop costs less than the rounds' plain steps): each is
-        # run once, the speculative first
-        chosen = n_spec > 0 and (n_plain == 0 or bonus[0] > bonus[1])
-        self.whole_call = {"plain_generate": chosen, "plain_rate": plain, "speculative_rate": spec}
+        # each kind of call runs once before the rule decides (stock's loop costs less than the rounds' plain
+        # steps, so a plain step's rate is no estimate of a plain call): the speculative first
+        chosen = n_calls > 0 and (n_plain == 0 or bonus[0] > bonus[1])
+        self.whole_call = {"plain_generate": chosen, "plain_rate": plain, "speculative_rate": spec,
+                           "speculative_shape": shape.label}
         return chosen
 
     def plan(self, remaining: list[int], unfinished: list[bool]) -> RoundBudget:
@@ -97,11 +106,13 @@ class AutoBudget(DraftBudget):
         if self.fixed is not None:
             choice = self.fixed[len(self.log) % len(self.fixed)]
         else:
-            rate, _, choice = max(self.scores(table, rows, self.shapes), key=lambda x: x[1])
+            rate, _, choice, _ = max(self.scores(table, rows, self.shapes), key=lambda x: x[1])
             predicted = rate
         shape = choice.fit(room)
+        expected = 0.0 if self.fixed is not None else expected_tokens(self.acceptance, self.shapes).get(shape) \
+            or shape_tokens(self.acceptance.probabilities(max(shape.gamma, 1)), shape)  # a shape cut to the room
         self.open = {"shape": shape, "rows": rows, "table": table, "start": self.clock(), "tokens": 0,
-                     "predicted": predicted if shape == choice else None}
+                     "expected": expected * rows, "predicted": predicted if shape == choice else None}
         return RoundBudget(shape.gamma, shape.tree)
 
     def close(self, outcome: RoundOutcome) -> RoundBudget | None:
@@ -109,7 +120,10 @@ class AutoBudget(DraftBudget):
             self.acceptance.observe(outcome.paths())
         if self.open is not None:
             self.open["tokens"] = sum(k for k, u in zip(outcome.kept, outcome.live) if u)
-        return self.plan(outcome.remaining, outcome.unfinished) if any(outcome.unfinished) else None
+        if any(outcome.unfinished):
+            return self.plan(outcome.remaining, outcome.unfinished)
+        self._time_round(self.clock())
+        return None
 
     def _time_round(self, now: float | None) -> None:
         """The running round ends at ``now`` (None: with the call, untimed): into its table and the log."""
@@ -117,9 +131,8 @@ class AutoBudget(DraftBudget):
         if entry is None:
             return
         seconds = 0.0 if now is None else now - entry["start"]
-        if now is not None and self.fixed is None and \
-                not entry["table"].record(entry["shape"], entry["rows"], entry["tokens"], seconds):
-            self.cold[0], self.cold[1] = self.cold[0] + entry["tokens"], self.cold[1] + seconds
+        if now is not None and self.fixed is None:
+            entry["table"].record(entry["shape"], entry["rows"], entry["tokens"], entry["expected"], seconds)
         self.log.append((entry["shape"].label, entry["rows"], entry["tokens"], seconds, entry["predicted"]))
 
     # ---- the call's end --------------------------------------------------------------------------------
@@ -136,16 +149,16 @@ class AutoBudget(DraftBudget):
                 steps, rows = self.plain_call
                 self.table.record_call("plain", steps * rows, now - self.created, steps)
             elif self.log:
-                self.table.record_call("speculative", sum(e[2] for e in self.log) - self.cold[0],
-                                       now - self.created - self.cold[1])
+                self.table.record_call("speculative", sum(e[2] for e in self.log),
+                                       max(now - self.created - sum(e[3] for e in self.log), 0.0))
             if self.save is not None:
                 self.save(sorted(self.used))
-        per_shape: dict[str, dict[str, Any]] = {}
-        for label, _, tokens, seconds, _ in self.log:
-            s = per_shape.setdefault(label, {"rounds": 0, "tokens": 0, "seconds": 0.0})
-            s["rounds"], s["tokens"], s["seconds"] = s["rounds"] + 1, s["tokens"] + tokens, s["seconds"] + seconds
-        for s in per_shape.values():
-            s["measured_tokens_per_s"] = s["tokens"] / s["seconds"] if s["seconds"] > 0 else None
+        per_shape = {}
+        for label in dict.fromkeys(e[0] for e in self.log):
+            rows = [e for e in self.log if e[0] == label]
+            tokens, seconds = sum(e[2] for e in rows), sum(e[3] for e in rows)
+            per_shape[label] = {"rounds": len(rows), "tokens": tokens, "seconds": seconds,
+                                "measured_tokens_per_s": tokens / seconds if seconds > 0 else None}
         chosen = [e for e in self.log if e[4] is not None and e[3] > 0]
         seconds = sum(e[3] for e in chosen)
         return {

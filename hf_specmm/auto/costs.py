@@ -1,5 +1,5 @@
-"""Round times and rates: what each shape's rounds realised (its own recent rounds), and a linear round-time
-model over shapes that is only the prior for shapes not yet run. One :class:`Table` per cost key (target,
+"""Round times and rates: each shape's round time from its own recent rounds, and a linear round-time model
+over shapes that is only the prior for shapes not yet run. One :class:`Table` per cost key (target,
 draft, device, dtype, batch bucket, cache kind); :mod:`~hf_specmm.auto.store` keeps them for the process and
 in costs files."""
 
@@ -40,8 +40,10 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float]:
 class Table:
     """One cost key's evidence, every sum discounted by :data:`DISCOUNT` per round:
 
-    - ``arms[label] = [rounds, row-rounds, tokens, seconds]``: the shape's own timed rounds;
-    - ``calls[kind] = [calls, tokens, seconds]``: whole calls, ``plain`` generate and ``speculative``;
+    - ``arms[label] = [rounds, row-rounds, tokens, expected tokens, seconds]``: the shape's own timed rounds,
+      with the tokens the acceptance table expected of them (a tree's own correction, :meth:`rate`);
+    - ``calls[kind] = [calls, tokens, seconds]``: whole calls; for ``plain`` generate the calls' seconds, for
+      ``speculative`` calls the seconds outside their rounds (prefills, the call's own overhead);
     - ``widths``: rounds run at each block width in this process (the first :data:`COLD_ROUNDS` untimed).
     """
 
@@ -54,7 +56,7 @@ class Table:
         self._fit: tuple[int, list[float]] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"arms": {k: [round(x, 6) for x in v] for k, v in self.arms.items()},
+        return {"version": 2, "arms": {k: [round(x, 6) for x in v] for k, v in self.arms.items()},
                 "calls": {k: [round(x, 6) for x in v] for k, v in self.calls.items()}}
 
     def tick(self, rounds: int = 1) -> None:
@@ -62,25 +64,29 @@ class Table:
         for sums in (*self.arms.values(), *self.calls.values()):
             sums[:] = [x * factor for x in sums]
 
-    def record(self, shape: Shape, rows: int, tokens: float, seconds: float) -> bool:
-        """A round of ``shape`` over ``rows`` live rows kept ``tokens`` in ``seconds``; whether it was timed (its
-        width's first :data:`COLD_ROUNDS` rounds in the process are not)."""
+    def record(self, shape: Shape, rows: int, tokens: float, expected: float, seconds: float) -> bool:
+        """A round of ``shape`` over ``rows`` live rows kept ``tokens`` (the acceptance table expected ``expected``)
+        in ``seconds``; whether it was timed (its width's first :data:`COLD_ROUNDS` rounds in the process are not)."""
         self.tick()
         seen = self.widths.get(shape.width, 0)
         self.widths[shape.width] = seen + 1
         if seen < COLD_ROUNDS or seconds <= 0:
             return False
-        sums = self.arms.setdefault(shape.label, [0.0] * 4)
-        for i, x in enumerate((1.0, rows, tokens, seconds)):
+        if shape.label not in self.arms:  # the prior's rounds: the model's time (once it has any), the table's tokens
+            prior = self.predicted_seconds(shape, self.model()) if self.version else seconds
+            self.arms[shape.label] = [PRIOR_ROUNDS * x for x in (1.0, rows, expected, expected, prior)]
+        sums = self.arms[shape.label]
+        for i, x in enumerate((1.0, rows, tokens, expected, seconds)):
             sums[i] += x
         self.version += 1
         return True
 
     def record_call(self, kind: str, tokens: float, seconds: float, steps: int = 0) -> None:
-        """A whole call of ``kind`` (``plain`` generate: ``steps`` decoding steps, each a round's discount)."""
+        """A whole call of ``kind`` (``plain`` generate: ``steps`` decoding steps, each a round's discount; a
+        ``speculative`` call: ``seconds`` outside its rounds)."""
         if steps:
             self.tick(steps)
-        if seconds > 0:
+        if seconds >= 0:
             sums = self.calls.setdefault(kind, [0.0] * 3)
             for i, x in enumerate((1.0, tokens, seconds)):
                 sums[i] += x
@@ -97,7 +103,7 @@ class Table:
         if not timed and base is not None and base is not self:
             return base.model()
         # the prior's scale: a plain step's time as the timed rounds imply it under the prior's shares
-        relative = [(v[3] / v[0]) / _dot(_prior(1.0), s.features()) for s, v in timed]
+        relative = [(v[4] / v[0]) / _dot(_prior(1.0), s.features()) for s, v in timed]
         weights = [v[0] for _, v in timed]
         scale = sum(r * w for r, w in zip(relative, weights)) / sum(weights) if timed else 1.0
         theta0 = _prior(scale)
@@ -106,7 +112,7 @@ class Table:
         pull = [PRIOR_ROUNDS * x * x for x in (1.0, 32.0, 4.0, 4.0)]
         a = [[(pull[i] if i == j else 0.0) + sum(w * f[i] * f[j] for w, f in zip(weights, feats))
               for j in range(4)] for i in range(4)]
-        b = [pull[i] * theta0[i] + sum(w * f[i] * (v[3] / v[0]) for w, f, (_, v) in zip(weights, feats, timed))
+        b = [pull[i] * theta0[i] + sum(w * f[i] * (v[4] / v[0]) for w, f, (_, v) in zip(weights, feats, timed))
              for i in range(4)]
         theta = _solve(a, b)
         self._fit = (self.version, theta)
@@ -118,19 +124,20 @@ class Table:
         return max(_dot(theta, shape.features()), plain)
 
     def rate(self, shape: Shape, rows: int, tokens_per_row: float, theta: list[float]) -> tuple[float, float]:
-        """(tokens per second, rounds of evidence) for ``shape``: its own rounds, with :data:`PRIOR_ROUNDS` rounds
-        of the prior (``tokens_per_row`` from the acceptance, the model's seconds)."""
-        w, row_rounds, tokens, seconds = self.arms.get(shape.label, (0.0, 0.0, 0.0, 0.0))
-        prior_s = self.predicted_seconds(shape, theta)
-        per_row = (tokens + PRIOR_ROUNDS * tokens_per_row * (row_rounds / w if w > 1e-9 else rows)) \
-            / (row_rounds + PRIOR_ROUNDS * (row_rounds / w if w > 1e-9 else rows))
-        return per_row * rows / ((seconds + PRIOR_ROUNDS * prior_s) / (w + PRIOR_ROUNDS)), w
+        """(tokens per second, rounds of evidence) for ``shape`` at ``rows`` live rows: the table's ``tokens_per_row``
+        (a tree's scaled by its rounds' kept over expected tokens: the drafter picks its nodes) over the model's
+        round time, or a timed shape's own (its first :data:`PRIOR_ROUNDS` pseudo-rounds the model's, fading with
+        its evidence: an estimate keeps its value as it ages, and its optimism grows)."""
+        if shape.label not in self.arms:
+            return tokens_per_row * rows / self.predicted_seconds(shape, theta), 0.0
+        w, _, tokens, expected, seconds = self.arms[shape.label]
+        per_row = tokens_per_row * (tokens / expected if shape.tree is not None and expected > 0 else 1.0)
+        return per_row * rows / (seconds / w), w
 
-    def call_rate(self, kind: str, prior: float) -> tuple[float, float]:
-        """(tokens per second, calls of evidence) of whole calls of ``kind``; ``prior`` until one ran (a whole
-        call is evidence enough)."""
+    def call_rate(self, kind: str) -> tuple[float, float, float]:
+        """(tokens, seconds, calls of evidence) of a mean recorded call of ``kind``; zeros until one ran."""
         w, tokens, seconds = self.calls.get(kind, (0.0, 0.0, 0.0))
-        return (prior, 0.0) if w < 1e-9 or seconds <= 0 else (tokens / seconds, w)
+        return (tokens / w, seconds / w, w) if w > 1e-9 else (0.0, 0.0, 0.0)
 
 
 def _prior(scale: float) -> list[float]:
@@ -145,13 +152,9 @@ def _shape_of(label: str) -> Shape | None:
     """The shape a label names (``plain``, ``chain 3``, ``tree 4,6,24``); None for another label."""
     kind, _, rest = label.partition(" ")
     try:
-        if kind == "plain":
-            return PLAIN
-        if kind == "chain":
-            return Shape(int(rest))
-        if kind == "tree":
-            k, d, n = (int(x) for x in rest.split(","))
-            return Shape(d, TreeShape(k, d, n))
+        n = [int(x) for x in rest.split(",")] if rest else []
+        if min(n, default=0) < 0 or (kind, len(n)) not in (("plain", 0), ("chain", 1), ("tree", 3)):
+            return None
+        return PLAIN if kind == "plain" else Shape(n[0]) if kind == "chain" else Shape(n[1], TreeShape(*n))
     except ValueError:
         return None
-    return None

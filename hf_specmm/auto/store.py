@@ -48,13 +48,16 @@ def read(path: Path) -> dict[str, Any]:
 
 
 def check_entry(path: Path, key: str, entry: Any) -> None:
-    """One entry's layout: ``{"arms": {shape: [4 numbers]}, "calls": {"plain"|"speculative": [3 numbers]}}``."""
+    """One entry's layout (:class:`~hf_specmm.auto.costs.Table`): ``{"version": 2, "arms": {shape: [5 numbers]},
+    "calls": {"plain"|"speculative": [3 numbers]}}``."""
     def bad(why: str) -> ValueError:
         return ValueError(f"hf_specmm.Auto costs_file {str(path)!r}: entry {key!r} {why}; delete the entry or the file")
 
-    if not isinstance(entry, dict) or set(entry) - {"arms", "calls"}:
-        raise bad("must be an object with 'arms' and 'calls'")
-    for part, size, names in (("arms", 4, None), ("calls", 3, ("plain", "speculative"))):
+    if not isinstance(entry, dict) or set(entry) - {"version", "arms", "calls"}:
+        raise bad("must be an object with 'version', 'arms' and 'calls'")
+    if entry.get("version") != 2:
+        raise bad(f"has version {entry.get('version')!r}, not 2 (an earlier hf_specmm's layout)")
+    for part, size, names in (("arms", 5, None), ("calls", 3, ("plain", "speculative"))):
         sums = entry.get(part, {})
         if not isinstance(sums, dict):
             raise bad(f"has {part!r} that is not an object")
