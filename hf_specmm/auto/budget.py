@@ -25,9 +25,9 @@ REFRESH = 16
 
 def expected_tokens(acceptance: AcceptanceTable, shapes: list[Shape], fresh: bool = False) -> dict[Shape, float]:
     """1 + E[accepted drafts] per row of each shape under the acceptance table, cached on the table for
-    :data:`REFRESH` of its rounds (``fresh``: computed now)."""
+    :data:`REFRESH` of its rounds (``fresh``: until it observes another)."""
     cached = getattr(acceptance, "_expected", None)
-    if not fresh and cached is not None and acceptance.rounds - cached[0] < REFRESH \
+    if cached is not None and acceptance.rounds - cached[0] < (1 if fresh else REFRESH) \
             and all(s in cached[1] for s in shapes):
         return cached[1]
     p = acceptance.probabilities(max(max((s.gamma for s in shapes), default=1), 1))
