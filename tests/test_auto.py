@@ -205,7 +205,7 @@ def test_costs_file_round_trip_and_merge(tmp_path):
     (key,) = [k for k in saved if "batch<=1" in k]
     assert saved[key]["version"] == 2 and saved[key]["arms"]
     assert all(len(v) == 5 for v in saved[key]["arms"].values())
-    assert len(saved[key]["calls"]["speculative"]) == 3
+    assert len(saved[key]["calls"]["speculative"]) == 3 and len(saved[key]["calls"].get("plain", [0] * 4)) == 4
     COSTS.clear()
     again = hf_specmm.Auto(draft("llava", "self"), max_tokens=8, max_depth=3, costs_file=path)
     budget = again.budget(model, 1, False, "dynamic", True, True, torch.device("cpu"))
@@ -232,7 +232,7 @@ def test_bad_costs_files_are_refused_before_any_forward_naming_file_and_key(tmp_
                              "finite"),
                             (json.dumps({key: {"version": 2, "arms": {"plain": [1, 1, 1, 1]}}}), "not 5 finite"),
                             (json.dumps({key: {"arms": {"plain": [1, 1, 1, 1]}}}), "an earlier hf_specmm"),
-                            (json.dumps({key: {"version": 2, "calls": {"plain": [1, 1]}}}), "not 3 finite"),
+                            (json.dumps({key: {"version": 2, "calls": {"plain": [1, 1, 1]}}}), "not 4 finite"),
                             (json.dumps({key: []}), "object")):
             path.write_text(text)
             COSTS.clear()

@@ -85,6 +85,14 @@ def test_a_chain_is_valued_by_the_acceptance_table_and_a_tree_by_its_own_kept_ov
     assert table.rate(tree, 1, 4.0, theta)[0] == pytest.approx(2.0, rel=0.05)
 
 
+def test_before_any_timed_round_plain_generate_calls_scale_the_round_model():
+    table = Table()
+    assert table.model()[0] == pytest.approx(1.0)  # nothing known: the prior's unit
+    table.record_call("speculative", 10, 0.5)  # half a second outside its (untimed) rounds
+    table.record_call("plain", 100, 0.5 + 100 * 0.02, steps=100)  # then 100 steps of 20 ms
+    assert table.model()[0] == pytest.approx(0.02, rel=0.05)
+
+
 def test_the_round_time_model_is_fitted_to_the_timed_shapes():
     table = Table()
     truth = [0.02, 0.001, 0.004, 0.006]  # plain step, per verified token, per chain step, per tree level
@@ -175,7 +183,7 @@ def test_whole_calls_are_arms_speculative_first_then_plain_once_then_the_faster(
     rate = second.scores(table, 1, [Shape(2)])[0][0]
     assert second.whole_call["speculative_rate"] == pytest.approx(100 / (10.0 + 100 / rate))
     assert second.whole_call["speculative_rate"] < second.whole_call["plain_rate"] == pytest.approx(5.0)
-    table.calls["plain"] = [PRIOR_ROUNDS, 200, 200.0]  # far slower now: 1 token a second
+    table.calls["plain"] = [PRIOR_ROUNDS, 200, 200.0, 200]  # far slower now: 1 token a second
     assert not new_budget(clock, shapes, table).runs_plain()
 
 

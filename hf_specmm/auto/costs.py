@@ -42,8 +42,8 @@ class Table:
 
     - ``arms[label] = [rounds, row-rounds, tokens, expected tokens, seconds]``: the shape's own timed rounds,
       with the tokens the acceptance table expected of them (a tree's own correction, :meth:`rate`);
-    - ``calls[kind] = [calls, tokens, seconds]``: whole calls; for ``plain`` generate the calls' seconds, for
-      ``speculative`` calls the seconds outside their rounds (prefills, the call's own overhead);
+    - ``calls``: whole calls, ``plain`` generate's ``[calls, tokens, seconds, steps]``, ``speculative`` ones'
+      ``[calls, tokens, seconds outside their rounds]`` (prefills, the call's own overhead);
     - ``widths``: rounds run at each block width in this process (the first :data:`COLD_ROUNDS` untimed).
     """
 
@@ -52,7 +52,7 @@ class Table:
         self.arms: dict[str, list[float]] = {k: list(map(float, v)) for k, v in data.get("arms", {}).items()}
         self.calls: dict[str, list[float]] = {k: list(map(float, v)) for k, v in data.get("calls", {}).items()}
         self.widths: dict[int, int] = {}
-        self.version = 0  # changes with every timed round: the fitted model is cached by it
+        self.version = 0  # changes with every timed round and call: the fitted model is cached by it
         self._fit: tuple[int, list[float]] | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -72,8 +72,8 @@ class Table:
         self.widths[shape.width] = seen + 1
         if seen < COLD_ROUNDS or seconds <= 0:
             return False
-        if shape.label not in self.arms:  # the prior's rounds: the model's time (once it has any), the table's tokens
-            prior = self.predicted_seconds(shape, self.model()) if self.version else seconds
+        if shape.label not in self.arms:  # the prior's rounds: the model's time once it has a scale, else this round's
+            prior = self.predicted_seconds(shape, self.model()) if self.arms or "plain" in self.calls else seconds
             self.arms[shape.label] = [PRIOR_ROUNDS * x for x in (1.0, rows, expected, expected, prior)]
         sums = self.arms[shape.label]
         for i, x in enumerate((1.0, rows, tokens, expected, seconds)):
@@ -87,9 +87,9 @@ class Table:
         if steps:
             self.tick(steps)
         if seconds >= 0:
-            sums = self.calls.setdefault(kind, [0.0] * 3)
-            for i, x in enumerate((1.0, tokens, seconds)):
-                sums[i] += x
+            new = (1.0, tokens, seconds, steps)[:4 if kind == "plain" else 3]
+            self.calls[kind] = [a + b for a, b in zip(self.calls.get(kind, [0.0] * len(new)), new)]
+            self.version += 1
 
     def model(self, base: "Table | None" = None) -> list[float]:
         """The round-time model θ: seconds ≈ θ · :meth:`Shape.features`, fitted to every timed shape's mean
@@ -102,10 +102,14 @@ class Table:
         timed = [(s, v) for s, v in timed if s is not None]
         if not timed and base is not None and base is not self:
             return base.model()
-        # the prior's scale: a plain step's time as the timed rounds imply it under the prior's shares
+        # the prior's scale: a plain step's time as the timed rounds imply it under the prior's shares; before any
+        # timed round, as plain generate's steps took (less the speculative calls' seconds outside their rounds)
         relative = [(v[4] / v[0]) / _dot(_prior(1.0), s.features()) for s, v in timed]
         weights = [v[0] for _, v in timed]
-        scale = sum(r * w for r, w in zip(relative, weights)) / sum(weights) if timed else 1.0
+        calls, _, seconds, steps = self.calls.get("plain", (0.0,) * 4)
+        seconds -= calls * self.call_rate("speculative")[1]
+        scale = sum(r * w for r, w in zip(relative, weights)) / sum(weights) if timed else \
+            seconds / steps if steps > 1e-9 and seconds > 0 else 1.0
         theta0 = _prior(scale)
         feats = [s.features() for s, _ in timed]
         # each parameter's pull: PRIOR_ROUNDS rounds of a typical shape's feature (1, 32 tokens, 4 steps, 4 levels)
@@ -136,7 +140,7 @@ class Table:
 
     def call_rate(self, kind: str) -> tuple[float, float, float]:
         """(tokens, seconds, calls of evidence) of a mean recorded call of ``kind``; zeros until one ran."""
-        w, tokens, seconds = self.calls.get(kind, (0.0, 0.0, 0.0))
+        w, tokens, seconds = self.calls.get(kind, (0.0, 0.0, 0.0))[:3]
         return (tokens / w, seconds / w, w) if w > 1e-9 else (0.0, 0.0, 0.0)
 
 

@@ -49,7 +49,7 @@ def read(path: Path) -> dict[str, Any]:
 
 def check_entry(path: Path, key: str, entry: Any) -> None:
     """One entry's layout (:class:`~hf_specmm.auto.costs.Table`): ``{"version": 2, "arms": {shape: [5 numbers]},
-    "calls": {"plain"|"speculative": [3 numbers]}}``."""
+    "calls": {"plain": [4 numbers], "speculative": [3 numbers]}}``."""
     def bad(why: str) -> ValueError:
         return ValueError(f"hf_specmm.Auto costs_file {str(path)!r}: entry {key!r} {why}; delete the entry or the file")
 
@@ -57,13 +57,14 @@ def check_entry(path: Path, key: str, entry: Any) -> None:
         raise bad("must be an object with 'version', 'arms' and 'calls'")
     if entry.get("version") != 2:
         raise bad(f"has version {entry.get('version')!r}, not 2 (an earlier hf_specmm's layout)")
-    for part, size, names in (("arms", 5, None), ("calls", 3, ("plain", "speculative"))):
+    for part, names in (("arms", None), ("calls", ("plain", "speculative"))):
         sums = entry.get(part, {})
         if not isinstance(sums, dict):
             raise bad(f"has {part!r} that is not an object")
         for name, values in sums.items():
             if (names is None and _shape_of(name) is None) or (names is not None and name not in names):
                 raise bad(f"has an unknown {part[:-1]} {name!r}")
+            size = {"plain": 4, "speculative": 3}.get(name, 5) if part == "calls" else 5
             if not isinstance(values, list) or len(values) != size or not all(
                     isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
                     for x in values):
