@@ -22,19 +22,16 @@ PRIOR_COSTS = (1 / 64, 0.1)
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float]:
-    """``a x = b`` by Gaussian elimination with partial pivoting (a is small, symmetric positive definite)."""
+    """``a x = b`` by Gauss-Jordan elimination with partial pivoting (a is small, symmetric positive definite)."""
     n = len(b)
     m = [row[:] + [b[i]] for i, row in enumerate(a)]
     for c in range(n):
         p = max(range(c, n), key=lambda r: abs(m[r][c]))
         m[c], m[p] = m[p], m[c]
-        for r in range(c + 1, n):
+        for r in (r for r in range(n) if r != c):
             f = m[r][c] / m[c][c]
             m[r] = [x - f * y for x, y in zip(m[r], m[c])]
-    x = [0.0] * n
-    for r in reversed(range(n)):
-        x[r] = (m[r][n] - sum(m[r][c] * x[c] for c in range(r + 1, n))) / m[r][r]
-    return x
+    return [m[r][n] / m[r][r] for r in range(n)]
 
 
 class Table:
@@ -43,8 +40,8 @@ class Table:
     - ``arms[label] = [rounds, row-rounds, tokens, expected tokens, seconds]``: the shape's own timed rounds,
       with the tokens the acceptance table expected of them (a tree's own correction, :meth:`rate`);
     - ``calls``: whole calls, ``plain`` generate's ``[calls, tokens, seconds, steps]``, ``speculative`` ones'
-      ``[calls, tokens, seconds outside their rounds]`` (prefills, the call's own overhead);
-    - ``widths``: rounds run at each block width in this process (the first :data:`COLD_ROUNDS` untimed).
+      ``[calls, tokens, seconds outside their rounds]`` (prefills, the call's own overhead); ``widths``: rounds
+      run at each block width in this process (the first :data:`COLD_ROUNDS` untimed).
     """
 
     def __init__(self, data: dict[str, Any] | None = None):
@@ -92,14 +89,12 @@ class Table:
             self.version += 1
 
     def model(self, base: "Table | None" = None) -> list[float]:
-        """The round-time model θ: seconds ≈ θ · :meth:`Shape.features`, fitted to every timed shape's mean
-        round time (weighted by its rounds) and pulled toward the prior by :data:`PRIOR_ROUNDS`: ``base``'s model
-        where this table has no timing (another batch bucket's), else :data:`PRIOR_COSTS` scaled to the rounds
-        timed so far."""
+        """The round-time model θ: seconds ≈ θ · :meth:`Shape.features`, fitted to every timed shape's mean round
+        (weighted by its rounds), pulled toward :data:`PRIOR_COSTS` by :data:`PRIOR_ROUNDS`; ``base``'s where this
+        table has no timing (another batch bucket's)."""
         if self._fit is not None and self._fit[0] == self.version:
             return self._fit[1]
-        timed = [(_shape_of(k), v) for k, v in self.arms.items() if v[0] > 1e-9]
-        timed = [(s, v) for s, v in timed if s is not None]
+        timed = [(s, v) for k, v in self.arms.items() if v[0] > 1e-9 and (s := _shape_of(k)) is not None]
         if not timed and base is not None and base is not self:
             return base.model()
         # the prior's scale: a plain step's time as the timed rounds imply it under the prior's shares; before any
