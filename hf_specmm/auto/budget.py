@@ -153,12 +153,12 @@ class AutoBudget(DraftBudget):
                                        max(now - self.created - sum(e[3] for e in self.log), 0.0))
             if self.save is not None:
                 self.save(sorted(self.used))
-        per_shape = {}
-        for label in dict.fromkeys(e[0] for e in self.log):
-            rows = [e for e in self.log if e[0] == label]
-            tokens, seconds = sum(e[2] for e in rows), sum(e[3] for e in rows)
-            per_shape[label] = {"rounds": len(rows), "tokens": tokens, "seconds": seconds,
-                                "measured_tokens_per_s": tokens / seconds if seconds > 0 else None}
+        per_shape: dict[str, dict[str, Any]] = {}
+        for label, _, tokens, seconds, _ in self.log:
+            s = per_shape.setdefault(label, {"rounds": 0, "tokens": 0, "seconds": 0.0})
+            s["rounds"], s["tokens"], s["seconds"] = s["rounds"] + 1, s["tokens"] + tokens, s["seconds"] + seconds
+        for s in per_shape.values():
+            s["measured_tokens_per_s"] = s["tokens"] / s["seconds"] if s["seconds"] > 0 else None
         chosen = [e for e in self.log if e[4] is not None and e[3] > 0]
         seconds = sum(e[3] for e in chosen)
         return {

@@ -180,8 +180,8 @@ def read_mtp(name: str, target: Any, fetch: Callable[[str], Path | None]) -> Any
         if part is not None:
             pieces.setdefault(param, {})[part] = key
             continue
-        if inkling.halves(param) is not None:
-            split[key] = inkling.halves(param)
+        if (pair := inkling.halves(param)) is not None:
+            split[key] = pair
             continue
         if param and param in wanted:  # two names of one tensor (eh_proj and input_proj, ...): which is meant?
             raise DraftLoadError(f"{where[key]}: MTP tensors {wanted[param]} and {key} are both the layer's {param}")
