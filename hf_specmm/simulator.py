@@ -9,10 +9,10 @@ import bisect
 import json
 import math
 import random
-from typing import Any
+from typing import Any, Sequence
 
 from . import auto
-from .auto.acceptance import AcceptanceTable, check_profile, tree_nodes
+from .auto.acceptance import AcceptanceTable, check_profile
 from .auto.budget import AutoBudget
 from .auto.costs import Table
 from .auto.shapes import MAX_DEPTH, PLAIN, Shape, candidates
@@ -128,6 +128,27 @@ def _interp(points: list[tuple[int, float]], x: float) -> float:
 
 def _latest(changes: list[tuple[int, Any]], call: int, default: Any) -> Any:
     return next((v for c, v in reversed(changes) if c <= call), default)
+
+
+def tree_nodes(p: Sequence[Sequence[float]], top_k: int, depth: int, nodes: int) -> list[tuple[int, int, float]]:
+    """The tree ``(top_k, depth, nodes)`` as the EAGLE-2 expansion keeps it when each node is valued by its path's
+    acceptance probability (Π p along its ranks): (parent index or −1, rank, value) per kept node, parents first.
+    The sum of the values is E[accepted drafts] (Sequoia's objective under EAGLE-2's frontier rule)."""
+    found: list[tuple[int, int, float]] = []  # every candidate: (parent, rank, value)
+    frontier = [(-1, 1.0)]
+    for d in range(depth):
+        row = p[min(d, len(p) - 1)]
+        level = []
+        for parent, value in frontier:
+            for r in range(top_k):
+                level.append((parent, r, value * (row[r] if r < len(row) else row[-1])))
+        start = len(found)
+        found += level
+        order = sorted(range(len(level)), key=lambda i: -level[i][2])[:top_k]
+        frontier = [(start + i, level[i][2]) for i in order]
+    keep = sorted(sorted(range(len(found)), key=lambda i: -found[i][2])[:nodes])  # ties: earlier first
+    index = {old: new for new, old in enumerate(keep)}
+    return [(index.get(found[i][0], -1), found[i][1], found[i][2]) for i in keep]
 
 
 class Machine:
@@ -257,7 +278,7 @@ def simulate(profile: dict[str, Any] | str, calls: int = 400, batch: int = 1, se
             raise ValueError(f"{name} must be an integer in [{low}, {high if high is not None else '∞'}], got {value!r}")
     draw = random.Random(seed)
     answers = [[draw.randint(*p["answer"]) for _ in range(batch)] for _ in range(calls)]
-    grid = candidates(max_tokens, max_depth)
+    grid = list(candidates(max_tokens, max_depth))
     acceptance, tables = AcceptanceTable(depth=MAX_DEPTH, ranks=8), {}  # a fresh process: no prior, no costs
 
     def table(rows: int) -> tuple[str, Table]:

@@ -12,7 +12,7 @@ import torch
 
 import hf_specmm
 from hf_specmm import cli
-from hf_specmm.auto.acceptance import read_profile
+from hf_specmm.bench.cli import read_profile
 from hf_specmm.bench import BenchConfig, run_benchmark
 from conftest import batch_inputs, draft, target
 from test_trees_generate import generate

@@ -3,13 +3,16 @@ shape's rate from its own rounds, the round-time model as prior, the UCB choice,
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
-from hf_specmm.auto.acceptance import AcceptanceTable, chain_lengths, tree_nodes
-from hf_specmm.auto.budget import EXPLORE, REFRESH, AutoBudget, expected_tokens
+from hf_specmm.auto.acceptance import AcceptanceTable, chain_lengths
+from hf_specmm.auto.budget import EXPLORE, REFRESH, AutoBudget, expected_tokens, shape_tokens
 from hf_specmm.auto.costs import COLD_ROUNDS, DISCOUNT, PRIOR_ROUNDS, Table
 from hf_specmm.auto.shapes import PLAIN, Shape, candidates
 from hf_specmm.budget import RoundOutcome
+from hf_specmm.simulator import tree_nodes
 from hf_specmm.trees import TreeShape
 
 
@@ -58,6 +61,25 @@ def test_expected_tokens_of_chains_and_trees():
     assert exp[PLAIN] == 1.0 and exp[shapes[1]] == pytest.approx(1 + sum(chain_lengths(table.probabilities(2), 2)[-1:]))
 
 
+def test_one_expansion_per_top_k_values_every_tree_as_tree_nodes_does():
+    rng = random.Random(3)
+    for trial in range(20):
+        p = []
+        for _ in range(rng.randint(1, 9)):
+            row, left = [], 1.0
+            for _ in range(rng.randint(1, 9)):
+                row.append(rng.choice([0.0, rng.random() * left, left / 2]))  # ties and zeros too
+                left -= row[-1]
+            p.append(row)
+        shapes = [s for s in candidates(64, 8) if s.tree is not None]
+        exp = expected_tokens(AcceptanceTable(depth=len(p), ranks=9, prior=p), shapes)
+        q = AcceptanceTable(depth=len(p), ranks=9, prior=p).probabilities(8)
+        for s in shapes:
+            want = 1.0 + sum(v for *_, v in tree_nodes(q, s.tree.top_k, s.tree.depth, s.tree.nodes))
+            assert exp[s] == pytest.approx(want, rel=1e-12, abs=1e-12), (trial, s.label)
+            assert shape_tokens(q, s) == pytest.approx(want, rel=1e-12, abs=1e-12)
+
+
 def test_a_shapes_rate_comes_from_its_own_rounds_and_cold_rounds_are_not_timed():
     table, chain = Table(), Shape(3)
     theta = table.model()
@@ -88,6 +110,8 @@ def test_a_chain_is_valued_by_the_acceptance_table_and_a_tree_by_its_own_kept_ov
 def test_before_any_timed_round_plain_generate_calls_scale_the_round_model():
     table = Table()
     assert table.model()[0] == pytest.approx(1.0)  # nothing known: the prior's unit
+    table.record_call("speculative", 10, 9.0)  # a process's first: one-time costs, not timed
+    assert "speculative" not in table.calls
     table.record_call("speculative", 10, 0.5)  # half a second outside its (untimed) rounds
     table.record_call("plain", 100, 0.5 + 100 * 0.02, steps=100)  # then 100 steps of 20 ms
     assert table.model()[0] == pytest.approx(0.02, rel=0.05)
@@ -99,10 +123,10 @@ def test_the_round_time_model_is_fitted_to_the_timed_shapes():
     shapes = [PLAIN, Shape(1), Shape(4), Shape(8), Shape(4, TreeShape(4, 4, 32)), Shape(6, TreeShape(8, 6, 64))]
     for s in shapes:
         for _ in range(COLD_ROUNDS + 30):
-            table.record(s, 1, 1, 1, sum(a * b for a, b in zip(truth, s.features())))
+            table.record(s, 1, 1, 1, sum(a * b for a, b in zip(truth, s.features)))
     theta = table.model()
     unseen = Shape(3, TreeShape(2, 3, 8))  # never run: predicted by the model
-    assert table.predicted_seconds(unseen, theta) == pytest.approx(sum(a * b for a, b in zip(truth, unseen.features())),
+    assert table.predicted_seconds(unseen, theta) == pytest.approx(sum(a * b for a, b in zip(truth, unseen.features)),
                                                                  rel=0.1)
 
 
@@ -174,9 +198,11 @@ def test_whole_calls_are_arms_speculative_first_then_plain_once_then_the_faster(
     assert not first.runs_plain()  # nothing measured: a speculative call first
     for _ in range(COLD_ROUNDS + 40):  # its chain 2 rounds: 1 s each
         table.record(Shape(2), 1, 2, 2, 1.0)
-    table.record_call("speculative", 100, 10.0)  # 100 tokens a call, 10 s outside the rounds
+    table.record_call("speculative", 100, 60.0)  # the process's first: one-time costs, not timed
+    assert "speculative" not in table.calls
     assert new_budget(clock, shapes, table).runs_plain()  # plain generate never run: once
     table.record_call("plain", 100, 20.0, steps=100)  # 5 tokens a second
+    table.record_call("speculative", 100, 10.0)  # 100 tokens a call, 10 s outside the rounds
     second = new_budget(clock, shapes, table)
     assert second.runs_plain()
     # the speculative call as its parts predict it: 100 tokens at chain 2's rate, plus 10 s outside the rounds
@@ -193,7 +219,8 @@ def test_a_whole_call_is_valued_on_the_acceptance_as_it_is_now():
     budget = new_budget(clock, shapes, table)
     for _ in range(COLD_ROUNDS + 40):
         table.record(Shape(4), 1, 5, 5, 1.0)
-    table.record_call("speculative", 100, 1.0)
+    for _ in range(2):  # the process's first is not timed
+        table.record_call("speculative", 100, 1.0)
     table.record_call("plain", 100, 50.0)
     stale = expected_tokens(budget.acceptance, shapes)[Shape(4)]  # cached on the prior's hazards
     for _ in range(REFRESH // 2):  # fewer rounds than a refresh: every draft accepted

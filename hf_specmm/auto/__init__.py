@@ -13,12 +13,11 @@ virtual clock, ``hf-specmm auto-sim``), set here when ``hf_specmm`` is imported:
 package's classes, which import nothing of it.
 """
 
-from .acceptance import AcceptanceTable, chain_lengths, check_profile, read_profile
+from .acceptance import AcceptanceTable, chain_lengths, check_profile
 from .budget import AutoBudget
 from .shapes import MAX_DEPTH, Shape
 from .store import COSTS
 from .wrapper import Auto
 
-__all__ = ["AcceptanceTable", "Auto", "AutoBudget", "COSTS", "MAX_DEPTH", "Shape", "chain_lengths",
-           "check_profile", "read_profile"]
+__all__ = ["AcceptanceTable", "Auto", "AutoBudget", "COSTS", "MAX_DEPTH", "Shape", "chain_lengths", "check_profile"]
 

@@ -12,9 +12,7 @@ by :data:`~hf_specmm.auto.costs.DISCOUNT` per round, so the table follows a work
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
+from itertools import accumulate
 from typing import Any, Sequence
 
 from .costs import DISCOUNT, PRIOR_ROUNDS
@@ -99,25 +97,22 @@ def chain_lengths(p: Sequence[Sequence[float]], max_gamma: int) -> list[float]:
     return out
 
 
-def tree_nodes(p: Sequence[Sequence[float]], top_k: int, depth: int, nodes: int) -> list[tuple[int, int, float]]:
-    """The tree ``(top_k, depth, nodes)`` as the EAGLE-2 expansion keeps it when each node is valued by its path's
-    acceptance probability (Π p along its ranks): (parent index or −1, rank, value) per kept node, parents first.
-    The sum of the values is E[accepted drafts] (Sequoia's objective under EAGLE-2's frontier rule)."""
-    found: list[tuple[int, int, float]] = []  # every candidate: (parent, rank, value)
-    frontier = [(-1, 1.0)]
-    for d in range(depth):
+def tree_lengths(p: Sequence[Sequence[float]], top_k: int, max_depth: int, max_nodes: int) -> list[list[float]]:
+    """E[accepted drafts] of every tree ``(top_k, depth ≤ max_depth, nodes ≤ max_nodes)`` from one expansion:
+    ``out[depth − 1][nodes − 1]``, the sum of the ``nodes`` best candidate values of the first ``depth`` levels
+    (EAGLE-2's expansion with each node valued by its path's acceptance probability, Π p along its ranks: each level
+    expands the ``top_k`` best candidates of the last; a deeper tree's expansion extends a shallower one's; this is
+    Sequoia's objective under EAGLE-2's frontier rule)."""
+    out: list[list[float]] = []
+    best: list[float] = []  # the max_nodes best candidates so far
+    frontier = [1.0]
+    for d in range(max_depth):
         row = p[min(d, len(p) - 1)]
-        level = []
-        for parent, value in frontier:
-            for r in range(top_k):
-                level.append((parent, r, value * (row[r] if r < len(row) else row[-1])))
-        start = len(found)
-        found += level
-        order = sorted(range(len(level)), key=lambda i: -level[i][2])[:top_k]
-        frontier = [(start + i, level[i][2]) for i in order]
-    keep = sorted(sorted(range(len(found)), key=lambda i: -found[i][2])[:nodes])  # ties: earlier first
-    index = {old: new for new, old in enumerate(keep)}
-    return [(index.get(found[i][0], -1), found[i][1], found[i][2]) for i in keep]
+        level = [v * (row[r] if r < len(row) else row[-1]) for v in frontier for r in range(top_k)]
+        frontier = sorted(level, reverse=True)[:top_k]
+        best = sorted(best + level, reverse=True)[:max_nodes]
+        out.append(list(accumulate(best)))
+    return out
 
 
 def check_profile(profile: Any, what: str) -> None:
@@ -131,24 +126,3 @@ def check_profile(profile: Any, what: str) -> None:
         if sum(row) > 1 + 1e-6:
             raise ValueError(f"{what}: depth {d}'s probabilities sum to {sum(row):.3f} > 1 (they are exclusive: the "
                              "target's token is at most one rank)")
-
-
-def read_profile(text: str) -> list[list[float]]:
-    """A profile from ``"p11,p12,...;p21,..."`` (depths split by ``;``, ranks by ``,``) or from a JSON file (a
-    list of depths, or an object with a ``"profile"`` list: what ``hf-specmm world-tau --profile`` writes)."""
-    if Path(text).suffix == ".json" or os.path.isfile(text):  # isfile: False for names too long to be paths
-        path = Path(text)
-        if not path.is_file():
-            raise ValueError(f"profile file {text!r} does not exist")
-        data: Any = json.loads(path.read_text())
-        profile = data.get("profile") if isinstance(data, dict) else data
-        if not isinstance(profile, list):
-            raise ValueError(f"profile file {text!r} holds no profile (a list of depths, or {{'profile': [...]}})")
-        return [[float(p) for p in row] for row in profile]
-    try:
-        return [[float(p) for p in depth.split(",") if p.strip()] for depth in text.split(";") if depth.strip()]
-    except ValueError:
-        shown = text if len(text) <= 80 else text[:77] + "..."
-        raise ValueError(f"expected probabilities by rank, depths split by ';' (e.g. 0.7,0.1;0.6,0.1) or a .json "
-                         f"file, got {shown!r}") from None
-

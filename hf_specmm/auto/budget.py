@@ -13,7 +13,7 @@ import time
 from typing import Any, Callable
 
 from ..budget import DraftBudget, RoundBudget, RoundOutcome
-from .acceptance import AcceptanceTable, chain_lengths, tree_nodes
+from .acceptance import AcceptanceTable, chain_lengths, tree_lengths
 from .costs import Table
 from .shapes import PLAIN, Shape
 
@@ -28,19 +28,35 @@ def expected_tokens(acceptance: AcceptanceTable, shapes: list[Shape], fresh: boo
     :data:`REFRESH` of its rounds (``fresh``: until it observes another)."""
     cached = getattr(acceptance, "_expected", None)
     if cached is not None and acceptance.rounds - cached[0] < (1 if fresh else REFRESH) \
-            and all(s in cached[1] for s in shapes):
+            and (cached[2] is shapes or all(s in cached[1] for s in shapes)):
         return cached[1]
-    p = acceptance.probabilities(max(max((s.gamma for s in shapes), default=1), 1))
-    out = {s: shape_tokens(p, s) for s in shapes}
-    acceptance._expected = (acceptance.rounds, out)  # type: ignore[attr-defined]
+    depth = max(max((s.gamma for s in shapes), default=1), 1)
+    p = acceptance.probabilities(depth)
+    chains = [0.0] + chain_lengths(p, depth)
+    trees: dict[int, list[list[float]]] = {}  # one expansion per top_k serves every tree of it
+    widest = max(s.width for s in shapes) - 1
+    out = {}
+    for s in shapes:
+        if s.tree is None:
+            out[s] = 1.0 + chains[s.gamma]
+        else:
+            k = s.tree.top_k
+            lengths = trees.get(k) or trees.setdefault(k, tree_lengths(p, k, depth, widest))
+            out[s] = 1.0 + lengths[s.tree.depth - 1][s.tree.nodes - 1]
+    acceptance._expected = (acceptance.rounds, out, shapes)  # type: ignore[attr-defined]
     return out
 
 
 def shape_tokens(p: list[list[float]], shape: Shape) -> float:
     """1 + E[accepted drafts] per row of ``shape`` under the probabilities ``p[d][r]``."""
     if shape.tree is not None:
-        return 1.0 + sum(v for _, _, v in tree_nodes(p, shape.tree.top_k, shape.tree.depth, shape.tree.nodes))
+        return 1.0 + tree_lengths(p, shape.tree.top_k, shape.tree.depth, shape.tree.nodes)[-1][-1]
     return 1.0 + (chain_lengths(p, shape.gamma)[-1] if shape.gamma else 0.0)
+
+
+def optimistic(rate: float, n: float) -> float:
+    """An arm's score: its rate raised by its uncertainty, ``n`` its rounds of evidence."""
+    return rate * (1.0 + EXPLORE / math.sqrt(1.0 + n))
 
 
 class AutoBudget(DraftBudget):
@@ -70,7 +86,7 @@ class AutoBudget(DraftBudget):
         out = []
         for s in shapes:
             rate, n = table.rate(s, rows, expected[s], theta)
-            out.append((rate, rate * (1.0 + EXPLORE / math.sqrt(1.0 + n)), s, n))
+            out.append((rate, optimistic(rate, n), s, n))
         return out
 
     def runs_plain(self) -> bool:
@@ -87,10 +103,10 @@ class AutoBudget(DraftBudget):
         rate, _, shape, n_spec = max(drafted, key=lambda x: x[0])
         plain = tokens / seconds if seconds > 0 else 0.0
         spec = spec_tokens / (outside + spec_tokens / rate) if n_calls else rate
-        bonus = [x * (1.0 + EXPLORE / math.sqrt(1.0 + n)) for x, n in ((plain, n_plain), (spec, n_spec))]
         # each kind of call runs once before the rule decides (stock's loop costs less than the rounds' plain
         # steps, so a plain step's rate is no estimate of a plain call): the speculative first
-        chosen = n_calls > 0 and (n_plain == 0 or bonus[0] > bonus[1])
+        ran = n_calls > 0 or "speculative" in self.table.called
+        chosen = ran and (n_plain == 0 or optimistic(plain, n_plain) > optimistic(spec, n_spec))
         self.whole_call = {"plain_generate": chosen, "plain_rate": plain, "speculative_rate": spec,
                            "speculative_shape": shape.label}
         return chosen

@@ -5,6 +5,7 @@ in costs files."""
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 from ..trees.expand import TreeShape
@@ -49,6 +50,7 @@ class Table:
         self.arms: dict[str, list[float]] = {k: list(map(float, v)) for k, v in data.get("arms", {}).items()}
         self.calls: dict[str, list[float]] = {k: list(map(float, v)) for k, v in data.get("calls", {}).items()}
         self.widths: dict[int, int] = {}
+        self.called: set[str] = set()  # kinds of call run in this process
         self.version = 0  # changes with every timed round and call: the fitted model is cached by it
         self._fit: tuple[int, list[float]] | None = None
 
@@ -83,13 +85,14 @@ class Table:
         ``speculative`` call: ``seconds`` outside its rounds)."""
         if steps:
             self.tick(steps)
-        if seconds >= 0:
+        first, self.called = kind not in self.called, self.called | {kind}
+        if seconds >= 0 and not (first and kind == "speculative"):
             new = (1.0, tokens, seconds, steps)[:4 if kind == "plain" else 3]
             self.calls[kind] = [a + b for a, b in zip(self.calls.get(kind, [0.0] * len(new)), new)]
             self.version += 1
 
     def model(self, base: "Table | None" = None) -> list[float]:
-        """The round-time model θ: seconds ≈ θ · :meth:`Shape.features`, fitted to every timed shape's mean round
+        """The round-time model θ: seconds ≈ θ · :attr:`Shape.features`, fitted to every timed shape's mean round
         (weighted by its rounds), pulled toward :data:`PRIOR_COSTS` by :data:`PRIOR_ROUNDS`; ``base``'s where this
         table has no timing (another batch bucket's)."""
         if self._fit is not None and self._fit[0] == self.version:
@@ -99,14 +102,14 @@ class Table:
             return base.model()
         # the prior's scale: a plain step's time as the timed rounds imply it under the prior's shares; before any
         # timed round, as plain generate's steps took (less the speculative calls' seconds outside their rounds)
-        relative = [(v[4] / v[0]) / _dot(_prior(1.0), s.features()) for s, v in timed]
+        relative = [(v[4] / v[0]) / _dot(_prior(1.0), s.features) for s, v in timed]
         weights = [v[0] for _, v in timed]
         calls, _, seconds, steps = self.calls.get("plain", (0.0,) * 4)
         seconds -= calls * self.call_rate("speculative")[1]
         scale = sum(r * w for r, w in zip(relative, weights)) / sum(weights) if timed else \
             seconds / steps if steps > 1e-9 and seconds > 0 else 1.0
         theta0 = _prior(scale)
-        feats = [s.features() for s, _ in timed]
+        feats = [s.features for s, _ in timed]
         # each parameter's pull: PRIOR_ROUNDS rounds of a typical shape's feature (1, 32 tokens, 4 steps, 4 levels)
         pull = [PRIOR_ROUNDS * x * x for x in (1.0, 32.0, 4.0, 4.0)]
         a = [[(pull[i] if i == j else 0.0) + sum(w * f[i] * f[j] for w, f in zip(weights, feats))
@@ -120,7 +123,7 @@ class Table:
     def predicted_seconds(self, shape: Shape, theta: list[float]) -> float:
         """A round of ``shape`` by the model: never below a plain step's, nor a draft's steps below zero."""
         plain = max(theta[0], 1e-9)
-        return max(_dot(theta, shape.features()), plain)
+        return max(_dot(theta, shape.features), plain)
 
     def rate(self, shape: Shape, rows: int, tokens_per_row: float, theta: list[float]) -> tuple[float, float]:
         """(tokens per second, rounds of evidence) for ``shape`` at ``rows`` live rows: the table's ``tokens_per_row``
@@ -144,9 +147,10 @@ def _prior(scale: float) -> list[float]:
 
 
 def _dot(a: list[float], b: tuple[float, ...]) -> float:
-    return sum(x * y for x, y in zip(a, b))
+    return a[0] * b[0] + a[1] * b[1] + a[2] * b[2] + a[3] * b[3]  # every shape, every round: no generator
 
 
+@lru_cache(maxsize=1024)  # a table's labels are parsed at every fit
 def _shape_of(label: str) -> Shape | None:
     """The shape a label names (``plain``, ``chain 3``, ``tree 4,6,24``); None for another label."""
     kind, _, rest = label.partition(" ")

@@ -4,6 +4,7 @@ checks of a user's ``shapes``."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property, lru_cache
 from typing import Any, Sequence
 
 from ..trees.expand import TreeShape
@@ -26,12 +27,13 @@ class Shape:
         """Tokens the target verifies in the round's one forward."""
         return 1 + (self.tree.nodes if self.tree is not None else self.gamma)
 
-    @property
+    @cached_property  # labels and features are looked up for every shape in every round
     def label(self) -> str:
         if self.tree is not None:
             return f"tree {self.tree.top_k},{self.tree.depth},{self.tree.nodes}"
         return f"chain {self.gamma}" if self.gamma else "plain"
 
+    @cached_property
     def features(self) -> tuple[float, float, float, float]:
         """The round-time model's inputs (:class:`~hf_specmm.auto.costs.Table`): 1, width − 1, chain steps,
         tree levels."""
@@ -50,7 +52,8 @@ class Shape:
 PLAIN = Shape(0)
 
 
-def candidates(max_tokens: int, max_depth: int, plain: bool = True, trees: bool = True) -> list[Shape]:
+@lru_cache(maxsize=64)  # the same Shape objects every call: their labels and features are computed once
+def candidates(max_tokens: int, max_depth: int, plain: bool = True, trees: bool = True) -> tuple[Shape, ...]:
     """Plain, chains of γ 1..``max_depth`` (≤ ``max_tokens``) and the :data:`TREE_GRID` trees that fit."""
     shapes = [PLAIN] if plain else []
     shapes += [Shape(g) for g in range(1, min(max_depth, max_tokens) + 1)]
@@ -60,7 +63,7 @@ def candidates(max_tokens: int, max_depth: int, plain: bool = True, trees: bool 
                 for n in TREE_GRID[2]:
                     if k < n <= min(max_tokens, k + (depth - 1) * k * k):
                         shapes.append(Shape(depth, TreeShape(k, depth, n)))
-    return shapes
+    return tuple(shapes)
 
 
 def parse_shapes(shapes: Any, max_tokens: int) -> list[Shape]:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import SpecMMError
 from .config import ACCEPTANCE_DRAWS
@@ -114,7 +115,7 @@ def _profile(text: str) -> list[list[float]]:
     """An argparse ``type=`` for ``--acceptance-profile`` (numbers or a JSON file), checked."""
     import argparse
 
-    from ..auto.acceptance import check_profile, read_profile
+    from ..auto.acceptance import check_profile
 
     try:
         profile = read_profile(text)
@@ -122,6 +123,26 @@ def _profile(text: str) -> list[list[float]]:
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
     return profile
+
+
+def read_profile(text: str) -> list[list[float]]:
+    """A profile from ``"p11,p12,...;p21,..."`` (depths split by ``;``, ranks by ``,``) or from a JSON file (a
+    list of depths, or an object with a ``"profile"`` list: what ``hf-specmm world-tau --profile`` writes)."""
+    if Path(text).suffix == ".json" or os.path.isfile(text):  # isfile: False for names too long to be paths
+        path = Path(text)
+        if not path.is_file():
+            raise ValueError(f"profile file {text!r} does not exist")
+        data: Any = json.loads(path.read_text())
+        profile = data.get("profile") if isinstance(data, dict) else data
+        if not isinstance(profile, list):
+            raise ValueError(f"profile file {text!r} holds no profile (a list of depths, or {{'profile': [...]}})")
+        return [[float(p) for p in row] for row in profile]
+    try:
+        return [[float(p) for p in depth.split(",") if p.strip()] for depth in text.split(";") if depth.strip()]
+    except ValueError:
+        shown = text if len(text) <= 80 else text[:77] + "..."
+        raise ValueError(f"expected probabilities by rank, depths split by ';' (e.g. 0.7,0.1;0.6,0.1) or a .json "
+                         f"file, got {shown!r}") from None
 
 
 def _refuse(message: str) -> SystemExit:
