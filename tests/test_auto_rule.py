@@ -213,6 +213,23 @@ def test_whole_calls_are_arms_speculative_first_then_plain_once_then_the_faster(
     assert not new_budget(clock, shapes, table).runs_plain()
 
 
+def test_a_speculative_calls_tokens_are_counted_at_full_batch_as_plain_generates_steps_times_rows():
+    """Plain generate runs a batch's ended rows to the longest one's end; a speculative call's rounds with fewer live
+    rows count as if every row ran them, so that both kinds of call are valued per full-batch step."""
+    clock, table = Clock(), Table()
+    table.record_call("speculative", 0, 0.0)  # the process's first, not timed
+    budget = AutoBudget([Shape(1)], AcceptanceTable(depth=8, ranks=2), lambda rows: ("key", table), 4, clock=clock)
+    plan = budget.start([10] * 4, [True] * 4)
+    one = [True, False, False, False]  # rows 1-3 end in the first round, row 0 in the second
+    for live, kept, left in (([True] * 4, [2, 2, 1, 2], one), (one, [2, 0, 0, 0], [False] * 4)):
+        clock.now += 1.0
+        ended = [u and not v for u, v in zip(live, left)]
+        plan = budget.close(RoundOutcome(1, live, kept, [k - 1 if k else 0 for k in kept], [1] * 4, ended, [8] * 4,
+                                         left))
+    budget.report()
+    assert table.calls["speculative"][1] == pytest.approx((7 / 4 + 2 / 1) * 4)
+
+
 def test_a_whole_call_is_valued_on_the_acceptance_as_it_is_now():
     """Plain calls add no rounds: the expected tokens cached before them are refreshed at each call's start."""
     clock, table, shapes = Clock(), Table(), [PLAIN, Shape(4)]

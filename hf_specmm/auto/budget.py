@@ -165,7 +165,8 @@ class AutoBudget(DraftBudget):
                 steps, rows = self.plain_call
                 self.table.record_call("plain", steps * rows, now - self.created, steps)
             elif self.log:
-                self.table.record_call("speculative", sum(e[2] for e in self.log),
+                # tokens as if every row ran every round, as plain generate's steps × rows: both arms at full batch
+                self.table.record_call("speculative", sum(e[2] / e[1] for e in self.log) * self.batch,
                                        max(now - self.created - sum(e[3] for e in self.log), 0.0))
             if self.save is not None:
                 self.save(sorted(self.used))

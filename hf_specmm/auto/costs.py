@@ -41,8 +41,8 @@ class Table:
     - ``arms[label] = [rounds, row-rounds, tokens, expected tokens, seconds]``: the shape's own timed rounds,
       with the tokens the acceptance table expected of them (a tree's own correction, :meth:`rate`);
     - ``calls``: whole calls, ``plain`` generate's ``[calls, tokens, seconds, steps]``, ``speculative`` ones'
-      ``[calls, tokens, seconds outside their rounds]`` (prefills, the call's own overhead); ``widths``: rounds
-      run at each block width in this process (the first :data:`COLD_ROUNDS` untimed).
+      ``[calls, tokens, seconds outside their rounds]`` (prefills, the call's own overhead), tokens at full batch;
+      ``widths``: rounds run at each block width in this process (the first :data:`COLD_ROUNDS` untimed).
     """
 
     def __init__(self, data: dict[str, Any] | None = None):
