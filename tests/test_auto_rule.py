@@ -61,6 +61,22 @@ def test_expected_tokens_of_chains_and_trees():
     assert exp[PLAIN] == 1.0 and exp[shapes[1]] == pytest.approx(1 + sum(chain_lengths(table.probabilities(2), 2)[-1:]))
 
 
+def test_an_answers_end_cuts_a_rounds_later_tokens_as_a_miss_does():
+    table = AcceptanceTable(depth=4, ranks=2)
+    for _ in range(2000):  # every draft accepted; one answer in ten tokens ends
+        table.observe([[(1, 0)] * 4], ends=1, tokens=10)
+    p = table.probabilities(4, 1)
+    shapes = [Shape(2), Shape(4), Shape(4, TreeShape(2, 4, 8))]
+    exp = expected_tokens(table, shapes)
+    cut = [[x * 0.9 for x in row] for row in p]
+    assert exp[Shape(4)] == pytest.approx(1 + chain_lengths(cut, 4)[-1], rel=1e-3)
+    assert exp[Shape(2)] == pytest.approx(1 + 0.9 * p[0][0] + 0.81 * p[0][0] * p[1][0], rel=1e-3)
+    # a deeper chain loses more: its share of the uncut expectation falls with depth
+    uncut = [1 + chain_lengths(p, g)[-1] for g in (2, 4)]
+    assert exp[Shape(4)] / uncut[1] < exp[Shape(2)] / uncut[0] < 1
+    assert exp[shapes[2]] < 1 + sum(v for *_, v in tree_nodes(p, 2, 4, 8))
+
+
 def test_one_expansion_per_top_k_values_every_tree_as_tree_nodes_does():
     rng = random.Random(3)
     for trial in range(20):
@@ -228,6 +244,8 @@ def test_a_speculative_calls_tokens_are_counted_at_full_batch_as_plain_generates
                                          left))
     budget.report()
     assert table.calls["speculative"][1] == pytest.approx((7 / 4 + 2 / 1) * 4)
+    # the acceptance learns the answers' ends from the same rounds: 3 of 7 tokens, then 1 of 2
+    assert budget.acceptance.ends == pytest.approx([3 * DISCOUNT + 1, 7 * DISCOUNT + 2])
 
 
 def test_a_whole_call_is_valued_on_the_acceptance_as_it_is_now():

@@ -33,13 +33,15 @@ class AcceptanceTable:
         self.prior = [hazards[min(d, len(hazards) - 1)] for d in range(depth)]
         self.profiled = bool(prior)  # a profile's depths are evidence of their own; the default prior is not
         self.rounds = 0  # rounds observed (the estimates' version)
+        self.ends = [0.0, 0.0]  # answers ended, tokens kept: an answer's chance to end at a token
 
-    def observe(self, paths: Sequence[Sequence[tuple[int, int | None]]]) -> None:
+    def observe(self, paths: Sequence[Sequence[tuple[int, int | None]]], ends: int = 0, tokens: int = 0) -> None:
         """One round: per live row, the nodes of its accepted path in depth order, each as (children tried,
-        rank taken or None). A chain's node has one child."""
-        for row in (self.hits, self.trials):
+        rank taken or None; a chain's node has one child); ``ends`` answers ended among its ``tokens`` kept."""
+        for row in (self.hits, self.trials, [self.ends]):
             for cells in row:
                 cells[:] = [v * DISCOUNT for v in cells]
+        self.ends[0], self.ends[1] = self.ends[0] + ends, self.ends[1] + tokens
         for path in paths:
             for d, (tried, taken) in enumerate(path):
                 di = min(d, self.depth - 1)
@@ -48,6 +50,11 @@ class AcceptanceTable:
                 if taken is not None and taken < self.ranks:
                     self.hits[di][taken] += 1.0
         self.rounds += 1
+
+    def cut_by_ends(self, depth: int) -> list[list[float]]:
+        """:meth:`probabilities` × the chance that the answer has not ended before the token (an end cuts as a miss)."""
+        keep = 1.0 - self.ends[0] / (self.ends[1] + PRIOR_ROUNDS)
+        return [[x * keep for x in row] for row in self.probabilities(depth)]
 
     def probabilities(self, depth: int | None = None, ranks: int | None = None) -> list[list[float]]:
         """``p[d][r]`` (d = 0 is depth 1): the target's token is the draft's r-th choice at depth d + 1."""

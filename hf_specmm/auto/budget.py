@@ -1,11 +1,8 @@
-"""``AutoBudget``: the draft budget of one ``generate`` call with ``hf_specmm.Auto`` — the one decision rule.
-
-Every shape (a plain step, a chain, a tree) is an arm; so are whole calls of plain ``generate`` and of the
-speculative loop. Each arm's rate (tokens per second) is the acceptance table's expected tokens over the shape's
-round time (:class:`~hf_specmm.auto.costs.Table`). The arm taken is the one with the highest optimistic rate,
-``rate · (1 + EXPLORE / √(1 + n))`` with n its discounted rounds of evidence (UCB): an arm is explored while its
-estimate is within its uncertainty of the best, and again once its evidence has faded.
-"""
+"""``AutoBudget``: one ``generate`` call's draft budget with ``hf_specmm.Auto``, the one decision rule. Every shape
+(plain step, chain, tree) and both kinds of whole call are arms; an arm's rate (tokens per second) is its expected
+tokens over its round time (:class:`~hf_specmm.auto.costs.Table`); the arm taken has the highest optimistic rate
+``rate · (1 + EXPLORE / √(1 + n))``, n its discounted rounds of evidence (UCB), so it is explored while its estimate
+is within its uncertainty of the best, and again once its evidence has faded."""
 from __future__ import annotations
 
 import math
@@ -31,7 +28,7 @@ def expected_tokens(acceptance: AcceptanceTable, shapes: list[Shape], fresh: boo
             and (cached[2] is shapes or all(s in cached[1] for s in shapes)):
         return cached[1]
     depth = max(max((s.gamma for s in shapes), default=1), 1)
-    p = acceptance.probabilities(depth)
+    p = acceptance.cut_by_ends(depth)
     chains = [0.0] + chain_lengths(p, depth)
     trees: dict[int, list[list[float]]] = {}  # one expansion per top_k serves every tree of it
     widest = max(s.width for s in shapes) - 1
@@ -68,8 +65,7 @@ class AutoBudget(DraftBudget):
                  clock: Callable[[], float] = time.perf_counter):
         super().__init__(gamma=max(s.gamma for s in (fixed or shapes)))
         self.shapes, self.fixed, self.acceptance, self.tables = shapes, fixed, acceptance, tables
-        self.clock, self.save = clock, save
-        self.batch = batch
+        self.clock, self.save, self.batch = clock, save, batch
         self.key, self.table = tables(batch)
         self.used = {self.key}
         self.open: dict[str, Any] | None = None
@@ -126,14 +122,14 @@ class AutoBudget(DraftBudget):
             predicted = rate
         shape = choice.fit(room)
         expected = 0.0 if self.fixed is not None else expected_tokens(self.acceptance, self.shapes).get(shape) \
-            or shape_tokens(self.acceptance.probabilities(max(shape.gamma, 1)), shape)  # a shape cut to the room
+            or shape_tokens(self.acceptance.cut_by_ends(max(shape.gamma, 1)), shape)  # a shape cut to the room
         self.open = {"shape": shape, "rows": rows, "table": table, "start": self.clock(), "tokens": 0,
                      "expected": expected * rows, "predicted": predicted if shape == choice else None}
         return RoundBudget(shape.gamma, shape.tree)
 
     def close(self, outcome: RoundOutcome) -> RoundBudget | None:
         if outcome.gamma:
-            self.acceptance.observe(outcome.paths())
+            self.acceptance.observe(outcome.paths(), sum(outcome.ended), sum(outcome.kept))
         if self.open is not None:
             self.open["tokens"] = sum(k for k, u in zip(outcome.kept, outcome.live) if u)
         if any(outcome.unfinished):
