@@ -146,6 +146,22 @@ def test_the_round_time_model_is_fitted_to_the_timed_shapes():
                                                                  rel=0.1)
 
 
+def test_a_fresh_batch_buckets_prior_takes_another_buckets_proportions():
+    one, eight = Table(), Table()
+    truth = [0.02, 0.001, 0.008, 0.008]  # one row: draft steps cost 0.4 plain steps, not PRIOR_COSTS' 0.1
+    for s in (Shape(2), Shape(6), Shape(4, TreeShape(4, 4, 16))):
+        for _ in range(COLD_ROUNDS + 30):
+            one.record(s, 1, 1, 1, sum(a * b for a, b in zip(truth, s.features)))
+    tree, chain = Shape(8, TreeShape(2, 8, 16)), Shape(4)
+    for _ in range(COLD_ROUNDS + 10):  # eight rows: every cost 3x, and only a tree ran
+        eight.record(tree, 8, 1, 1, 3 * sum(a * b for a, b in zip(truth, tree.features)))
+    want = 3 * sum(a * b for a, b in zip(truth, chain.features))
+    assert eight.predicted_seconds(chain, eight.model(one)) == pytest.approx(want, rel=0.1)
+    # without it the tree's time is split by PRIOR_COSTS' proportions: the chain's fixed cost is overrated
+    assert eight.predicted_seconds(chain, eight.model()) > 1.2 * want
+    assert eight.model(one) is not eight.model() and one.model(one) == one.model()  # a table is no base of its own
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 0.0

@@ -67,6 +67,7 @@ class AutoBudget(DraftBudget):
         self.shapes, self.fixed, self.acceptance, self.tables = shapes, fixed, acceptance, tables
         self.clock, self.save, self.batch = clock, save, batch
         self.key, self.table = tables(batch)
+        self.base = tables(1)[1] if batch > 1 else None  # its costs' prior: one row's (Table.model)
         self.used = {self.key}
         self.open: dict[str, Any] | None = None
         self.log: list[tuple[str, int, float, float, float | None]] = []  # shape, rows, tokens, seconds, predicted
@@ -77,7 +78,7 @@ class AutoBudget(DraftBudget):
     # ---- choosing --------------------------------------------------------------------------------------
     def scores(self, table: Table, rows: int, shapes: list[Shape]) -> list[tuple[float, float, Shape, float]]:
         """(rate, optimistic rate, shape, rounds of evidence) of every shape in ``table`` for ``rows`` live rows."""
-        theta = table.model(self.table)
+        theta = table.model(self.base if table is self.table else self.table)
         expected = expected_tokens(self.acceptance, shapes)
         out = []
         for s in shapes:

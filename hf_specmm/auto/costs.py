@@ -24,14 +24,12 @@ PRIOR_COSTS = (1 / 64, 0.1)
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float]:
     """``a x = b`` by Gauss-Jordan elimination with partial pivoting (a is small, symmetric positive definite)."""
-    n = len(b)
-    m = [row[:] + [b[i]] for i, row in enumerate(a)]
+    n, m = len(b), [row[:] + [b[i]] for i, row in enumerate(a)]
     for c in range(n):
         p = max(range(c, n), key=lambda r: abs(m[r][c]))
         m[c], m[p] = m[p], m[c]
         for r in (r for r in range(n) if r != c):
-            f = m[r][c] / m[c][c]
-            m[r] = [x - f * y for x, y in zip(m[r], m[c])]
+            m[r] = [x - m[r][c] / m[c][c] * y for x, y in zip(m[r], m[c])]
     return [m[r][n] / m[r][r] for r in range(n)]
 
 
@@ -52,7 +50,7 @@ class Table:
         self.widths: dict[int, int] = {}
         self.called: set[str] = set()  # kinds of call run in this process
         self.version = 0  # changes with every timed round and call: the fitted model is cached by it
-        self._fit: tuple[int, list[float]] | None = None
+        self._fit: tuple[tuple, list[float]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"version": 2, "arms": {k: [round(x, 6) for x in v] for k, v in self.arms.items()},
@@ -93,22 +91,27 @@ class Table:
 
     def model(self, base: "Table | None" = None) -> list[float]:
         """The round-time model θ: seconds ≈ θ · :attr:`Shape.features`, fitted to every timed shape's mean round
-        (weighted by its rounds), pulled toward :data:`PRIOR_COSTS` by :data:`PRIOR_ROUNDS`; ``base``'s where this
-        table has no timing (another batch bucket's)."""
-        if self._fit is not None and self._fit[0] == self.version:
+        (weighted by its rounds), pulled by :data:`PRIOR_ROUNDS` toward a prior: ``base``'s θ (another batch bucket's
+        of the same models) where it has timed rounds, else :data:`PRIOR_COSTS`, in proportion, scaled to this
+        table's timed rounds; before any, to plain ``generate``'s steps, or ``base``'s θ itself."""
+        other = base if base is not None and base is not self else None
+        version = (self.version, other, other and other.version)
+        if self._fit is not None and self._fit[0] == version:
             return self._fit[1]
         timed = [(s, v) for k, v in self.arms.items() if v[0] > 1e-9 and (s := _shape_of(k)) is not None]
-        if not timed and base is not None and base is not self:
-            return base.model()
-        # the prior's scale: a plain step's time as the timed rounds imply it under the prior's shares; before any
-        # timed round, as plain generate's steps took (less the speculative calls' seconds outside their rounds)
-        relative = [(v[4] / v[0]) / _dot(_prior(1.0), s.features) for s, v in timed]
-        weights = [v[0] for _, v in timed]
         calls, _, seconds, steps = self.calls.get("plain", (0.0,) * 4)
+        if not timed and other is not None and not steps:
+            return other.model()
+        fitted = other.model() if other is not None and any(v[0] > 1e-9 for v in other.arms.values()) else None
+        shares = [max(x, 0.0) / fitted[0] for x in fitted] if fitted and fitted[0] > 0 else _prior(1.0)
+        # the prior's scale: a plain step's time as the timed rounds imply it under the shares; before any timed
+        # round, as plain generate's steps took (less the speculative calls' seconds outside their rounds)
+        relative = [(v[4] / v[0]) / _dot(shares, s.features) for s, v in timed]
+        weights = [v[0] for _, v in timed]
         seconds -= calls * self.call_rate("speculative")[1]
         scale = sum(r * w for r, w in zip(relative, weights)) / sum(weights) if timed else \
             seconds / steps if steps > 1e-9 and seconds > 0 else 1.0
-        theta0 = _prior(scale)
+        theta0 = [scale * x for x in shares]
         feats = [s.features for s, _ in timed]
         # each parameter's pull: PRIOR_ROUNDS rounds of a typical shape's feature (1, 32 tokens, 4 steps, 4 levels)
         pull = [PRIOR_ROUNDS * x * x for x in (1.0, 32.0, 4.0, 4.0)]
@@ -117,13 +120,12 @@ class Table:
         b = [pull[i] * theta0[i] + sum(w * f[i] * (v[4] / v[0]) for w, f, (_, v) in zip(weights, feats, timed))
              for i in range(4)]
         theta = _solve(a, b)
-        self._fit = (self.version, theta)
+        self._fit = (version, theta)
         return theta
 
     def predicted_seconds(self, shape: Shape, theta: list[float]) -> float:
         """A round of ``shape`` by the model: never below a plain step's, nor a draft's steps below zero."""
-        plain = max(theta[0], 1e-9)
-        return max(_dot(theta, shape.features), plain)
+        return max(_dot(theta, shape.features), theta[0], 1e-9)
 
     def rate(self, shape: Shape, rows: int, tokens_per_row: float, theta: list[float]) -> tuple[float, float]:
         """(tokens per second, rounds of evidence) for ``shape`` at ``rows`` live rows: the table's ``tokens_per_row``

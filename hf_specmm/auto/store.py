@@ -146,10 +146,6 @@ def model_name(model: Any) -> str:
     return _NAMES[model]
 
 
-def bucket(rows: int) -> int:
-    """1, 2, 4, 8, ...: the power of two at or above ``rows``."""
-    return 1 << max(rows - 1, 0).bit_length()
-
-
 def cost_key(pair: str, device: Any, dtype: Any, rows: int, cache: str) -> str:
-    return " | ".join((pair, str(device), str(dtype), f"batch<={bucket(rows)}", cache))
+    """The key of a round of ``rows`` live rows: its batch bucket is the power of two at or above ``rows``."""
+    return " | ".join((pair, str(device), str(dtype), f"batch<={1 << max(rows - 1, 0).bit_length()}", cache))
