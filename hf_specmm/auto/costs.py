@@ -107,7 +107,7 @@ class Table:
         # the prior's scale: a plain step's time as the timed rounds imply it under the shares; before any timed
         # round, as plain generate's steps took (less the speculative calls' seconds outside their rounds)
         relative = [(v[4] / v[0]) / _dot(shares, s.features) for s, v in timed]
-        weights = [v[0] for _, v in timed]
+        weights = [max(v[0], PRIOR_ROUNDS) for _, v in timed]  # a timed shape weighs at least the prior's rounds
         seconds -= calls * self.call_rate("speculative")[1]
         scale = sum(r * w for r, w in zip(relative, weights)) / sum(weights) if timed else \
             seconds / steps if steps > 1e-9 and seconds > 0 else 1.0
