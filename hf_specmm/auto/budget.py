@@ -88,9 +88,9 @@ class AutoBudget(DraftBudget):
 
     def runs_plain(self) -> bool:
         """Whole calls are arms too: plain ``generate`` at its recent calls' tokens per second (its calls as
-        evidence), against a speculative call predicted from its parts: the mean call's tokens at the best drafted
-        shape's rate plus the speculative calls' mean seconds outside their rounds (that shape's rounds as
-        evidence)."""
+        evidence), against a speculative call predicted from its parts: the mean call's tokens (of either kind: the
+        workload's, not the few speculative calls') at the best drafted shape's rate plus the speculative calls'
+        mean seconds outside their rounds (that shape's rounds as evidence)."""
         if self.fixed is not None or not self.shapes or self.shapes[0] != PLAIN:
             return False
         tokens, seconds, n_plain = self.table.call_rate("plain")
@@ -99,7 +99,8 @@ class AutoBudget(DraftBudget):
         drafted = self.scores(self.table, self.batch, [s for s in self.shapes if s.gamma])
         rate, _, shape, n_spec = max(drafted, key=lambda x: x[0])
         plain = tokens / seconds if seconds > 0 else 0.0
-        spec = spec_tokens / (outside + spec_tokens / rate) if n_calls else rate
+        mean = (tokens * n_plain + spec_tokens * n_calls) / (n_plain + n_calls) if n_calls else 0.0  # either kind's
+        spec = mean / (outside + mean / rate) if n_calls else rate
         # each kind of call runs once before the rule decides (stock's loop costs less than the rounds' plain
         # steps, so a plain step's rate is no estimate of a plain call): the speculative first
         ran = n_calls > 0 or "speculative" in self.table.called
