@@ -142,8 +142,11 @@ def test_the_round_time_model_is_fitted_to_the_timed_shapes():
             table.record(s, 1, 1, 1, sum(a * b for a, b in zip(truth, s.features)))
     theta = table.model()
     unseen = Shape(3, TreeShape(2, 3, 8))  # never run: predicted by the model
-    assert table.predicted_seconds(unseen, theta) == pytest.approx(sum(a * b for a, b in zip(truth, unseen.features)),
-                                                                 rel=0.1)
+    want = sum(a * b for a, b in zip(truth, unseen.features))
+    assert table.predicted_seconds(unseen, theta) == pytest.approx(want, rel=0.1)
+    table.record_call("plain", 1000, 20.0, steps=1000)  # its steps tick the table: the fit keeps what rounds showed
+    assert table.arms["chain 4"][0] < 0.3  # its rounds faded below the prior's
+    assert table.predicted_seconds(unseen, table.model()) == pytest.approx(want, rel=0.1)
 
 
 def test_a_fresh_batch_buckets_prior_takes_another_buckets_proportions():
@@ -243,6 +246,25 @@ def test_whole_calls_are_arms_speculative_first_then_plain_once_then_the_faster(
     assert second.whole_call["speculative_rate"] < second.whole_call["plain_rate"] == pytest.approx(5.0)
     table.calls["plain"] = [PRIOR_ROUNDS, 200, 200.0, 200]  # far slower now: 1 token a second
     assert not new_budget(clock, shapes, table).runs_plain()
+
+
+def test_a_speculative_call_is_valued_at_the_workloads_mean_call_not_its_own_few():
+    """The timed speculative calls were short answers (10 tokens), plain generate's long ones (100): a speculative
+    call is predicted for the mean call of either kind, its fixed seconds spread over as many tokens as plain's."""
+    clock, table, shapes = Clock(), Table(), [PLAIN, Shape(2)]
+    for _ in range(COLD_ROUNDS + 40):
+        table.record(Shape(2), 1, 2, 2, 0.1)
+    table.record_call("speculative", 10, 5.0)  # the process's first, not timed
+    table.record_call("speculative", 10, 1.0)  # 1 s outside its rounds
+    for _ in range(3):
+        table.record_call("plain", 100, 40.0, steps=100)
+    budget = new_budget(clock, shapes, table)
+    budget.runs_plain()
+    rate = budget.scores(table, 1, [Shape(2)])[0][0]
+    (_, _, n_plain), (_, _, n_spec) = table.call_rate("plain"), table.call_rate("speculative")
+    mean = (100 * n_plain + 10 * n_spec) / (n_plain + n_spec)
+    assert budget.whole_call["speculative_rate"] == pytest.approx(mean / (1.0 + mean / rate))
+    assert budget.whole_call["speculative_rate"] > 10 / (1.0 + 10 / rate) * 2  # not the short calls' rate
 
 
 def test_a_speculative_calls_tokens_are_counted_at_full_batch_as_plain_generates_steps_times_rows():
