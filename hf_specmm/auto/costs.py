@@ -29,7 +29,8 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float]:
         p = max(range(c, n), key=lambda r: abs(m[r][c]))
         m[c], m[p] = m[p], m[c]
         for r in (r for r in range(n) if r != c):
-            m[r] = [x - m[r][c] / m[c][c] * y for x, y in zip(m[r], m[c])]
+            f = m[r][c] / m[c][c]
+            m[r] = [x - f * y for x, y in zip(m[r], m[c])]
     return [m[r][n] / m[r][r] for r in range(n)]
 
 
@@ -104,8 +105,7 @@ class Table:
             return other.model()
         fitted = other.model() if other is not None and any(v[0] > 1e-9 for v in other.arms.values()) else None
         shares = [max(x, 0.0) / fitted[0] for x in fitted] if fitted and fitted[0] > 0 else _prior(1.0)
-        # the prior's scale: a plain step's time as the timed rounds imply it under the shares; before any timed
-        # round, as plain generate's steps took (less the speculative calls' seconds outside their rounds)
+        # the scale: a plain step as the timed rounds imply it under the shares, else as plain calls' steps took
         relative = [(v[4] / v[0]) / _dot(shares, s.features) for s, v in timed]
         weights = [max(v[0], PRIOR_ROUNDS) for _, v in timed]  # a timed shape weighs at least the prior's rounds
         seconds -= calls * self.call_rate("speculative")[1]
