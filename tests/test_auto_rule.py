@@ -104,10 +104,10 @@ def test_a_shapes_rate_comes_from_its_own_rounds_and_cold_rounds_are_not_timed()
     assert chain.label not in table.arms
     for _ in range(40):
         table.record(chain, 1, 3, 3, 1.0)
-    rate, n = table.rate(chain, 1, 3.0, theta)
+    rate, n = table.rates([chain], 1, {chain: 3.0}, theta)[0]
     assert n > 30 and rate == pytest.approx(3.0, rel=0.05)  # 3 expected tokens per its own 1 s, not the prior's
     table.tick(1000)  # the evidence ages: the estimate keeps its value, its weight (and so its optimism) shrinks
-    aged, fewer = table.rate(chain, 1, 3.0, theta)
+    aged, fewer = table.rates([chain], 1, {chain: 3.0}, theta)[0]
     assert aged == pytest.approx(rate) and fewer < 0.01 * n
 
 
@@ -118,9 +118,9 @@ def test_a_chain_is_valued_by_the_acceptance_table_and_a_tree_by_its_own_kept_ov
         table.record(tree, 1, 2, 4, 1.0)
     theta = table.model()
     # a chain's expected tokens are exact under the table: its realised tokens are the table's evidence, not its
-    assert table.rate(chain, 1, 4.0, theta)[0] == pytest.approx(4.0)
+    assert table.rates([chain], 1, {chain: 4.0}, theta)[0][0] == pytest.approx(4.0)
     # a tree's nodes are the drafter's: its own rounds scale the table's expectation (to near 2 of 4)
-    assert table.rate(tree, 1, 4.0, theta)[0] == pytest.approx(2.0, rel=0.05)
+    assert table.rates([tree], 1, {tree: 4.0}, theta)[0][0] == pytest.approx(2.0, rel=0.05)
 
 
 def test_before_any_timed_round_plain_generate_calls_scale_the_round_model():
@@ -283,7 +283,8 @@ def test_a_speculative_calls_tokens_are_counted_at_full_batch_as_plain_generates
     budget.report()
     assert table.calls["speculative"][1] == pytest.approx((7 / 4 + 2 / 1) * 4)
     # the acceptance learns the answers' ends from the same rounds: 3 of 7 tokens, then 1 of 2
-    assert budget.acceptance.ends == pytest.approx([3 * DISCOUNT + 1, 7 * DISCOUNT + 2])
+    acceptance = budget.acceptance
+    assert [x / acceptance.unit for x in acceptance.ends] == pytest.approx([3 * DISCOUNT + 1, 7 * DISCOUNT + 2])
 
 
 def test_a_whole_call_is_valued_on_the_acceptance_as_it_is_now():

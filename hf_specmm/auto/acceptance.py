@@ -13,6 +13,7 @@ by :data:`~hf_specmm.auto.costs.DISCOUNT` per round, so the table follows a work
 from __future__ import annotations
 
 from itertools import accumulate
+from operator import mul
 from typing import Any, Sequence
 
 from .costs import DISCOUNT, PRIOR_ROUNDS
@@ -22,7 +23,8 @@ PRIOR_HAZARDS = (0.5, 0.2)
 
 
 class AcceptanceTable:
-    """Discounted hazard counts per (depth 1..``depth``, rank 0..``ranks`` − 1); deeper depths share the last."""
+    """Discounted hazard counts per (depth 1..``depth``, rank 0..``ranks`` − 1), deeper depths sharing the last;
+    ``hits``, ``trials`` and ``ends`` are stored × ``unit`` (divide to read them)."""
 
     def __init__(self, depth: int = 8, ranks: int = 8, prior: Sequence[Sequence[float]] | None = None):
         self.depth, self.ranks = depth, ranks
@@ -34,36 +36,40 @@ class AcceptanceTable:
         self.profiled = bool(prior)  # a profile's depths are evidence of their own; the default prior is not
         self.rounds = 0  # rounds observed (the estimates' version)
         self.ends = [0.0, 0.0]  # answers ended, tokens kept: an answer's chance to end at a token
+        self.unit = 1.0  # the newest round's weight: counts are stored × unit, so discounting them is one division
 
     def observe(self, paths: Sequence[Sequence[tuple[int, int | None]]], ends: int = 0, tokens: int = 0) -> None:
         """One round: per live row, the nodes of its accepted path in depth order, each as (children tried,
         rank taken or None; a chain's node has one child); ``ends`` answers ended among its ``tokens`` kept."""
-        for row in (self.hits, self.trials, [self.ends]):
-            for cells in row:
-                cells[:] = [v * DISCOUNT for v in cells]
-        self.ends[0], self.ends[1] = self.ends[0] + ends, self.ends[1] + tokens
+        self.unit /= DISCOUNT
+        if self.unit > 1e100:  # far from overflow: back to a unit of 1
+            for cells in (*self.hits, *self.trials, self.ends):
+                cells[:] = [v / self.unit for v in cells]
+            self.unit = 1.0
+        one = self.unit
+        self.ends[0], self.ends[1] = self.ends[0] + ends * one, self.ends[1] + tokens * one
         for path in paths:
             for d, (tried, taken) in enumerate(path):
                 di = min(d, self.depth - 1)
                 for r in range(min(tried if taken is None else taken + 1, self.ranks)):
-                    self.trials[di][r] += 1.0
+                    self.trials[di][r] += one
                 if taken is not None and taken < self.ranks:
-                    self.hits[di][taken] += 1.0
+                    self.hits[di][taken] += one
         self.rounds += 1
 
     def cut_by_ends(self, depth: int) -> list[list[float]]:
         """:meth:`probabilities` × the chance that the answer has not ended before the token (an end cuts as a miss)."""
-        keep = 1.0 - self.ends[0] / (self.ends[1] + PRIOR_ROUNDS)
+        keep = 1.0 - self.ends[0] / (self.ends[1] + PRIOR_ROUNDS * self.unit)
         return [[x * keep for x in row] for row in self.probabilities(depth)]
 
     def probabilities(self, depth: int | None = None, ranks: int | None = None) -> list[list[float]]:
         """``p[d][r]`` (d = 0 is depth 1): the target's token is the draft's r-th choice at depth d + 1."""
         depth, ranks = depth or self.depth, ranks or self.ranks
-        pooled = []
+        pooled, pseudo = [], PRIOR_ROUNDS * self.unit  # the prior's trials in the counts' unit
         for r in range(self.ranks):
             hits, trials = sum(row[r] for row in self.hits), sum(row[r] for row in self.trials)
             prior = sum(p[r] for p in self.prior) / self.depth
-            pooled.append((hits + PRIOR_ROUNDS * prior) / (trials + PRIOR_ROUNDS))
+            pooled.append((hits + pseudo * prior) / (trials + pseudo))
         table = []
         for d in range(depth):
             di, row, left = min(d, self.depth - 1), [], 1.0
@@ -72,7 +78,7 @@ class AcceptanceTable:
                 # a given profile's depth pulls as much as the pooled evidence; else a depth barely seen takes the
                 # pooled hazard (optimistic if acceptance falls with depth: tried and corrected, never condemned)
                 centre = (pooled[ri] + self.prior[di][ri]) / 2.0 if self.profiled else pooled[ri]
-                h = (self.hits[di][ri] + PRIOR_ROUNDS * centre) / (self.trials[di][ri] + PRIOR_ROUNDS)
+                h = (self.hits[di][ri] + pseudo * centre) / (self.trials[di][ri] + pseudo)
                 row.append(left * h)
                 left *= 1.0 - h
             table.append(row)
@@ -96,12 +102,7 @@ def profile_hazards(row: Sequence[float], ranks: int) -> list[float]:
 
 def chain_lengths(p: Sequence[Sequence[float]], max_gamma: int) -> list[float]:
     """E[accepted drafts] of a chain of γ = 1..``max_gamma``: Σ_{d≤γ} Π_{j≤d} p[j][0]."""
-    out, path, total = [], 1.0, 0.0
-    for d in range(max_gamma):
-        path *= p[min(d, len(p) - 1)][0]
-        total += path
-        out.append(total)
-    return out
+    return list(accumulate(accumulate((p[min(d, len(p) - 1)][0] for d in range(max_gamma)), mul)))
 
 
 def tree_lengths(p: Sequence[Sequence[float]], top_k: int, max_depth: int, max_nodes: int) -> list[list[float]]:

@@ -30,16 +30,10 @@ def expected_tokens(acceptance: AcceptanceTable, shapes: list[Shape], fresh: boo
     depth = max(max((s.gamma for s in shapes), default=1), 1)
     p = acceptance.cut_by_ends(depth)
     chains = [0.0] + chain_lengths(p, depth)
-    trees: dict[int, list[list[float]]] = {}  # one expansion per top_k serves every tree of it
     widest = max(s.width for s in shapes) - 1
-    out = {}
-    for s in shapes:
-        if s.tree is None:
-            out[s] = 1.0 + chains[s.gamma]
-        else:
-            k = s.tree.top_k
-            lengths = trees.get(k) or trees.setdefault(k, tree_lengths(p, k, depth, widest))
-            out[s] = 1.0 + lengths[s.tree.depth - 1][s.tree.nodes - 1]
+    trees = {k: tree_lengths(p, k, depth, widest) for k in {s.tree.top_k for s in shapes if s.tree is not None}}
+    out = {s: 1.0 + (chains[s.gamma] if s.tree is None else trees[s.tree.top_k][s.tree.depth - 1][s.tree.nodes - 1])
+           for s in shapes}  # one expansion per top_k serves every tree of it
     acceptance._expected = (acceptance.rounds, out, shapes)  # type: ignore[attr-defined]
     return out
 
@@ -75,16 +69,11 @@ class AutoBudget(DraftBudget):
         self.whole_call: dict[str, Any] | None = None
         self.created = clock()
 
-    # ---- choosing --------------------------------------------------------------------------------------
     def scores(self, table: Table, rows: int, shapes: list[Shape]) -> list[tuple[float, float, Shape, float]]:
         """(rate, optimistic rate, shape, rounds of evidence) of every shape in ``table`` for ``rows`` live rows."""
         theta = table.model(self.base if table is self.table else self.table)
-        expected = expected_tokens(self.acceptance, shapes)
-        out = []
-        for s in shapes:
-            rate, n = table.rate(s, rows, expected[s], theta)
-            out.append((rate, optimistic(rate, n), s, n))
-        return out
+        rates = table.rates(shapes, rows, expected_tokens(self.acceptance, shapes), theta)
+        return [(r, optimistic(r, n), s, n) for (r, n), s in zip(rates, shapes)]
 
     def runs_plain(self) -> bool:
         """Whole calls are arms too: plain ``generate`` at its recent calls' tokens per second (its calls as
@@ -125,7 +114,8 @@ class AutoBudget(DraftBudget):
         shape = choice.fit(room)
         expected = 0.0 if self.fixed is not None else expected_tokens(self.acceptance, self.shapes).get(shape) \
             or shape_tokens(self.acceptance.cut_by_ends(max(shape.gamma, 1)), shape)  # a shape cut to the room
-        self.open = {"shape": shape, "rows": rows, "table": table, "start": self.clock(), "tokens": 0,
+        # a round's time runs from the last one's end: its choice and bookkeeping are its costs too
+        self.open = {"shape": shape, "rows": rows, "table": table, "start": now, "tokens": 0,
                      "expected": expected * rows, "predicted": predicted if shape == choice else None}
         return RoundBudget(shape.gamma, shape.tree)
 
@@ -149,7 +139,6 @@ class AutoBudget(DraftBudget):
             entry["table"].record(entry["shape"], entry["rows"], entry["tokens"], entry["expected"], seconds)
         self.log.append((entry["shape"].label, entry["rows"], entry["tokens"], seconds, entry["predicted"]))
 
-    # ---- the call's end --------------------------------------------------------------------------------
     def close_plain_call(self, steps: int, rows: int) -> None:
         self.plain_call = (steps, rows)
 
@@ -176,12 +165,8 @@ class AutoBudget(DraftBudget):
             s["measured_tokens_per_s"] = s["tokens"] / s["seconds"] if s["seconds"] > 0 else None
         chosen = [e for e in self.log if e[4] is not None and e[3] > 0]
         seconds = sum(e[3] for e in chosen)
-        return {
-            "shapes": ["plain generate"] if self.plain_call is not None else [e[0] for e in self.log],
-            "per_shape": per_shape,
-            "predicted_tokens_per_s": sum(e[4] * e[3] for e in chosen) / seconds if seconds else None,
-            "measured_tokens_per_s": sum(e[2] for e in chosen) / seconds if seconds else None,
-            "acceptance": self.acceptance.as_profile(min(max(self.gamma, 1), 8), 4),
-            "cost_key": self.key,
-            "whole_call": self.whole_call,
-        }
+        return {"shapes": ["plain generate"] if self.plain_call is not None else [e[0] for e in self.log],
+                "per_shape": per_shape, "cost_key": self.key, "whole_call": self.whole_call,
+                "predicted_tokens_per_s": sum(e[4] * e[3] for e in chosen) / seconds if seconds else None,
+                "measured_tokens_per_s": sum(e[2] for e in chosen) / seconds if seconds else None,
+                "acceptance": self.acceptance.as_profile(min(max(self.gamma, 1), 8), 4)}

@@ -35,19 +35,24 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float]:
 
 
 class Table:
-    """One cost key's evidence, every sum discounted by :data:`DISCOUNT` per round:
-
-    - ``arms[label] = [rounds, row-rounds, tokens, expected tokens, seconds]``: the shape's own timed rounds,
-      with the tokens the acceptance table expected of them (a tree's own correction, :meth:`rate`);
-    - ``calls``: whole calls, ``plain`` generate's ``[calls, tokens, seconds, steps]``, ``speculative`` ones'
-      ``[calls, tokens, seconds outside their rounds]`` (prefills, the call's own overhead), tokens at full batch;
-      ``widths``: rounds run at each block width in this process (the first :data:`COLD_ROUNDS` untimed).
-    """
+    """One cost key's evidence, every sum discounted by :data:`DISCOUNT` per round. ``arms[label] = [rounds,
+    row-rounds, tokens, expected tokens, seconds]``: the shape's own timed rounds, with the tokens the acceptance
+    table expected of them (a tree's own correction, :meth:`rates`); ``calls``: whole calls, ``plain`` generate's
+    ``[calls, tokens, seconds, steps]``, ``speculative`` ones' ``[calls, tokens, seconds outside their rounds]``
+    (prefills, the call's own overhead), tokens at full batch; ``widths``: rounds run at each block width in this
+    process (the first :data:`COLD_ROUNDS` untimed)."""
 
     def __init__(self, data: dict[str, Any] | None = None):
         data = data or {}
-        self.arms: dict[str, list[float]] = {k: list(map(float, v)) for k, v in data.get("arms", {}).items()}
+        self.arms: dict[str, list[float]] = {}
         self.calls: dict[str, list[float]] = {k: list(map(float, v)) for k, v in data.get("calls", {}).items()}
+        # the fit's sums, kept as rounds are recorded (a fit makes no pass over the arms): Σ rounds·f fᵀ | Σ seconds·f
+        # over arms of PRIOR_ROUNDS rounds or more (``active``), Σ f fᵀ | Σ mean round·f over the others (``faded``)
+        self.gram, self.faded, self.active = [0.0] * 20, [0.0] * 20, set()
+        for k, v in data.get("arms", {}).items():
+            if v[0] > 1e-200:  # a costs file keeps six decimals: rounds rounded to 0 there are none
+                self.arms[k] = list(map(float, v))
+                self._account(k, 1.0)
         self.widths: dict[int, int] = {}
         self.called: set[str] = set()  # kinds of call run in this process
         self.version = 0  # changes with every timed round and call: the fitted model is cached by it
@@ -61,6 +66,24 @@ class Table:
         factor = DISCOUNT ** rounds
         for sums in (*self.arms.values(), *self.calls.values()):
             sums[:] = [x * factor for x in sums]
+        self.gram = [x * factor for x in self.gram]
+        for label in [k for k in self.active if self.arms[k][0] < PRIOR_ROUNDS]:
+            self._account(label, -1.0)
+            self._account(label, 1.0)
+        for label in [k for k, v in self.arms.items() if v[0] < 1e-200]:  # forgotten before it underflows
+            self._account(label, -1.0)
+            del self.arms[label]
+            self.version += 1
+
+    def _account(self, label: str, sign: float) -> None:
+        """Adds (``sign`` 1) or removes (−1) the arm ``label``'s terms in the fit's sums, as its rounds are now."""
+        (rounds, *_, seconds), (outer, f) = self.arms[label], _terms(label)
+        if sign > 0 and rounds >= PRIOR_ROUNDS:
+            self.active.add(label)
+        sums, w, m = (self.gram, rounds, seconds) if label in self.active else (self.faded, 1.0, seconds / rounds)
+        sums[:] = [s + sign * x for s, x in zip(sums, [w * o for o in outer] + [m * x for x in f])]
+        if sign < 0:
+            self.active.discard(label)
 
     def record(self, shape: Shape, rows: int, tokens: float, expected: float, seconds: float) -> bool:
         """A round of ``shape`` over ``rows`` live rows kept ``tokens`` (the acceptance table expected ``expected``)
@@ -73,9 +96,12 @@ class Table:
         if shape.label not in self.arms:  # the prior's rounds: the model's time once it has a scale, else this round's
             prior = self.predicted_seconds(shape, self.model()) if self.arms or "plain" in self.calls else seconds
             self.arms[shape.label] = [PRIOR_ROUNDS * x for x in (1.0, rows, expected, expected, prior)]
+        else:
+            self._account(shape.label, -1.0)
         sums = self.arms[shape.label]
         for i, x in enumerate((1.0, rows, tokens, expected, seconds)):
             sums[i] += x
+        self._account(shape.label, 1.0)
         self.version += 1
         return True
 
@@ -92,33 +118,30 @@ class Table:
 
     def model(self, base: "Table | None" = None) -> list[float]:
         """The round-time model θ: seconds ≈ θ · :attr:`Shape.features`, fitted to every timed shape's mean round
-        (weighted by its rounds), pulled by :data:`PRIOR_ROUNDS` toward a prior: ``base``'s θ (another batch bucket's
-        of the same models) where it has timed rounds, else :data:`PRIOR_COSTS`, in proportion, scaled to this
-        table's timed rounds; before any, to plain ``generate``'s steps, or ``base``'s θ itself."""
+        (weighted by its rounds, at least :data:`PRIOR_ROUNDS`), pulled by :data:`PRIOR_ROUNDS` toward a prior:
+        ``base``'s θ (another batch bucket's of the same models) where it has timed rounds, else
+        :data:`PRIOR_COSTS`, in proportion, scaled to this table's timed rounds; before any, to plain ``generate``'s
+        steps, or ``base``'s θ itself."""
         other = base if base is not None and base is not self else None
         version = (self.version, other, other and other.version)
         if self._fit is not None and self._fit[0] == version:
             return self._fit[1]
-        timed = [(s, v) for k, v in self.arms.items() if v[0] > 1e-9 and (s := _shape_of(k)) is not None]
         calls, _, seconds, steps = self.calls.get("plain", (0.0,) * 4)
-        if not timed and other is not None and not steps:
+        if not self.arms and other is not None and not steps:
             return other.model()
-        fitted = other.model() if other is not None and any(v[0] > 1e-9 for v in other.arms.values()) else None
-        shares = [max(x, 0.0) / fitted[0] for x in fitted] if fitted and fitted[0] > 0 else _prior(1.0)
-        # the scale: a plain step as the timed rounds imply it under the shares, else as plain calls' steps took
-        relative = [(v[4] / v[0]) / _dot(shares, s.features) for s, v in timed]
-        weights = [max(v[0], PRIOR_ROUNDS) for _, v in timed]  # a timed shape weighs at least the prior's rounds
+        fitted = other.model() if other is not None and other.arms else None
+        shares = [max(x, 0.0) / fitted[0] for x in fitted] if fitted and fitted[0] > 0 else \
+            [1.0, PRIOR_COSTS[0], PRIOR_COSTS[1], PRIOR_COSTS[1]]
+        gram = [g + PRIOR_ROUNDS * x for g, x in zip(self.gram, self.faded)]
+        # the scale: a plain step as the timed rounds' time implies it under the shares, else as plain calls' steps
         seconds -= calls * self.call_rate("speculative")[1]
-        scale = sum(r * w for r, w in zip(relative, weights)) / sum(weights) if timed else \
+        scale = gram[16] / _dot(shares, gram[:4]) if self.arms else \
             seconds / steps if steps > 1e-9 and seconds > 0 else 1.0
         theta0 = [scale * x for x in shares]
-        feats = [s.features for s, _ in timed]
         # each parameter's pull: PRIOR_ROUNDS rounds of a typical shape's feature (1, 32 tokens, 4 steps, 4 levels)
         pull = [PRIOR_ROUNDS * x * x for x in (1.0, 32.0, 4.0, 4.0)]
-        a = [[(pull[i] if i == j else 0.0) + sum(w * f[i] * f[j] for w, f in zip(weights, feats))
-              for j in range(4)] for i in range(4)]
-        b = [pull[i] * theta0[i] + sum(w * f[i] * (v[4] / v[0]) for w, f, (_, v) in zip(weights, feats, timed))
-             for i in range(4)]
+        a = [[gram[4 * i + j] + (pull[i] if i == j else 0.0) for j in range(4)] for i in range(4)]
+        b = [gram[16 + i] + pull[i] * theta0[i] for i in range(4)]
         theta = _solve(a, b)
         self._fit = (version, theta)
         return theta
@@ -127,16 +150,22 @@ class Table:
         """A round of ``shape`` by the model: never below a plain step's, nor a draft's steps below zero."""
         return max(_dot(theta, shape.features), theta[0], 1e-9)
 
-    def rate(self, shape: Shape, rows: int, tokens_per_row: float, theta: list[float]) -> tuple[float, float]:
-        """(tokens per second, rounds of evidence) for ``shape`` at ``rows`` live rows: the table's ``tokens_per_row``
+    def rates(self, shapes: list[Shape], rows: int, tokens_per_row: dict[Shape, float],
+              theta: list[float]) -> list[tuple[float, float]]:
+        """(tokens per second, rounds of evidence) of each shape at ``rows`` live rows: the table's ``tokens_per_row``
         (a tree's scaled by its rounds' kept over expected tokens: the drafter picks its nodes) over the model's
         round time, or a timed shape's own (its first :data:`PRIOR_ROUNDS` pseudo-rounds the model's, fading with
         its evidence: an estimate keeps its value as it ages, and its optimism grows)."""
-        if shape.label not in self.arms:
-            return tokens_per_row * rows / self.predicted_seconds(shape, theta), 0.0
-        w, _, tokens, expected, seconds = self.arms[shape.label]
-        per_row = tokens_per_row * (tokens / expected if shape.tree is not None and expected > 0 else 1.0)
-        return per_row * rows / (seconds / w), w
+        out, arms = [], self.arms
+        for s in shapes:
+            sums = arms.get(s.label)
+            if sums is None:
+                out.append((tokens_per_row[s] * rows / self.predicted_seconds(s, theta), 0.0))
+            else:
+                w, _, tokens, expected, seconds = sums
+                per_row = tokens_per_row[s] * (tokens / expected if s.tree is not None and expected > 0 else 1.0)
+                out.append((per_row * rows * w / seconds, w))
+        return out
 
     def call_rate(self, kind: str) -> tuple[float, float, float]:
         """(tokens, seconds, calls of evidence) of a mean recorded call of ``kind``; zeros until one ran."""
@@ -144,15 +173,18 @@ class Table:
         return (tokens / w, seconds / w, w) if w > 1e-9 else (0.0, 0.0, 0.0)
 
 
-def _prior(scale: float) -> list[float]:
-    return [scale, scale * PRIOR_COSTS[0], scale * PRIOR_COSTS[1], scale * PRIOR_COSTS[1]]
-
-
 def _dot(a: list[float], b: tuple[float, ...]) -> float:
     return a[0] * b[0] + a[1] * b[1] + a[2] * b[2] + a[3] * b[3]  # every shape, every round: no generator
 
 
-@lru_cache(maxsize=1024)  # a table's labels are parsed at every fit
+@lru_cache(maxsize=1024)
+def _terms(label: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """A shape's features f and their products f fᵀ (16, row-major), by its label."""
+    f = _shape_of(label).features  # type: ignore[union-attr]
+    return tuple(x * y for x in f for y in f), f
+
+
+@lru_cache(maxsize=1024)
 def _shape_of(label: str) -> Shape | None:
     """The shape a label names (``plain``, ``chain 3``, ``tree 4,6,24``); None for another label."""
     kind, _, rest = label.partition(" ")

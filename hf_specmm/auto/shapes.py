@@ -33,6 +33,9 @@ class Shape:
             return f"tree {self.tree.top_k},{self.tree.depth},{self.tree.nodes}"
         return f"chain {self.gamma}" if self.gamma else "plain"
 
+    def __hash__(self) -> int:  # shapes key dicts every round: their labels' hashes are cached
+        return hash(self.label)
+
     @cached_property
     def features(self) -> tuple[float, float, float, float]:
         """The round-time model's inputs (:class:`~hf_specmm.auto.costs.Table`): 1, width − 1, chain steps,
@@ -58,11 +61,8 @@ def candidates(max_tokens: int, max_depth: int, plain: bool = True, trees: bool 
     shapes = [PLAIN] if plain else []
     shapes += [Shape(g) for g in range(1, min(max_depth, max_tokens) + 1)]
     if trees:
-        for k in TREE_GRID[0]:
-            for depth in (d for d in TREE_GRID[1] if d <= max_depth):
-                for n in TREE_GRID[2]:
-                    if k < n <= min(max_tokens, k + (depth - 1) * k * k):
-                        shapes.append(Shape(depth, TreeShape(k, depth, n)))
+        shapes += [Shape(d, TreeShape(k, d, n)) for k in TREE_GRID[0] for d in TREE_GRID[1] for n in TREE_GRID[2]
+                   if d <= max_depth and k < n <= min(max_tokens, k + (d - 1) * k * k)]
     return tuple(shapes)
 
 

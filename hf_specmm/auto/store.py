@@ -73,14 +73,10 @@ def check_entry(path: Path, key: str, entry: Any) -> None:
 
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
-    with open(path.with_name(path.name + ".lock"), "a") as lock:
+    with open(path.with_name(path.name + ".lock"), "a") as lock:  # closing the file releases the lock
         if fcntl is not None:
             fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            if fcntl is not None:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+        yield
 
 
 class Store:
@@ -89,8 +85,7 @@ class Store:
 
     def __init__(self) -> None:
         self.tables: dict[str, Table] = {}
-        self.lock = threading.Lock()
-        self.warned: set[str] = set()
+        self.lock, self.warned = threading.Lock(), set[str]()
 
     def table(self, key: str, path: Path | None = None) -> Table:
         with self.lock:

@@ -24,29 +24,21 @@ _ACCEPTANCE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 class Auto(DraftWrapper):
     """Wraps any draft (text-only, image-adapter, vlm, feature head, ``TextOnly(...)``) so that every round
-    drafts the shape with the highest estimated tokens per second: a plain target step (nothing drafted), a
-    chain of γ ≤ ``max_depth`` or a tree of the grid (top_k 2/4/8, depth 3/4/6/8 ≤ ``max_depth``, 8-64 nodes
-    ≤ ``max_tokens``); a whole call runs as plain ``generate`` where that is estimated fastest.
-
-    - **Acceptance** by depth and rank, learned from every round's verification, for the process, per (target,
-      draft) pair, greedy and sampling apart; ``prior``: a profile ``prior[d][r]`` (as ``hf-specmm world-tau
-      --profile`` writes) to start from.
-    - **Costs**: each shape's rate from its own recent rounds, a round-time model over shapes as the prior for
-      shapes not yet run; per (target, draft, device, dtype, batch bucket, cache kind), for the process and, with
-      ``costs_file`` (a JSON file), across processes: read and checked before the first call's first forward,
-      merged into the file after each call.
-    - **Decision**: the highest optimistic rate (UCB); evidence fades, so a machine, draft or workload that
-      changes is followed (docs/auto.md has the rule and its constants).
+    drafts the shape with the highest estimated tokens per second: a plain target step, a chain of γ ≤
+    ``max_depth`` or a tree of the grid (≤ ``max_tokens`` nodes); a whole call runs as plain ``generate`` where that
+    is estimated fastest. Acceptance by depth and rank is learned from every round, per (target, draft) pair,
+    greedy and sampling apart (``prior``: a profile ``prior[d][r]`` as ``hf-specmm world-tau --profile`` writes, to
+    start from); costs per (target, draft, device, dtype, batch bucket, cache kind), for the process and, with
+    ``costs_file``, across processes (read and checked before the first forward, merged into the file after each
+    call). The rule and its constants: docs/auto.md.
 
     Outputs are those of plain ``generate``: each round is verified as a fixed chain or tree would be (greedy
     identical; sampling keeps the target's distribution: a round's shape depends only on earlier rounds).
     ``last_stats(model).auto`` reports the shapes taken and the predicted and measured tokens per second.
-
     ``shapes``: rounds take these shapes in turn instead (ints 0..``MAX_DEPTH``: chains, 0 a plain step;
-    ``TreeShape``: trees), for tests and for measuring an acceptance profile; the acceptance is learned all the
-    same. ``max_depth`` is at most :data:`~hf_specmm.auto.shapes.MAX_DEPTH`.
+    ``TreeShape``: trees), for tests and for measuring an acceptance profile.
 
-    Refused before any work, naming the option: ``num_assistant_tokens`` (Auto chooses γ: use ``max_depth``),
+    Refused before any work, naming the option: ``num_assistant_tokens`` (use ``max_depth``),
     ``num_assistant_tokens_schedule`` other than ``'constant'``, ``assistant_confidence_threshold``,
     ``cache_implementation='static'``. With ``output_attentions`` / ``output_hidden_states`` and
     ``return_dict_in_generate`` only plain steps and chains are taken.

@@ -44,7 +44,7 @@ def measure_profile(target: Any, processor: Any, draft: Any, examples: list[Exam
             api.disable(target)
     table = auto.acceptance(target)
     return {"profile": table.as_profile(PROFILE_SHAPE.depth, PROFILE_RANKS), "rounds": table.rounds,
-            "trials_by_depth": [int(sum(row)) for row in table.trials[:PROFILE_SHAPE.depth]],
+            "trials_by_depth": [int(sum(row) / table.unit) for row in table.trials[:PROFILE_SHAPE.depth]],
             "shape": f"{PROFILE_SHAPE.top_k},{PROFILE_SHAPE.depth},{PROFILE_SHAPE.nodes}", "prompts": len(examples)}
 
 
