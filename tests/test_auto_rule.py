@@ -10,6 +10,7 @@ import pytest
 from hf_specmm.auto.acceptance import AcceptanceTable, chain_lengths
 from hf_specmm.auto.budget import EXPLORE, REFRESH, AutoBudget, expected_tokens, shape_tokens
 from hf_specmm.auto.costs import COLD_ROUNDS, DISCOUNT, PRIOR_ROUNDS, Table
+from hf_specmm.auto.costs import _shape_of as Shape_of
 from hf_specmm.auto.shapes import PLAIN, Shape, candidates
 from hf_specmm.budget import RoundOutcome
 from hf_specmm.simulator import tree_nodes
@@ -31,6 +32,35 @@ def test_acceptance_counts_hazards_by_depth_and_rank_and_follows_a_drift():
     for _ in range(3 * int(1 / (1 - DISCOUNT))):  # the draft stops agreeing: the table follows
         table.observe([[(1, None)]])
     assert table.probabilities(1, 1)[0][0] < 0.1
+
+
+def test_the_acceptance_counts_discounted_through_their_unit_equal_counts_discounted_every_round():
+    rng = random.Random(5)
+    rounds = [[[(rng.randint(1, 3), rng.choice([None, 0, 1, 2])) for _ in range(rng.randint(1, 5))]
+               for _ in range(rng.randint(1, 4))] for _ in range(1500)]
+    ends = [(rng.randint(0, 2), rng.randint(3, 9)) for _ in rounds]
+    lazy, early = AcceptanceTable(depth=6, ranks=3), AcceptanceTable(depth=6, ranks=3)
+    early.unit = 1e99  # its unit passes the bound within these rounds: counts are brought back to a unit of 1
+    hits, trials, ended = [[0.0] * 3 for _ in range(6)], [[0.0] * 3 for _ in range(6)], [0.0, 0.0]
+    for paths, (e, t) in zip(rounds, ends):
+        lazy.observe(paths, e, t)
+        early.observe(paths, e, t)
+        for cells in (*hits, *trials, ended):  # the rule as written: every count × DISCOUNT, then this round's
+            cells[:] = [v * DISCOUNT for v in cells]
+        ended[0], ended[1] = ended[0] + e, ended[1] + t
+        for path in paths:
+            for d, (tried, taken) in enumerate(path):
+                for r in range(min(tried if taken is None else taken + 1, 3)):
+                    trials[min(d, 5)][r] += 1.0
+                if taken is not None and taken < 3:
+                    hits[min(d, 5)][taken] += 1.0
+    assert early.unit < 1e99
+    for table in (lazy, early):
+        for stored, counts in ((table.hits, hits), (table.trials, trials), ([table.ends], [ended])):
+            for row, want in zip(stored, counts):
+                assert [x / table.unit for x in row] == pytest.approx(want, rel=1e-9, abs=1e-12)
+    for row, want in zip(lazy.cut_by_ends(6), early.cut_by_ends(6)):
+        assert row == pytest.approx(want, rel=1e-9)
 
 
 def test_a_depth_barely_seen_takes_the_pooled_hazard_unless_a_profile_gives_its_own():
@@ -131,6 +161,33 @@ def test_before_any_timed_round_plain_generate_calls_scale_the_round_model():
     table.record_call("speculative", 10, 0.5)  # half a second outside its (untimed) rounds
     table.record_call("plain", 100, 0.5 + 100 * 0.02, steps=100)  # then 100 steps of 20 ms
     assert table.model()[0] == pytest.approx(0.02, rel=0.05)
+
+
+def test_the_fits_kept_sums_equal_a_fit_over_every_arm_as_it_is_now():
+    """The normal equations are kept as rounds land; the fit equals one from every arm's sums, each weighted by its
+    rounds and at least PRIOR_ROUNDS, through arms fading below that weight, coming back and a costs file."""
+    def direct(table: Table) -> list[float]:
+        gram = [0.0] * 20
+        for label, (rounds, *_, seconds) in table.arms.items():
+            f, w = Shape_of(label).features, max(rounds, PRIOR_ROUNDS)
+            gram = [g + x for g, x in zip(gram, [w * a * b for a in f for b in f] + [w * seconds / rounds * a for a in f])]
+        probe = Table()
+        probe.arms, probe.gram, probe.faded = table.arms, gram, [0.0] * 20
+        return probe.model()
+
+    rng = random.Random(11)
+    shapes, table, faded = list(candidates(64, 8)), Table(), 0
+    for step in range(3000):
+        s = rng.choice(shapes[:6]) if step % 500 < 400 else rng.choice(shapes)  # some shapes fade, then return
+        table.record(s, rng.randint(1, 8), 2.0, 2.0, 0.001 * (1 + s.width / 16) * rng.uniform(0.8, 1.2))
+        if step % 250 == 0:
+            table.record_call("plain", 100, 0.5, steps=rng.randint(10, 200))  # many rounds' discount at once
+        if step % 300 == 299:
+            faded += any(v[0] < PRIOR_ROUNDS for v in table.arms.values())
+            assert table.model() == pytest.approx(direct(table), rel=1e-6)
+    assert faded >= 5  # most checks had arms below PRIOR_ROUNDS rounds
+    loaded = Table(table.to_json())
+    assert loaded.model() == pytest.approx(direct(loaded), rel=1e-6)
 
 
 def test_the_round_time_model_is_fitted_to_the_timed_shapes():
