@@ -67,7 +67,7 @@ class Table:
         for sums in (*self.arms.values(), *self.calls.values()):
             sums[:] = [x * factor for x in sums]
         self.gram = [x * factor for x in self.gram]
-        for label in [k for k in self.active if self.arms[k][0] < PRIOR_ROUNDS]:
+        for label in [k for k in self.active if self.arms[k][0] < PRIOR_ROUNDS]:  # now at the floor weight
             self._account(label, -1.0)
             self._account(label, 1.0)
         for label in [k for k, v in self.arms.items() if v[0] < 1e-200]:  # forgotten before it underflows
