@@ -16,6 +16,7 @@ import torch
 
 from . import _compat
 from .checks import resolve_plan
+from .devices import execution_device, without_cudnn_attention
 from .loop import SpeculativeDecoding
 from .stats import SpecStats
 from .targets import target_family
@@ -88,8 +89,9 @@ def _speculative_generate(self: Any, inputs: torch.Tensor | None = None, generat
     drafter = plan.kind.drafter(plan.draft, plan.vocab)  # the draft kind's runtime (drafts/<kind>/)
     image_inputs = target_family(self).model_inputs(plan.kwargs)  # before stock generate encodes and drops them
     decoding = SpeculativeDecoding(drafter, plan.budget, streamer, image_inputs, plan.backend)  # stock generate calls it
-    result = _compat.generate_with_decoding_fn(
-        self, decoding, inputs=inputs, generation_config=generation_config, streamer=streamer, **plan.kwargs)
+    with without_cudnn_attention(execution_device(self)):  # its per-shape graphs would cost most rounds (devices.py)
+        result = _compat.generate_with_decoding_fn(
+            self, decoding, inputs=inputs, generation_config=generation_config, streamer=streamer, **plan.kwargs)
     if plan.budget.schedule == "heuristic" and getattr(assistant_model, "generation_config", None) is not None:
         assistant_model.generation_config.num_assistant_tokens = plan.budget.gamma  # persists, as stock's
     decoding.stats.wall_time_s = time.perf_counter() - start

@@ -9,11 +9,15 @@ Its input embeddings' hook names the device that really runs them.
     >>> from hf_specmm import testing
     >>> execution_device(testing.tiny_target("llava"))
     device(type='cpu')
+
+:func:`without_cudnn_attention` keeps PyTorch's cuDNN attention out of a speculative call on CUDA.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import torch
 
@@ -43,3 +47,35 @@ def execution_device(model: Any) -> torch.device:
     if isinstance(weight, torch.Tensor) and weight.device.type != "meta":
         return weight.device
     return next(model.parameters()).device
+
+
+_CUDNN = {"lock": threading.Lock(), "calls": 0, "cleared": False}
+
+
+@contextmanager
+def without_cudnn_attention(device: torch.device) -> Iterator[None]:
+    """Scaled-dot-product attention without its cuDNN backend while a speculative call runs on ``device``.
+
+    cuDNN attention builds a graph for each new (query length, key length) shape the first time it meets it, and a
+    speculative call meets new shapes at nearly every round (the round's width over a cache that grew by a varying
+    number of tokens); the flash, memory-efficient and math kernels build nothing per shape. The backend flag is
+    process-wide: it is cleared while any such call runs and restored when the last one ends. Nothing changes off
+    CUDA, where cuDNN attention is off already, or where it is the only backend the caller left enabled."""
+    cuda = torch.backends.cuda
+    if device.type != "cuda" or not hasattr(cuda, "cudnn_sdp_enabled"):  # torch without cuDNN attention
+        yield
+        return
+    with _CUDNN["lock"]:
+        if _CUDNN["calls"] == 0:
+            others = cuda.flash_sdp_enabled() or cuda.mem_efficient_sdp_enabled() or cuda.math_sdp_enabled()
+            _CUDNN["cleared"] = cuda.cudnn_sdp_enabled() and others
+            if _CUDNN["cleared"]:
+                cuda.enable_cudnn_sdp(False)
+        _CUDNN["calls"] += 1
+    try:
+        yield
+    finally:
+        with _CUDNN["lock"]:
+            _CUDNN["calls"] -= 1
+            if _CUDNN["calls"] == 0 and _CUDNN["cleared"]:
+                cuda.enable_cudnn_sdp(True)
