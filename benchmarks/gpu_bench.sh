@@ -22,7 +22,8 @@
 #       finished: Qwen2.5-VL-7B shape batch 1 (γ 1/3/5), LLaVA-1.5-7B shape batch 1 and 4 (γ 1/3/5/8, trees
 #       (4,6,24) and (8,8,64)); 64 new tokens, Auto's best grid row re-timed in turns beside Auto and plain
 #   ad  LLaVA-1.5-7B shape, batch 1, both drafts: fixed shapes timed and written as hf-specmm auto-sim profiles
-#       (bench --write-profile; docs/auto.md)
+#       (bench --write-profile; docs/auto.md), Auto beside them (2 untimed calls, 6 warm-up calls, its best grid
+#       row re-timed beside it): bench.json's auto_calls are what hf-specmm auto-sim --json predicts for the profile
 # The 7B presets time bf16 weights, as users run them (DTYPE=float32 for fp32): controlled acceptance
 # replays the plain greedy run's tokens, which needs every method to produce them; the presets' margin rule
 # (hf_specmm/bench/margins.py) keeps each greedy pick ahead of the runner-up by far more than bf16 rounding,
@@ -90,6 +91,7 @@ for s in $sections; do
           python3 -m hf_specmm.cli bench --preset llava-1.5-7b-shape --batch-sizes 1 --gammas 1 3 5 8 --tree 4,6,24 \
             --tree 8,8,64 --draft-kind $kind --dtype "${DTYPE:-bfloat16}" --max-new-tokens 64 --warmup 1 --repeats 3 \
             --acceptance-profile benchmarks/results/world-acceptance-profiles/world_profile_text-only-distilled.json --no-stock \
+            --auto --auto-eval-repeats 3 --auto-warmup-calls 6 \
             --device cuda --out "$OUT/ad-$kind" --write-profile "$OUT/profile-llava-$kind.json"
         done ;;
   esac

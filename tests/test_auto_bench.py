@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
+from collections import Counter
 
 import pytest
 import torch
@@ -45,6 +47,17 @@ def test_profile_rank_zero_is_the_chain_alpha_and_trees_gain_from_lower_ranks():
         statistics.median(times["auto"]) / statistics.median(times["best"]))
     assert "best_fixed" not in chain and "auto_over_best" not in tree
     assert auto["auto_shapes"] and auto["auto_calibration_calls"] >= 1
+    # every Auto call recorded in order (untimed first), its rounds per shape adding up to the timed calls' shapes
+    row_shapes = {label: int(n) for label, n in re.findall(r"(.+?) \((\d+)\)(?:, |$)", auto["auto_shapes"])}
+    for calls, untimed, taken in ((auto["auto_calls"], auto["auto_calibration_calls"], row_shapes),
+                                  (auto["eval"]["auto_calls"], auto["auto_calibration_calls"], auto["eval"]["auto_shapes"])):
+        timed = len(calls) - untimed
+        assert timed == (1 if calls is auto["auto_calls"] else 2), len(calls)
+        assert all(c["seconds"] > 0 and c["rounds"] and isinstance(c["whole_call"]["plain_generate"], bool)
+                   for c in calls), calls
+        assert all(c["whole_call"]["plain_generate"] == ("plain generate" in c["rounds"]) for c in calls), calls
+        counted = sum((Counter(c["rounds"]) for c in calls[untimed:]), Counter())
+        assert {k: counted[k] for k in taken} == taken and len(counted) >= len(taken), (calls, taken)  # row: top 4
     learned = auto["auto_acceptance"]  # the profile, learned back from the rounds
     # rank 0 is seen in every round; rank 1 only in tree rounds, whose number follows the measured costs: the
     # estimate moves from its prior (0.4 × rank 0's hazard: ~0.1 here) toward 0.4 as trees are taken

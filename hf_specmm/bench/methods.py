@@ -14,6 +14,7 @@ from ..drafts.registry import kind_of
 from ..drafts.wrapper import Tree
 from ..targets import target_family
 from ..trees import TreeShape
+from .shape_rows import auto_call
 from ..vocab import VocabMap
 from .controlled import set_reference
 from .presets import SMALL_LM
@@ -108,12 +109,14 @@ class StockMethod(ControlledMethod):
 
 class OursMethod(ControlledMethod):
     """hf_specmm with one draft kind (``compiled``: static caches + compiled forwards, stock's switch); keeps each
-    call's statistics."""
+    call's statistics (``stats``, cleared after a warm-up) and, with ``auto``, what Auto did in every call
+    (``auto_calls``: see :func:`~hf_specmm.bench.shape_rows.auto_call`)."""
 
     def __init__(self, step: StepInputs, kind: str, compiled: bool = False, tree: TreeShape | None = None,
                  auto: bool = False):
         self.step, self.kind, self.compiled, self.tree = step, kind, compiled, tree
         self.stats: list[Any] = []
+        self.auto_calls: list[dict[str, Any]] = []
         # one Auto per row for the whole step: its acceptance is learned across the calls, as a user's would be
         self.auto = Auto(step.proposers[kind], max_tokens=step.config.auto_max_tokens) if auto else None
 
@@ -138,6 +141,8 @@ class OursMethod(ControlledMethod):
             out = step.target.generate(**step.inputs, **step.gen_for(self.compiled), assistant_model=proposer,
                                        **options)
             self.stats.append(api.last_stats(step.target))
+            if self.auto is not None:
+                self.auto_calls.append(auto_call(self.stats[-1]))
             return out
         finally:
             api.disable(step.target)

@@ -272,6 +272,7 @@ def evaluate_auto(run: BenchmarkRun, batch: int, rows: list[dict[str, Any]]) -> 
             "auto_over_best_of_medians": timed["auto"][0] / timed["best"][0],
             "times_s": passes,
             "auto_shapes": shapes_taken(contender.stats[-config.auto_eval_repeats:]),
+            "auto_calls": contender.auto_calls,  # every call of the evaluation's Auto, untimed ones first
             "lossless": None if config.do_sample else all(torch.equal(timed[name][1], step.plain)
                                                           for name in ("best", "auto")),
         }
