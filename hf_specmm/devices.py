@@ -60,15 +60,15 @@ def without_cudnn_attention(device: torch.device) -> Iterator[None]:
     speculative call meets new shapes at nearly every round (the round's width over a cache that grew by a varying
     number of tokens); the flash, memory-efficient and math kernels build nothing per shape. The backend flag is
     process-wide: it is cleared while any such call runs and restored when the last one ends. Nothing changes off
-    CUDA, where cuDNN attention is off already, or where it is the only backend the caller left enabled."""
+    CUDA, where cuDNN attention is off already, or where the caller left it the only fused kernel enabled."""
     cuda = torch.backends.cuda
     if device.type != "cuda" or not hasattr(cuda, "cudnn_sdp_enabled"):  # torch without cuDNN attention
         yield
         return
     with _CUDNN["lock"]:
         if _CUDNN["calls"] == 0:
-            others = cuda.flash_sdp_enabled() or cuda.mem_efficient_sdp_enabled() or cuda.math_sdp_enabled()
-            _CUDNN["cleared"] = cuda.cudnn_sdp_enabled() and others
+            fused = cuda.flash_sdp_enabled() or cuda.mem_efficient_sdp_enabled()  # math alone: far slower
+            _CUDNN["cleared"] = cuda.cudnn_sdp_enabled() and fused
             if _CUDNN["cleared"]:
                 cuda.enable_cudnn_sdp(False)
         _CUDNN["calls"] += 1

@@ -1,7 +1,7 @@
 """A speculative call on CUDA runs scaled-dot-product attention without PyTorch's cuDNN backend (it builds a graph
 per new attention shape, and rounds meet new shapes at nearly every round): the flag is cleared for the call's
-length, restored after the last overlapping call, and left alone off CUDA or where the caller allowed only cuDNN.
-These tests run on the CPU: the flags are process settings that CPU builds of torch hold too."""
+length, restored after the last overlapping call, and left alone off CUDA or where the caller left cuDNN the only
+fused kernel. These tests run on the CPU: the flags are process settings that CPU builds of torch hold too."""
 
 from __future__ import annotations
 
@@ -52,13 +52,13 @@ def test_restored_when_the_call_raises():
     assert cuda.cudnn_sdp_enabled()
 
 
-@pytest.mark.parametrize("case", ["cpu", "cudnn already off", "cudnn the only backend"])
+@pytest.mark.parametrize("case", ["cpu", "cudnn already off", "cudnn the only fused kernel", "no backend but cudnn"])
 def test_left_alone(case):
     device = torch.device("cpu") if case == "cpu" else CUDA
     if case == "cudnn already off":
         cuda.enable_cudnn_sdp(False)
-    if case == "cudnn the only backend":
-        for name in ("flash", "mem_efficient", "math"):
+    if case in ("cudnn the only fused kernel", "no backend but cudnn"):  # the caller chose cuDNN over the math one
+        for name in ("flash", "mem_efficient") + (("math",) if case == "no backend but cudnn" else ()):
             getattr(cuda, f"enable_{name}_sdp")(False)
     before = _flags()
     with without_cudnn_attention(device):
