@@ -14,7 +14,6 @@ from ..drafts.registry import kind_of
 from ..drafts.wrapper import Tree
 from ..targets import target_family
 from ..trees import TreeShape
-from .shape_rows import auto_call
 from ..vocab import VocabMap
 from .controlled import set_reference
 from .presets import SMALL_LM
@@ -107,10 +106,19 @@ class StockMethod(ControlledMethod):
             self.forwards.append(len(calls))
 
 
+def auto_call(stats: Any) -> dict[str, Any]:
+    """One Auto call as the bench records it: its seconds, the rounds it took per shape (``{"plain generate": 1}``:
+    the call ran as plain ``generate``) and its whole-call choice (the two rates compared; ``last_stats(model).auto``)."""
+    auto = stats.auto
+    rounds = {"plain generate": 1} if auto["shapes"] == ["plain generate"] else \
+        {label: s["rounds"] for label, s in auto["per_shape"].items()}
+    return {"seconds": stats.wall_time_s, "rounds": rounds, "whole_call": auto["whole_call"]}
+
+
 class OursMethod(ControlledMethod):
     """hf_specmm with one draft kind (``compiled``: static caches + compiled forwards, stock's switch); keeps each
     call's statistics (``stats``, cleared after a warm-up) and, with ``auto``, what Auto did in every call
-    (``auto_calls``: see :func:`~hf_specmm.bench.shape_rows.auto_call`)."""
+    (``auto_calls``: see :func:`auto_call`)."""
 
     def __init__(self, step: StepInputs, kind: str, compiled: bool = False, tree: TreeShape | None = None,
                  auto: bool = False):

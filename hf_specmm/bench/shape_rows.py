@@ -81,15 +81,6 @@ def auto_row(step: StepInputs, method: OursMethod, name: str, timed: dict[str, A
     }
 
 
-def auto_call(stats: Any) -> dict[str, Any]:
-    """One Auto call as the bench records it: its seconds, the rounds it took per shape (``{"plain generate": 1}``:
-    the call ran as plain ``generate``) and its whole-call choice (the two rates compared; ``last_stats(model).auto``)."""
-    auto = stats.auto
-    rounds = {"plain generate": 1} if auto["shapes"] == ["plain generate"] else \
-        {label: s["rounds"] for label, s in auto["per_shape"].items()}
-    return {"seconds": stats.wall_time_s, "rounds": rounds, "whole_call": auto["whole_call"]}
-
-
 def shapes_taken(stats: list[Any]) -> dict[str, int]:
     """Rounds per shape over Auto calls' statistics, most taken first."""
     taken: dict[str, int] = {}
