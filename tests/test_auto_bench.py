@@ -49,10 +49,10 @@ def test_profile_rank_zero_is_the_chain_alpha_and_trees_gain_from_lower_ranks():
     assert auto["auto_shapes"] and auto["auto_calibration_calls"] >= 1
     # every Auto call recorded in order (untimed first), its rounds per shape adding up to the timed calls' shapes
     row_shapes = {label: int(n) for label, n in re.findall(r"(.+?) \((\d+)\)(?:, |$)", auto["auto_shapes"])}
-    for calls, untimed, taken in ((auto["auto_calls"], auto["auto_calibration_calls"], row_shapes),
-                                  (auto["eval"]["auto_calls"], auto["auto_calibration_calls"], auto["eval"]["auto_shapes"])):
-        timed = len(calls) - untimed
-        assert timed == (1 if calls is auto["auto_calls"] else 2), len(calls)
+    untimed = auto["auto_calibration_calls"]
+    for calls, timed, taken in ((auto["auto_calls"], 1, row_shapes),  # the grid row's repeats; the evaluation's
+                                (auto["eval"]["auto_calls"], 2, auto["eval"]["auto_shapes"])):
+        assert len(calls) == untimed + timed, len(calls)
         assert all(c["seconds"] > 0 and c["rounds"] and isinstance(c["whole_call"]["plain_generate"], bool)
                    for c in calls), calls
         assert all(c["whole_call"]["plain_generate"] == ("plain generate" in c["rounds"]) for c in calls), calls

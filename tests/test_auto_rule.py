@@ -9,8 +9,7 @@ import pytest
 
 from hf_specmm.auto.acceptance import AcceptanceTable, chain_lengths
 from hf_specmm.auto.budget import EXPLORE, REFRESH, AutoBudget, expected_tokens, shape_tokens
-from hf_specmm.auto.costs import COLD_ROUNDS, DISCOUNT, PRIOR_ROUNDS, Table
-from hf_specmm.auto.costs import _shape_of as Shape_of
+from hf_specmm.auto.costs import COLD_ROUNDS, DISCOUNT, PRIOR_ROUNDS, Table, _shape_of
 from hf_specmm.auto.shapes import PLAIN, Shape, candidates
 from hf_specmm.budget import RoundOutcome
 from hf_specmm.simulator import tree_nodes
@@ -169,7 +168,7 @@ def test_the_fits_kept_sums_equal_a_fit_over_every_arm_as_it_is_now():
     def direct(table: Table) -> list[float]:
         gram = [0.0] * 20
         for label, (rounds, *_, seconds) in table.arms.items():
-            f, w = Shape_of(label).features, max(rounds, PRIOR_ROUNDS)
+            f, w = _shape_of(label).features, max(rounds, PRIOR_ROUNDS)
             gram = [g + x for g, x in zip(gram, [w * a * b for a in f for b in f] + [w * seconds / rounds * a for a in f])]
         probe = Table()
         probe.arms, probe.gram, probe.faded = table.arms, gram, [0.0] * 20

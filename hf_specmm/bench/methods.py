@@ -106,25 +106,15 @@ class StockMethod(ControlledMethod):
             self.forwards.append(len(calls))
 
 
-def auto_call(stats: Any) -> dict[str, Any]:
-    """One Auto call as the bench records it: its seconds, the rounds it took per shape (``{"plain generate": 1}``:
-    the call ran as plain ``generate``) and its whole-call choice (the two rates compared; ``last_stats(model).auto``)."""
-    auto = stats.auto
-    rounds = {"plain generate": 1} if auto["shapes"] == ["plain generate"] else \
-        {label: s["rounds"] for label, s in auto["per_shape"].items()}
-    return {"seconds": stats.wall_time_s, "rounds": rounds, "whole_call": auto["whole_call"]}
-
-
 class OursMethod(ControlledMethod):
     """hf_specmm with one draft kind (``compiled``: static caches + compiled forwards, stock's switch); keeps each
-    call's statistics (``stats``, cleared after a warm-up) and, with ``auto``, what Auto did in every call
-    (``auto_calls``: see :func:`auto_call`)."""
+    call's statistics (``stats``, cleared after a warm-up; with ``auto``, every call's in ``auto_stats`` too)."""
 
     def __init__(self, step: StepInputs, kind: str, compiled: bool = False, tree: TreeShape | None = None,
                  auto: bool = False):
         self.step, self.kind, self.compiled, self.tree = step, kind, compiled, tree
         self.stats: list[Any] = []
-        self.auto_calls: list[dict[str, Any]] = []
+        self.auto_stats: list[Any] = []
         # one Auto per row for the whole step: its acceptance is learned across the calls, as a user's would be
         self.auto = Auto(step.proposers[kind], max_tokens=step.config.auto_max_tokens) if auto else None
 
@@ -150,7 +140,7 @@ class OursMethod(ControlledMethod):
                                        **options)
             self.stats.append(api.last_stats(step.target))
             if self.auto is not None:
-                self.auto_calls.append(auto_call(self.stats[-1]))
+                self.auto_stats.append(self.stats[-1])
             return out
         finally:
             api.disable(step.target)

@@ -26,7 +26,7 @@ from ..vocab import draft_vocab_size
 from .config import BenchConfig
 from .methods import OursMethod, PlainMethod, StockMethod
 from .presets import GEMMA4_ASSISTANT, SMALL_LM, Preset, build_preset
-from .shape_rows import auto_row, calibrate_auto, shapes_taken, tree_row
+from .shape_rows import auto_call, auto_row, calibrate_auto, shapes_taken, tree_row
 from .step import BenchmarkRun, StepInputs
 from .timing import PrefillClock, draft_step_cost, interleaved_medians, target_step_costs
 
@@ -272,7 +272,7 @@ def evaluate_auto(run: BenchmarkRun, batch: int, rows: list[dict[str, Any]]) -> 
             "auto_over_best_of_medians": timed["auto"][0] / timed["best"][0],
             "times_s": passes,
             "auto_shapes": shapes_taken(contender.stats[-config.auto_eval_repeats:]),
-            "auto_calls": contender.auto_calls,  # every call of the evaluation's Auto, untimed ones first
+            "auto_calls": [auto_call(st) for st in contender.auto_stats],  # its every call, untimed ones first
             "lossless": None if config.do_sample else all(torch.equal(timed[name][1], step.plain)
                                                           for name in ("best", "auto")),
         }

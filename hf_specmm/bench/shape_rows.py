@@ -73,12 +73,18 @@ def auto_row(step: StepInputs, method: OursMethod, name: str, timed: dict[str, A
         "auto_predicted_tok_s": statistics.mean(predicted) if predicted else None,
         "auto_measured_tok_s": statistics.mean(measured) if measured else None,
         "auto_calibration_calls": calibration_calls,
-        "auto_calls": method.auto_calls,
+        "auto_calls": [auto_call(st) for st in method.auto_stats],
         "auto_acceptance": stats[-1].auto["acceptance"],
         "decode_speedup": statistics.median(timed["plain"][3]) / statistics.median(timed[f"ours_{name}"][3]),
         "lossless": bool(torch.equal(ours, step.plain)) if not step.config.do_sample else None,
         "times_s": {key: timed[key][2] for key in ("plain", f"ours_{name}")},
     }
+
+
+def auto_call(stats: Any) -> dict[str, Any]:
+    """One Auto call as the bench records it: its seconds, its rounds per shape (``{"plain generate": 1}``: the call
+    ran as plain ``generate``) and its whole-call choice (the two rates compared; ``last_stats(model).auto``)."""
+    return {"seconds": stats.wall_time_s, "rounds": shapes_taken([stats]), "whole_call": stats.auto["whole_call"]}
 
 
 def shapes_taken(stats: list[Any]) -> dict[str, int]:
