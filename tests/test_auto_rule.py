@@ -293,7 +293,7 @@ def test_whole_calls_are_arms_speculative_first_then_plain_once_then_the_faster(
     assert "speculative" not in table.calls
     assert new_budget(clock, shapes, table).runs_plain()  # plain generate never run: once
     table.record_call("plain", 100, 20.0, steps=100)  # 5 tokens a second
-    table.record_call("speculative", 100, 10.0)  # 100 tokens a call, 10 s outside the rounds
+    table.record_call("speculative", 100, 10.0, row_tokens=100)  # 100 tokens a call, 10 s outside the rounds
     second = new_budget(clock, shapes, table)
     assert second.runs_plain()
     # the speculative call as its parts predict it: 100 tokens at chain 2's rate, plus 10 s outside the rounds
@@ -311,21 +311,22 @@ def test_a_speculative_call_is_valued_at_the_workloads_mean_call_not_its_own_few
     for _ in range(COLD_ROUNDS + 40):
         table.record(Shape(2), 1, 2, 2, 0.1)
     table.record_call("speculative", 10, 5.0)  # the process's first, not timed
-    table.record_call("speculative", 10, 1.0)  # 1 s outside its rounds
+    table.record_call("speculative", 10, 1.0, row_tokens=10)  # 1 s outside its rounds
     for _ in range(3):
         table.record_call("plain", 100, 40.0, steps=100)
     budget = new_budget(clock, shapes, table)
     budget.runs_plain()
     rate = budget.scores(table, 1, [Shape(2)])[0][0]
-    (_, _, n_plain), (_, _, n_spec) = table.call_rate("plain"), table.call_rate("speculative")
+    n_plain, n_spec = table.call_rate("plain")[-1], table.call_rate("speculative")[-1]
     mean = (100 * n_plain + 10 * n_spec) / (n_plain + n_spec)
     assert budget.whole_call["speculative_rate"] == pytest.approx(mean / (1.0 + mean / rate))
     assert budget.whole_call["speculative_rate"] > 10 / (1.0 + 10 / rate) * 2  # not the short calls' rate
 
 
-def test_a_speculative_calls_tokens_are_counted_at_full_batch_as_plain_generates_steps_times_rows():
-    """Plain generate runs a batch's ended rows to the longest one's end; a speculative call's rounds with fewer live
-    rows count as if every row ran them, so that both kinds of call are valued per full-batch step."""
+def test_a_speculative_call_counts_its_tokens_as_plain_generate_runs_the_same_answers():
+    """Plain generate runs a batch's ended rows to the longest one's end: its tokens are rows × the longest answer.
+    A speculative call counts the same (its rounds' tokens per live row apart), and is valued in those tokens: a
+    batch whose short answers end early is not predicted as if every row ran every round."""
     clock, table = Clock(), Table()
     table.record_call("speculative", 0, 0.0)  # the process's first, not timed
     budget = AutoBudget([Shape(1)], AcceptanceTable(depth=8, ranks=2), lambda rows: ("key", table), 4, clock=clock)
@@ -337,10 +338,24 @@ def test_a_speculative_calls_tokens_are_counted_at_full_batch_as_plain_generates
         plan = budget.close(RoundOutcome(1, live, kept, [k - 1 if k else 0 for k in kept], [1] * 4, ended, [8] * 4,
                                          left))
     budget.report()
-    assert table.calls["speculative"][1] == pytest.approx((7 / 4 + 2 / 1) * 4)
+    # the same answers as plain generate: row 0's 5 new tokens (its prefill's and 4 kept) × 4 rows, 5 steps
+    plain = new_budget(clock, [PLAIN, Shape(1)], Table())
+    plain.close_plain_call(5, 4)
+    plain.report()
+    assert table.calls["speculative"][1] == plain.table.calls["plain"][1] == 20
+    assert table.calls["speculative"][3] == pytest.approx((1 + 7 / 4 + 2 / 1) * 4)  # per live row, × rows
     # the acceptance learns the answers' ends from the same rounds: 3 of 7 tokens, then 1 of 2
     acceptance = budget.acceptance
     assert [x / acceptance.unit for x in acceptance.ends] == pytest.approx([3 * DISCOUNT + 1, 7 * DISCOUNT + 2])
+    # the prediction: the workload's mean call (rows × longest), as many tokens per live row as the rounds made
+    table.record_call("plain", 40, 4.0, steps=10)
+    whole = AutoBudget([PLAIN, Shape(1)], AcceptanceTable(depth=8, ranks=2), lambda rows: ("key", table), 4, clock=clock)
+    whole.runs_plain()
+    rate = whole.scores(table, 4, [Shape(1)])[0][0]
+    (tokens, _, _, n_plain), (spec, outside, rows, n_spec) = table.call_rate("plain"), table.call_rate("speculative")
+    mean = (tokens * n_plain + spec * n_spec) / (n_plain + n_spec)
+    assert whole.whole_call["speculative_rate"] == pytest.approx(mean / (outside + mean * rows / spec / rate))
+    assert rows / spec == pytest.approx(19 / 20)
 
 
 def test_a_whole_call_is_valued_on_the_acceptance_as_it_is_now():
@@ -350,7 +365,7 @@ def test_a_whole_call_is_valued_on_the_acceptance_as_it_is_now():
     for _ in range(COLD_ROUNDS + 40):
         table.record(Shape(4), 1, 5, 5, 1.0)
     for _ in range(2):  # the process's first is not timed
-        table.record_call("speculative", 100, 1.0)
+        table.record_call("speculative", 100, 1.0, row_tokens=100)
     table.record_call("plain", 100, 50.0)
     stale = expected_tokens(budget.acceptance, shapes)[Shape(4)]  # cached on the prior's hazards
     for _ in range(REFRESH // 2):  # fewer rounds than a refresh: every draft accepted

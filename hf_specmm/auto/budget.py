@@ -66,32 +66,33 @@ class AutoBudget(DraftBudget):
         self.open: dict[str, Any] | None = None
         self.log: list[tuple[str, int, float, float, float | None]] = []  # shape, rows, tokens, seconds, predicted
         self.plain_call: tuple[int, int] | None = None  # (steps, rows) once the call ran as plain generate
+        self.kept = [0] * batch  # each row's tokens kept so far
         self.whole_call: dict[str, Any] | None = None
         self.created = clock()
 
     def scores(self, table: Table, rows: int, shapes: list[Shape]) -> list[tuple[float, float, Shape, float]]:
         """(rate, optimistic rate, shape, rounds of evidence) of every shape in ``table`` for ``rows`` live rows."""
         theta = table.model(self.base if table is self.table else self.table)
-        rates = table.rates(shapes, rows, expected_tokens(self.acceptance, shapes), theta)
+        rates = table.rates(shapes, rows, expected_tokens(self.acceptance, self.shapes), theta)  # one cache: the grid's
         return [(r, optimistic(r, n), s, n) for (r, n), s in zip(rates, shapes)]
 
     def runs_plain(self) -> bool:
-        """Whole calls are arms too: plain ``generate`` at its recent calls' tokens per second (its calls as
-        evidence), against a speculative call predicted from its parts: the mean call's tokens (of either kind: the
-        workload's, not the few speculative calls') at the best drafted shape's rate plus the speculative calls'
+        """Whole calls are arms too: plain ``generate`` at its recent calls' tokens per second (its calls as evidence;
+        tokens as it runs them: every row to the longest one's end), against a speculative call predicted from its
+        parts: the mean call's tokens (of either kind: the workload's, not the few speculative calls'), as many per
+        live row as the speculative calls' rounds made, at the best drafted shape's rate, plus the speculative calls'
         mean seconds outside their rounds (that shape's rounds as evidence)."""
         if self.fixed is not None or not self.shapes or self.shapes[0] != PLAIN:
             return False
-        tokens, seconds, n_plain = self.table.call_rate("plain")
-        spec_tokens, outside, n_calls = self.table.call_rate("speculative")
+        tokens, seconds, _, n_plain = self.table.call_rate("plain")
+        spec_tokens, outside, row_tokens, n_calls = self.table.call_rate("speculative")
         expected_tokens(self.acceptance, self.shapes, fresh=True)  # plain calls add no rounds: not a stale cache
         drafted = self.scores(self.table, self.batch, [s for s in self.shapes if s.gamma])
         rate, _, shape, n_spec = max(drafted, key=lambda x: x[0])
         plain = tokens / seconds if seconds > 0 else 0.0
         mean = (tokens * n_plain + spec_tokens * n_calls) / (n_plain + n_calls) if n_calls else 0.0  # either kind's
-        spec = mean / (outside + mean / rate) if n_calls else rate
-        # each kind of call runs once before the rule decides (stock's loop costs less than the rounds' plain
-        # steps, so a plain step's rate is no estimate of a plain call): the speculative first
+        spec = mean / (outside + mean * row_tokens / spec_tokens / rate) if n_calls else rate
+        # each kind runs once before the rule decides, the speculative first (stock's loop is no round's plain step)
         ran = n_calls > 0 or "speculative" in self.table.called
         chosen = ran and (n_plain == 0 or optimistic(plain, n_plain) > optimistic(spec, n_spec))
         self.whole_call = {"plain_generate": chosen, "plain_rate": plain, "speculative_rate": spec,
@@ -122,6 +123,7 @@ class AutoBudget(DraftBudget):
     def close(self, outcome: RoundOutcome) -> RoundBudget | None:
         if outcome.gamma:
             self.acceptance.observe(outcome.paths(), sum(outcome.ended), sum(outcome.kept))
+        self.kept = [a + k for a, k in zip(self.kept, outcome.kept)]
         if self.open is not None:
             self.open["tokens"] = sum(k for k, u in zip(outcome.kept, outcome.live) if u)
         if any(outcome.unfinished):
@@ -151,10 +153,10 @@ class AutoBudget(DraftBudget):
             if self.plain_call is not None:
                 steps, rows = self.plain_call
                 self.table.record_call("plain", steps * rows, now - self.created, steps)
-            elif self.log:
-                # tokens as if every row ran every round, as plain generate's steps × rows: both arms at full batch
-                self.table.record_call("speculative", sum(e[2] / e[1] for e in self.log) * self.batch,
-                                       max(now - self.created - sum(e[3] for e in self.log), 0.0))
+            elif self.log:  # tokens as plain generate's (every row to the longest one's end), prefills' included
+                self.table.record_call("speculative", (max(self.kept) + 1) * self.batch,
+                                       max(now - self.created - sum(e[3] for e in self.log), 0.0),
+                                       row_tokens=(1 + sum(e[2] / e[1] for e in self.log)) * self.batch)
             if self.save is not None:
                 self.save(sorted(self.used))
         per_shape: dict[str, dict[str, Any]] = {}

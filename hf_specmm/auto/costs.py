@@ -38,9 +38,9 @@ class Table:
     """One cost key's evidence, every sum discounted by :data:`DISCOUNT` per round. ``arms[label] = [rounds,
     row-rounds, tokens, expected tokens, seconds]``: the shape's own timed rounds, with the tokens the acceptance
     table expected of them (a tree's own correction, :meth:`rates`); ``calls``: whole calls, ``plain`` generate's
-    ``[calls, tokens, seconds, steps]``, ``speculative`` ones' ``[calls, tokens, seconds outside their rounds]``
-    (prefills, the call's own overhead), tokens at full batch; ``widths``: rounds run at each block width in this
-    process (the first :data:`COLD_ROUNDS` untimed)."""
+    ``[calls, tokens, seconds, steps]``, ``speculative`` ones' ``[calls, tokens, seconds outside their rounds, row
+    tokens]`` (:meth:`record_call`); ``widths``: rounds run at each block width in this process (the first
+    :data:`COLD_ROUNDS` untimed)."""
 
     def __init__(self, data: dict[str, Any] | None = None):
         data = data or {}
@@ -59,7 +59,7 @@ class Table:
         self._fit: tuple[tuple, list[float]] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"version": 2, "arms": {k: [round(x, 6) for x in v] for k, v in self.arms.items()},
+        return {"version": 3, "arms": {k: [round(x, 6) for x in v] for k, v in self.arms.items()},
                 "calls": {k: [round(x, 6) for x in v] for k, v in self.calls.items()}}
 
     def tick(self, rounds: int = 1) -> None:
@@ -105,15 +105,16 @@ class Table:
         self.version += 1
         return True
 
-    def record_call(self, kind: str, tokens: float, seconds: float, steps: int = 0) -> None:
-        """A whole call of ``kind`` (``plain`` generate: ``steps`` decoding steps, each a round's discount; a
-        ``speculative`` call: ``seconds`` outside its rounds)."""
+    def record_call(self, kind: str, tokens: float, seconds: float, steps: int = 0,
+                    row_tokens: float = 0.0) -> None:
+        """A call of ``kind``: ``tokens`` its rows × its longest row's new tokens (``plain``: ``steps`` steps, each
+        a round's discount; ``speculative``: ``seconds`` outside its rounds, ``row_tokens`` per live row × rows)."""
         if steps:
             self.tick(steps)
         first, self.called = kind not in self.called, self.called | {kind}
         if seconds >= 0 and not (first and kind == "speculative"):
-            new = (1.0, tokens, seconds, steps)[:4 if kind == "plain" else 3]
-            self.calls[kind] = [a + b for a, b in zip(self.calls.get(kind, [0.0] * len(new)), new)]
+            new = (1.0, tokens, seconds, steps if kind == "plain" else row_tokens)
+            self.calls[kind] = [a + b for a, b in zip(self.calls.get(kind, [0.0] * 4), new)]
             self.version += 1
 
     def model(self, base: "Table | None" = None) -> list[float]:
@@ -167,10 +168,10 @@ class Table:
                 out.append((per_row * rows * w / seconds, w))
         return out
 
-    def call_rate(self, kind: str) -> tuple[float, float, float]:
-        """(tokens, seconds, calls of evidence) of a mean recorded call of ``kind``; zeros until one ran."""
-        w, tokens, seconds = self.calls.get(kind, (0.0, 0.0, 0.0))[:3]
-        return (tokens / w, seconds / w, w) if w > 1e-9 else (0.0, 0.0, 0.0)
+    def call_rate(self, kind: str) -> tuple[float, float, float, float]:
+        """(tokens, seconds, steps or row tokens, calls of evidence) of a mean call of ``kind``; zeros until one ran."""
+        w, *sums = self.calls.get(kind, (0.0,) * 4)
+        return (*(x / w for x in sums), w) if w > 1e-9 else (0.0,) * 4  # type: ignore[return-value]
 
 
 def _dot(a: list[float], b: tuple[float, ...]) -> float:

@@ -48,23 +48,22 @@ def read(path: Path) -> dict[str, Any]:
 
 
 def check_entry(path: Path, key: str, entry: Any) -> None:
-    """One entry's layout (:class:`~hf_specmm.auto.costs.Table`): ``{"version": 2, "arms": {shape: [5 numbers]},
-    "calls": {"plain": [4 numbers], "speculative": [3 numbers]}}``."""
+    """One entry's layout (:class:`~hf_specmm.auto.costs.Table`): ``{"version": 3, "arms": {shape: [5 numbers]},
+    "calls": {"plain": [4 numbers], "speculative": [4 numbers]}}``."""
     def bad(why: str) -> ValueError:
         return ValueError(f"hf_specmm.Auto costs_file {str(path)!r}: entry {key!r} {why}; delete the entry or the file")
 
     if not isinstance(entry, dict) or set(entry) - {"version", "arms", "calls"}:
         raise bad("must be an object with 'version', 'arms' and 'calls'")
-    if entry.get("version") != 2:
-        raise bad(f"has version {entry.get('version')!r}, not 2 (an earlier hf_specmm's layout)")
-    for part, names in (("arms", None), ("calls", ("plain", "speculative"))):
+    if entry.get("version") != 3:
+        raise bad(f"has version {entry.get('version')!r}, not 3 (an earlier hf_specmm's layout)")
+    for part, names, size in (("arms", None, 5), ("calls", ("plain", "speculative"), 4)):
         sums = entry.get(part, {})
         if not isinstance(sums, dict):
             raise bad(f"has {part!r} that is not an object")
         for name, values in sums.items():
             if (names is None and _shape_of(name) is None) or (names is not None and name not in names):
                 raise bad(f"has an unknown {part[:-1]} {name!r}")
-            size = {"plain": 4, "speculative": 3}.get(name, 5) if part == "calls" else 5
             if not isinstance(values, list) or len(values) != size or not all(
                     isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
                     for x in values):
