@@ -259,6 +259,9 @@ def test_saved_as_an_hf_specmm_draft_and_not_in_speculators_layout(ckpt, tmp_pat
     inputs = testing.make_inputs(FAMILY, testing.tiny_processor(FAMILY), PROMPT, [None])
     _, mine = drafted_logits(model, inputs, draft, num_assistant_tokens=2)
     _, theirs = drafted_logits(model, inputs, loaded, num_assistant_tokens=2)
-    assert all(torch.equal(a, b) for a, b in zip(mine, theirs))
+    assert len(mine) == len(theirs) > 0
+    for a, b in zip(mine, theirs):  # read back, the weights may sit unaligned in the file's mmap: BLAS rounds apart
+        assert torch.equal(a.argmax(-1), b.argmax(-1))
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="format='hf_specmm'"):
         draft.save_pretrained(tmp_path / "spec", format="speculators")
