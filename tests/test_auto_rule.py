@@ -358,6 +358,16 @@ def test_a_speculative_call_counts_its_tokens_as_plain_generate_runs_the_same_an
     assert rows / spec == pytest.approx(19 / 20)
 
 
+def test_a_costs_files_speculative_calls_without_tokens_value_a_call_at_its_best_shapes_rate():
+    """A costs file may hold speculative calls whose tokens have faded to 0 (finite numbers >= 0: a valid entry):
+    their rounds' share of a call's tokens is then taken as all of them, not divided by zero."""
+    table = Table({"calls": {"plain": [1, 10, 1, 10], "speculative": [1, 0, 0, 0]}})
+    budget = new_budget(Clock(), [PLAIN, Shape(1)], table)
+    assert not budget.runs_plain()
+    rate = budget.scores(table, 1, [Shape(1)])[0][0]
+    assert budget.whole_call["speculative_rate"] == pytest.approx(rate)
+
+
 def test_a_whole_call_is_valued_on_the_acceptance_as_it_is_now():
     """Plain calls add no rounds: the expected tokens cached before them are refreshed at each call's start."""
     clock, table, shapes = Clock(), Table(), [PLAIN, Shape(4)]

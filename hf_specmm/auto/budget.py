@@ -91,7 +91,8 @@ class AutoBudget(DraftBudget):
         rate, _, shape, n_spec = max(drafted, key=lambda x: x[0])
         plain = tokens / seconds if seconds > 0 else 0.0
         mean = (tokens * n_plain + spec_tokens * n_calls) / (n_plain + n_calls) if n_calls else 0.0  # either kind's
-        spec = mean / (outside + mean * row_tokens / spec_tokens / rate) if n_calls else rate
+        in_rounds = row_tokens / spec_tokens if spec_tokens > 0 else 1.0  # a call's tokens its rounds make per live row
+        spec = mean / (outside + mean * in_rounds / rate) if n_calls else rate
         # each kind runs once before the rule decides, the speculative first (stock's loop is no round's plain step)
         ran = n_calls > 0 or "speculative" in self.table.called
         chosen = ran and (n_plain == 0 or optimistic(plain, n_plain) > optimistic(spec, n_spec))

@@ -1,7 +1,6 @@
-"""Round times and rates: each shape's round time from its own recent rounds, and a linear round-time model
-over shapes that is only the prior for shapes not yet run. One :class:`Table` per cost key (target,
-draft, device, dtype, batch bucket, cache kind); :mod:`~hf_specmm.auto.store` keeps them for the process and
-in costs files."""
+"""Round times and rates: each shape's round time from its own recent rounds, and a linear round-time model over
+shapes that is only the prior for shapes not yet run. One :class:`Table` per cost key (target, draft, device, dtype,
+batch bucket, cache kind); :mod:`~hf_specmm.auto.store` keeps them for the process and in costs files."""
 
 from __future__ import annotations
 
