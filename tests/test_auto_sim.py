@@ -111,3 +111,47 @@ def test_after_the_acceptance_falls_to_zero_auto_runs_plain_generate():
     result = simulate(profile, calls=70, seed=0, skip=40)
     assert result["best_shape"] == "plain" and result["auto_over_plain"] >= 0.95
     assert result["auto_shapes_by_call"][-20:] == ["plain generate"] * 20
+
+
+def test_every_shipped_profile_is_what_its_source_command_writes(tmp_path, monkeypatch):
+    """A shipped profile's ``source`` is the ``--from-bench`` command that writes it from measured runs in the tree:
+    run again, it writes the same file."""
+    import shlex
+
+    monkeypatch.chdir(PROFILES.parents[1])  # the commands name paths from the repository root
+    shipped = sorted(PROFILES.glob("*.json"))
+    assert len(shipped) == 15
+    for path in shipped:
+        profile = json.loads(path.read_text())
+        words = shlex.split(profile["source"])
+        assert words[:3] == ["hf-specmm", "auto-sim", "--from-bench"], path.name
+        out = tmp_path / path.name
+        assert cli.main(words[1:] + ["--write-profile", str(out)]) == 0, path.name
+        assert json.loads(out.read_text()) == profile, path.name
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--cold", "3", "2.5"], ["--cold", "ROUNDS", "2.5"]), (["--cold", "-1", "3"], ["'cold.factor'"]),
+    (["--answer-tokens", "48", "8"], ["'answer_tokens'", "[48, 8]"]), (["--draft-kind", "dflash"], ["'dflash'"]),
+    (["--acceptance", "1.5"], ["'acceptance'"]), (["--acceptance", "missing.json"], ["missing.json"])])
+def test_from_bench_refuses_bad_options_in_one_line_and_writes_nothing(extra, words, tmp_path, capsys):
+    bench = PROFILES.parents[1] / "benchmarks" / "results" / "profile-timings" / "tiny-batch-1-4.json"
+    out = tmp_path / "p.json"
+    args = ["auto-sim", "--from-bench", str(bench), "--draft-kind", "text_only", "--write-profile", str(out)]
+    kind = extra.index("--draft-kind") if "--draft-kind" in extra else None
+    if kind is not None:
+        args[args.index("text_only")] = extra[kind + 1]
+        extra = []
+    assert cli.main(args + extra) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and all(w in err for w in words) and "Traceback" not in err, err
+    assert not out.exists()
+
+
+def test_from_bench_options_need_from_bench_and_a_missing_run_is_named(tmp_path, capsys):
+    assert cli.main(["auto-sim", "--profile", str(PROFILES / "tiny-text-only.json"), "--cold", "3", "3"]) == 2
+    assert "--cold" in capsys.readouterr().err
+    missing = tmp_path / "nowhere.json"
+    assert cli.main(["auto-sim", "--from-bench", str(missing), "--draft-kind", "text_only", "--write-profile",
+                     str(tmp_path / "p.json")]) == 2
+    assert "nowhere.json" in capsys.readouterr().err

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -83,26 +84,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int_at_least(0), default=0, help="the draws' seed")
     parser.add_argument("--skip", type=int_at_least(0), default=0, help="figures leave out the first N calls")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--from-bench", type=Path, metavar="BENCH_JSON",
-                        help="instead: write --write-profile from a bench.json's rows of --draft-kind (default: off)")
+    parser.add_argument("--from-bench", type=Path, nargs="+", metavar="BENCH_JSON",
+                        help="instead: write --write-profile from the rows of --draft-kind in these bench.json files "
+                             "(e.g. one run per batch size; default: off)")
     parser.add_argument("--draft-kind", help="with --from-bench: the rows' draft kind (default: none)")
     parser.add_argument("--acceptance", help="with --from-bench: the profile's acceptance (a number, or a JSON file "
                                              "as hf-specmm world-tau --profile writes); default: the chains' rate")
+    parser.add_argument("--answer-tokens", type=int, nargs=2, metavar=("MIN", "MAX"),
+                        help="with --from-bench: new tokens per row (default: the run's max_new_tokens)")
+    parser.add_argument("--cold", type=float, nargs=2, metavar=("FACTOR", "ROUNDS"),
+                        help="with --from-bench: the first ROUNDS rounds at a block width new to the process take "
+                             "FACTOR x (a machine's one-time costs; default: none)")
     parser.add_argument("--write-profile", type=Path, help="with --from-bench: the profile file written (default: none)")
 
 
+def _command(args: argparse.Namespace) -> str:
+    """The ``--from-bench`` command that writes this profile (its ``source``; the output path left out)."""
+    parts = ["--from-bench", *map(str, args.from_bench), "--draft-kind", args.draft_kind]
+    if args.acceptance is not None:
+        parts += ["--acceptance", args.acceptance]
+    if args.answer_tokens is not None:
+        parts += ["--answer-tokens", *map(str, args.answer_tokens)]
+    if args.cold is not None:
+        parts += ["--cold", f"{args.cold[0]:g}", f"{int(args.cold[1])}"]
+    return "hf-specmm auto-sim " + " ".join(map(shlex.quote, parts))
+
+
 def run(args: argparse.Namespace) -> int:
-    from ..auto import simulate
+    from ..auto import check_sim_profile, simulate
 
     def refuse(message: str) -> int:
         print(f"hf-specmm auto-sim: error: {message}", file=sys.stderr)
         return 2
 
+    if args.from_bench is None and any(x is not None for x in (args.draft_kind, args.acceptance, args.answer_tokens,
+                                                                args.cold, args.write_profile)):
+        return refuse("--draft-kind, --acceptance, --answer-tokens, --cold and --write-profile go with --from-bench")
     if args.from_bench is not None:
         if args.draft_kind is None or args.write_profile is None:
             return refuse("--from-bench needs --draft-kind and --write-profile")
+        if args.cold is not None and (not args.cold[1].is_integer() or args.cold[1] < 1):
+            return refuse(f"--cold FACTOR ROUNDS: ROUNDS must be an integer >= 1, got {args.cold[1]:g}")
         try:
-            rows = json.loads(args.from_bench.read_text())["rows"]
+            rows = [row for path in args.from_bench for row in json.loads(path.read_text())["rows"]]
             acceptance: Any = None
             if args.acceptance is not None:
                 path = Path(args.acceptance)
@@ -111,11 +135,20 @@ def run(args: argparse.Namespace) -> int:
                 chains = [r["acceptance"] for r in rows if r.get("draft_kind") == args.draft_kind and
                           not r.get("tree") and r.get("acceptance") is not None]
                 acceptance = round(statistics.median(chains), 4) if chains else None
-            profile = profile_from_rows(rows, args.draft_kind, acceptance, f"hf-specmm auto-sim --from-bench "
-                                        f"{args.from_bench} --draft-kind {args.draft_kind}")
-            args.write_profile.write_text(json.dumps(profile, indent=1) + "\n")
+            cold = None if args.cold is None else {"factor": args.cold[0], "rounds": int(args.cold[1])}
+            profile = profile_from_rows(rows, args.draft_kind, acceptance, _command(args), cold)
+            if args.answer_tokens is not None:
+                profile["answer_tokens"] = args.answer_tokens
         except (OSError, ValueError, KeyError, TypeError) as error:
-            return refuse(f"--from-bench {args.from_bench}: {error}")
+            return refuse(f"--from-bench {' '.join(map(str, args.from_bench))}: {error}")
+        try:
+            check_sim_profile(profile)  # what auto-sim would refuse is not written
+        except ValueError as error:
+            return refuse(str(error))
+        try:
+            args.write_profile.write_text(json.dumps(profile, indent=1) + "\n")
+        except OSError as error:
+            return refuse(f"--write-profile {args.write_profile}: {error.strerror or error}")
         return 0
     if args.profile is None:
         return refuse("--profile is required (or --from-bench)")
