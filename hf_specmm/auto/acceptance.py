@@ -65,11 +65,9 @@ class AcceptanceTable:
     def probabilities(self, depth: int | None = None, ranks: int | None = None) -> list[list[float]]:
         """``p[d][r]`` (d = 0 is depth 1): the target's token is the draft's r-th choice at depth d + 1."""
         depth, ranks = depth or self.depth, ranks or self.ranks
-        pooled, pseudo = [], PRIOR_ROUNDS * self.unit  # the prior's trials in the counts' unit
-        for r in range(self.ranks):
-            hits, trials = sum(row[r] for row in self.hits), sum(row[r] for row in self.trials)
-            prior = sum(p[r] for p in self.prior) / self.depth
-            pooled.append((hits + pseudo * prior) / (trials + pseudo))
+        pseudo = PRIOR_ROUNDS * self.unit  # the prior's trials in the counts' unit
+        pooled = [(hits + pseudo * sum(prior) / self.depth) / (trials + pseudo) for hits, trials, prior in
+                  zip(map(sum, zip(*self.hits)), map(sum, zip(*self.trials)), zip(*self.prior))]  # by rank
         table = []
         for d in range(depth):
             di, row, left = min(d, self.depth - 1), [], 1.0
@@ -116,8 +114,9 @@ def tree_lengths(p: Sequence[Sequence[float]], top_k: int, max_depth: int, max_n
     frontier = [1.0]
     for d in range(max_depth):
         row = p[min(d, len(p) - 1)]
-        level = [v * (row[r] if r < len(row) else row[-1]) for v in frontier for r in range(top_k)]
-        frontier = sorted(level, reverse=True)[:top_k]
+        ranks = [row[r] if r < len(row) else row[-1] for r in range(top_k)]
+        level = sorted((v * q for v in frontier for q in ranks), reverse=True)
+        frontier = level[:top_k]
         best = sorted(best + level, reverse=True)[:max_nodes]
         out.append(list(accumulate(best)))
     return out
