@@ -203,7 +203,7 @@ def test_costs_file_round_trip_and_merge(tmp_path):
     saved = json.loads(path.read_text())
     assert "Other(x, 1 params) | Draft(y, 2 params) | cpu" in saved  # another model's entry, untouched
     (key,) = [k for k in saved if "batch<=1" in k]
-    assert saved[key]["version"] == 3 and saved[key]["arms"]
+    assert saved[key]["version"] == 4 and saved[key]["arms"]
     assert all(len(v) == 5 for v in saved[key]["arms"].values())
     # the second call ran as plain generate (each kind once); the first speculative call is not timed
     assert len(saved[key]["calls"]["plain"]) == 4 and len(saved[key]["calls"].get("speculative", [0] * 4)) == 4
@@ -227,15 +227,16 @@ def test_bad_costs_files_are_refused_before_any_forward_naming_file_and_key(tmp_
     handle = model.register_forward_pre_hook(lambda *a: calls.append(1))
     try:
         for text, match in (("{not json", "cannot be read as JSON"), ("[1, 2]", "JSON object"),
-                            (json.dumps({key: {"version": 3, "arms": {"chain 2": [1, 2]}}}), "chain 2"),
-                            (json.dumps({key: {"version": 3, "arms": {"chain x": [1] * 5}}}), "unknown arm"),
-                            (json.dumps({key: {"version": 3, "arms": {"plain": [1, 1, 1, 1, float("nan")]}}}),
+                            (json.dumps({key: {"version": 4, "arms": {"chain 2": [1, 2]}}}), "chain 2"),
+                            (json.dumps({key: {"version": 4, "arms": {"chain x": [1] * 5}}}), "unknown arm"),
+                            (json.dumps({key: {"version": 4, "arms": {"plain": [1, 1, 1, 1, float("nan")]}}}),
                              "finite"),
-                            (json.dumps({key: {"version": 3, "arms": {"plain": [1, 1, 1, 1]}}}), "not 5 finite"),
+                            (json.dumps({key: {"version": 4, "arms": {"plain": [1, 1, 1, 1]}}}), "not 5 finite"),
                             (json.dumps({key: {"arms": {"plain": [1, 1, 1, 1]}}}), "an earlier hf_specmm"),
-                            (json.dumps({key: {"version": 2, "arms": {}}}), "not 3 .an earlier hf_specmm"),
-                            (json.dumps({key: {"version": 3, "calls": {"speculative": [1, 1, 1]}}}), "not 4 finite"),
-                            (json.dumps({key: {"version": 3, "calls": {"plain": [1, 1, 1]}}}), "not 4 finite"),
+                            (json.dumps({key: {"version": 2, "arms": {}}}), "not 4 .an earlier hf_specmm"),
+                            (json.dumps({key: {"version": 4, "arms": {"plain": [1, 2, 1, 1, 1]}}}), "prior rounds at most"),
+                            (json.dumps({key: {"version": 4, "calls": {"speculative": [1, 1, 1]}}}), "not 4 finite"),
+                            (json.dumps({key: {"version": 4, "calls": {"plain": [1, 1, 1]}}}), "not 4 finite"),
                             (json.dumps({key: []}), "object")):
             path.write_text(text)
             COSTS.clear()

@@ -139,7 +139,7 @@ class AutoBudget(DraftBudget):
             return
         seconds = 0.0 if now is None else now - entry["start"]
         if now is not None and self.fixed is None:
-            entry["table"].record(entry["shape"], entry["rows"], entry["tokens"], entry["expected"], seconds)
+            entry["table"].record(entry["shape"], entry["tokens"], entry["expected"], seconds)
         self.log.append((entry["shape"].label, entry["rows"], entry["tokens"], seconds, entry["predicted"]))
 
     def close_plain_call(self, steps: int, rows: int) -> None:

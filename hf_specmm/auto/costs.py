@@ -34,12 +34,12 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float]:
 
 
 class Table:
-    """One cost key's evidence, every sum discounted by :data:`DISCOUNT` per round. ``arms[label] = [rounds,
-    row-rounds, tokens, expected tokens, seconds]``: the shape's own timed rounds, with the tokens the acceptance
-    table expected of them (a tree's own correction, :meth:`rates`); ``calls``: whole calls, ``plain`` generate's
-    ``[calls, tokens, seconds, steps]``, ``speculative`` ones' ``[calls, tokens, seconds outside their rounds, row
-    tokens]`` (:meth:`record_call`); ``widths``: rounds run at each block width in this process (the first
-    :data:`COLD_ROUNDS` untimed)."""
+    """One cost key's evidence, every sum discounted by :data:`DISCOUNT` per round. ``arms[label] = [rounds, prior
+    rounds, tokens, expected tokens, seconds]``: the shape's timed rounds after :data:`PRIOR_ROUNDS` of the prior
+    (timed at the model's time when a rate is asked: :meth:`rates`), with the tokens the acceptance table expected
+    of them; ``calls``: whole calls, ``plain`` generate's ``[calls, tokens, seconds, steps]``, ``speculative`` ones'
+    ``[calls, tokens, seconds outside their rounds, row tokens]`` (:meth:`record_call`); ``widths``: rounds run at
+    each block width in this process (the first :data:`COLD_ROUNDS` untimed)."""
 
     def __init__(self, data: dict[str, Any] | None = None):
         data = data or {}
@@ -49,7 +49,7 @@ class Table:
         # over arms of PRIOR_ROUNDS rounds or more (``active``), Σ f fᵀ | Σ mean round·f over the others (``faded``)
         self.gram, self.faded, self.active = [0.0] * 20, [0.0] * 20, set()
         for k, v in data.get("arms", {}).items():
-            if v[0] > 1e-200:  # a costs file keeps six decimals: rounds rounded to 0 there are none
+            if v[0] - v[1] > 1e-200 and v[4] > 0:  # own rounds and their seconds: none where a file has none
                 self.arms[k] = list(map(float, v))
                 self._account(k, 1.0)
         self.widths: dict[int, int] = {}
@@ -58,15 +58,15 @@ class Table:
         self._fit: tuple[tuple, list[float]] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"version": 3, "arms": {k: [round(x, 6) for x in v] for k, v in self.arms.items()},
-                "calls": {k: [round(x, 6) for x in v] for k, v in self.calls.items()}}
+        return {"version": 4, "arms": {k: [float(f"{x:.6g}") for x in v] for k, v in self.arms.items()},
+                "calls": {k: [float(f"{x:.6g}") for x in v] for k, v in self.calls.items()}}  # faded sums stay > 0
 
     def tick(self, rounds: int = 1) -> None:
         factor = DISCOUNT ** rounds
         for sums in (*self.arms.values(), *self.calls.values()):
             sums[:] = [x * factor for x in sums]
         self.gram = [x * factor for x in self.gram]
-        for label in [k for k in self.active if self.arms[k][0] < PRIOR_ROUNDS]:  # now at the floor weight
+        for label in [k for k in self.active if self.arms[k][0] - self.arms[k][1] < PRIOR_ROUNDS]:  # at the floor
             self._account(label, -1.0)
             self._account(label, 1.0)
         for label in [k for k, v in self.arms.items() if v[0] < 1e-200]:  # forgotten before it underflows
@@ -76,7 +76,8 @@ class Table:
 
     def _account(self, label: str, sign: float) -> None:
         """Adds (``sign`` 1) or removes (−1) the arm ``label``'s terms in the fit's sums, as its rounds are now."""
-        (rounds, *_, seconds), (outer, f) = self.arms[label], _terms(label)
+        (rounds, prior, *_, seconds), (outer, f) = self.arms[label], _terms(label)
+        rounds -= prior  # its own rounds: the fit is the prior of shapes, not its own input
         if sign > 0 and rounds >= PRIOR_ROUNDS:
             self.active.add(label)
         sums, w, m = (self.gram, rounds, seconds) if label in self.active else (self.faded, 1.0, seconds / rounds)
@@ -84,21 +85,20 @@ class Table:
         if sign < 0:
             self.active.discard(label)
 
-    def record(self, shape: Shape, rows: int, tokens: float, expected: float, seconds: float) -> bool:
-        """A round of ``shape`` over ``rows`` live rows kept ``tokens`` (the acceptance table expected ``expected``)
-        in ``seconds``; whether it was timed (its width's first :data:`COLD_ROUNDS` rounds in the process are not)."""
+    def record(self, shape: Shape, tokens: float, expected: float, seconds: float) -> bool:
+        """A round of ``shape`` kept ``tokens`` (the acceptance table expected ``expected``) in ``seconds``; whether
+        it was timed (its width's first :data:`COLD_ROUNDS` rounds in the process are not)."""
         self.tick()
         seen = self.widths.get(shape.width, 0)
         self.widths[shape.width] = seen + 1
         if seen < COLD_ROUNDS or seconds <= 0:
             return False
-        if shape.label not in self.arms:  # the prior's rounds: the model's time once it has a scale, else this round's
-            prior = self.predicted_seconds(shape, self.model()) if self.arms or "plain" in self.calls else seconds
-            self.arms[shape.label] = [PRIOR_ROUNDS * x for x in (1.0, rows, expected, expected, prior)]
+        if shape.label not in self.arms:  # the prior's rounds, timed at the model's time whenever a rate is asked
+            self.arms[shape.label] = [PRIOR_ROUNDS * x for x in (1.0, 1.0, expected, expected, 0.0)]
         else:
             self._account(shape.label, -1.0)
         sums = self.arms[shape.label]
-        for i, x in enumerate((1.0, rows, tokens, expected, seconds)):
+        for i, x in enumerate((1.0, 0.0, tokens, expected, seconds)):
             sums[i] += x
         self._account(shape.label, 1.0)
         self.version += 1
@@ -154,17 +154,17 @@ class Table:
               theta: list[float]) -> list[tuple[float, float]]:
         """(tokens per second, rounds of evidence) of each shape at ``rows`` live rows: the table's ``tokens_per_row``
         (a tree's scaled by its rounds' kept over expected tokens: the drafter picks its nodes) over the model's
-        round time, or a timed shape's own (its first :data:`PRIOR_ROUNDS` pseudo-rounds the model's, fading with
-        its evidence: an estimate keeps its value as it ages, and its optimism grows)."""
+        round time, or a timed shape's own after :data:`PRIOR_ROUNDS` pseudo-rounds at the model's time now (they
+        fade with its evidence: an estimate keeps its share of the prior as it ages, and its optimism grows)."""
         out, arms = [], self.arms
         for s in shapes:
             sums = arms.get(s.label)
             if sums is None:
                 out.append((tokens_per_row[s] * rows / self.predicted_seconds(s, theta), 0.0))
             else:
-                w, _, tokens, expected, seconds = sums
+                w, prior, tokens, expected, seconds = sums
                 per_row = tokens_per_row[s] * (tokens / expected if s.tree is not None and expected > 0 else 1.0)
-                out.append((per_row * rows * w / seconds, w))
+                out.append((per_row * rows * w / (seconds + prior * self.predicted_seconds(s, theta)), w))
         return out
 
     def call_rate(self, kind: str) -> tuple[float, float, float, float]:

@@ -48,15 +48,15 @@ def read(path: Path) -> dict[str, Any]:
 
 
 def check_entry(path: Path, key: str, entry: Any) -> None:
-    """One entry's layout (:class:`~hf_specmm.auto.costs.Table`): ``{"version": 3, "arms": {shape: [5 numbers]},
+    """One entry's layout (:class:`~hf_specmm.auto.costs.Table`): ``{"version": 4, "arms": {shape: [5 numbers]},
     "calls": {"plain": [4 numbers], "speculative": [4 numbers]}}``."""
     def bad(why: str) -> ValueError:
         return ValueError(f"hf_specmm.Auto costs_file {str(path)!r}: entry {key!r} {why}; delete the entry or the file")
 
     if not isinstance(entry, dict) or set(entry) - {"version", "arms", "calls"}:
         raise bad("must be an object with 'version', 'arms' and 'calls'")
-    if entry.get("version") != 3:
-        raise bad(f"has version {entry.get('version')!r}, not 3 (an earlier hf_specmm's layout)")
+    if entry.get("version") != 4:
+        raise bad(f"has version {entry.get('version')!r}, not 4 (an earlier hf_specmm's layout)")
     for part, names, size in (("arms", None, 5), ("calls", ("plain", "speculative"), 4)):
         sums = entry.get(part, {})
         if not isinstance(sums, dict):
@@ -66,8 +66,9 @@ def check_entry(path: Path, key: str, entry: Any) -> None:
                 raise bad(f"has an unknown {part[:-1]} {name!r}")
             if not isinstance(values, list) or len(values) != size or not all(
                     isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
-                    for x in values):
-                raise bad(f"has {part}[{name!r}] that is not {size} finite numbers >= 0")
+                    for x in values) or (names is None and values[1] > values[0]):
+                raise bad(f"has {part}[{name!r}] that is not {size} finite numbers >= 0"
+                          + (", its prior rounds at most its rounds" if names is None else ""))
 
 
 @contextlib.contextmanager
