@@ -150,3 +150,30 @@ def test_from_bench_options_need_from_bench_and_a_missing_run_is_named(tmp_path,
     assert cli.main(["auto-sim", "--from-bench", str(missing), "--draft-kind", "text_only", "--write-profile",
                      str(tmp_path / "p.json")]) == 2
     assert "nowhere.json" in capsys.readouterr().err
+
+
+def test_a_profiles_acceptance_is_the_median_of_its_chains_and_none_is_refused(tmp_path, capsys):
+    """Both writers (``bench --write-profile``, ``auto-sim --from-bench``) take a run's acceptance as the median of
+    its chain rows' (an even count: the mean of the middle two); a run without any is refused, naming the fix."""
+    from hf_specmm.bench.sim_profile import profile_from_rows
+
+    bench = PROFILES.parents[1] / "benchmarks" / "results" / "profile-timings" / "tiny-batch-1-4.json"
+    rows = json.loads(bench.read_text())["rows"]
+    chains = [r for r in rows if not r.get("tree")]
+    for r, alpha in zip(chains, [0.1, 0.2, 0.3, 0.4] * len(chains)):
+        r["acceptance"] = alpha
+    assert len(chains) % 4 == 0
+    assert profile_from_rows(rows, "text_only", None, "test")["acceptance"] == pytest.approx(0.25)
+    for r in chains:
+        r["acceptance"] = None
+    with pytest.raises(ValueError, match="--acceptance"):
+        profile_from_rows(rows, "text_only", None, "test")
+    runs, out = tmp_path / "bench.json", tmp_path / "p.json"
+    runs.write_text(json.dumps({"rows": rows}))
+    assert cli.main(["auto-sim", "--from-bench", str(runs), "--draft-kind", "text_only", "--write-profile",
+                     str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--acceptance" in err and not out.exists()
+    assert cli.main(["auto-sim", "--from-bench", str(runs), "--draft-kind", "text_only", "--acceptance", "0.5",
+                     "--write-profile", str(out)]) == 0
+    assert json.loads(out.read_text())["acceptance"] == 0.5

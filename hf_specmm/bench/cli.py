@@ -216,13 +216,12 @@ def run(args: argparse.Namespace) -> int:
 
         from .sim_profile import profile_from_rows
 
-        kind = result["rows"][0]["draft_kind"]
-        chains = [r["acceptance"] for r in result["rows"] if r.get("draft_kind") == kind and not r.get("tree")
-                  and r.get("acceptance") is not None]
-        acceptance = config.acceptance_profile or config.acceptance or (round(sorted(chains)[len(chains) // 2], 4)
-                                                                          if chains else 0.0)
+        given = config.acceptance_profile if config.acceptance_profile is not None else config.acceptance
         command = "hf-specmm bench " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "hf-specmm bench"
-        profile = profile_from_rows(result["rows"], kind, acceptance, command)
+        try:
+            profile = profile_from_rows(result["rows"], result["rows"][0]["draft_kind"], given, command)
+        except ValueError as err:  # the run's own results are written: say so
+            raise _refuse(f"--write-profile {args.write_profile}: {err} (the run's results: {args.out})") from None
         args.write_profile.write_text(json.dumps(profile, indent=1) + "\n")
     print(format_table(result))
     for row in result["rows"]:

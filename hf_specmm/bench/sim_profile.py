@@ -18,14 +18,23 @@ def _new_tokens(row: dict[str, Any]) -> float:
 
 
 def profile_from_rows(rows: list[dict[str, Any]], kind: str, acceptance: Any, source: str,
-                      cold: dict[str, float] | None = None) -> dict[str, Any]:
+                      cold: dict[str, float] | None = None, answer_tokens: list[int] | None = None) -> dict[str, Any]:
     """A simulator profile from a bench run's fixed-shape rows of draft kind ``kind`` (every batch size the run
     has): the target's step T1 and verification Tv by width (each row's Tv scaled to the median T1), the draft's
     step Td, each tree level from the tree rows' rounds, the round and call overheads from the rows' whole
-    calls; ``acceptance`` as the profile's acceptance (the run's controlled profile, else its chains' rate)."""
+    calls; ``acceptance`` as the profile's acceptance (None: the median of its chain rows' measured rates),
+    ``answer_tokens`` its answers' lengths (None: the rows' new tokens).
+    Checked as ``auto-sim`` checks a profile (ValueError naming the key)."""
+    from ..auto import check_sim_profile
+
     mine = [r for r in rows if r.get("draft_kind") == kind and r.get("tree") != "auto" and r.get("T1_ms")]
     if not mine:
         raise ValueError(f"no fixed-shape rows of draft kind {kind!r} with timings")
+    if acceptance is None:
+        rates = [r["acceptance"] for r in mine if not r.get("tree") and r.get("acceptance") is not None]
+        if not rates:
+            raise ValueError(f"no chain rows of draft kind {kind!r} with a measured acceptance: give --acceptance")
+        acceptance = round(statistics.median(rates), 4)
     by_batch: dict[int, dict[str, Any]] = {}
     for b in sorted({r["batch"] for r in mine}):
         rs = [r for r in mine if r["batch"] == b]
@@ -63,7 +72,7 @@ def profile_from_rows(rows: list[dict[str, Any]], kind: str, acceptance: Any, so
         "draft_ms": {"first": round(base["step"], 3), "step": round(base["step"], 3), "level": base["level"]},
         "overhead_ms": {"round": round(base["round"], 3), "call": round(base["call"], 3)},
         "acceptance": acceptance,
-        "answer_tokens": [max(tokens), max(tokens)],
+        "answer_tokens": answer_tokens or [max(tokens), max(tokens)],
     }
     if len(by_batch) > 1 or first != 1:  # the verify curve above is batch `first`'s
         profile["batch"] = {str(b): {"verify_ms": v["verify_ms"],
@@ -71,6 +80,7 @@ def profile_from_rows(rows: list[dict[str, Any]], kind: str, acceptance: Any, so
                             for b, v in by_batch.items() if b != 1}
     if cold:
         profile["cold"] = cold
+    check_sim_profile(profile)  # what auto-sim would refuse is not written
     return profile
 
 
@@ -111,7 +121,7 @@ def _command(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..auto import check_sim_profile, simulate
+    from ..auto import simulate
 
     def refuse(message: str) -> int:
         print(f"hf-specmm auto-sim: error: {message}", file=sys.stderr)
@@ -127,24 +137,14 @@ def run(args: argparse.Namespace) -> int:
             return refuse(f"--cold FACTOR ROUNDS: ROUNDS must be an integer >= 1, got {args.cold[1]:g}")
         try:
             rows = [row for path in args.from_bench for row in json.loads(path.read_text())["rows"]]
-            acceptance: Any = None
+            acceptance: Any = None  # the chain rows' median
             if args.acceptance is not None:
                 path = Path(args.acceptance)
                 acceptance = json.loads(path.read_text()) if path.suffix == ".json" else float(args.acceptance)
-            else:
-                chains = [r["acceptance"] for r in rows if r.get("draft_kind") == args.draft_kind and
-                          not r.get("tree") and r.get("acceptance") is not None]
-                acceptance = round(statistics.median(chains), 4) if chains else None
             cold = None if args.cold is None else {"factor": args.cold[0], "rounds": int(args.cold[1])}
-            profile = profile_from_rows(rows, args.draft_kind, acceptance, _command(args), cold)
-            if args.answer_tokens is not None:
-                profile["answer_tokens"] = args.answer_tokens
+            profile = profile_from_rows(rows, args.draft_kind, acceptance, _command(args), cold, args.answer_tokens)
         except (OSError, ValueError, KeyError, TypeError) as error:
             return refuse(f"--from-bench {' '.join(map(str, args.from_bench))}: {error}")
-        try:
-            check_sim_profile(profile)  # what auto-sim would refuse is not written
-        except ValueError as error:
-            return refuse(str(error))
         try:
             args.write_profile.write_text(json.dumps(profile, indent=1) + "\n")
         except OSError as error:
